@@ -1,0 +1,33 @@
+# kvroute: `make serve` runs it, `make test` tests it. Both set up .venv when it is missing.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+WHEELS  ?= $(shell $(PY) -m pip config get global.find-links 2>/dev/null || echo /opt/wheels)
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup serve test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@command -v uv >/dev/null 2>&1 || $(PY) -m pip install -q uv
+	@test -x $(BIN)/python || uv venv -q -p $(PY) $(VENV)
+	uv pip install -q -p $(BIN)/python --find-links $(WHEELS) -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/kvroute serve --model tiny --replicas 2 --host 127.0.0.1 --port 8000
+
+test: $(STAMP)
+	bash tests/setup_system.sh
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_kv.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,96 @@
+"""The engine's public API types: what the gateway sends and what a replica streams back.
+
+These cross process boundaries (Ray calls), so they are plain frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class EngineInputError(ValueError):
+    """A request the engine cannot serve as asked (the gateway maps it to HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()  # stop strings, matched on the detokenized output
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        def bad(what: str) -> EngineInputError:
+            return EngineInputError(f"invalid sampling parameter: {what}")
+
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise bad(f"temperature must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not (0 < self.top_p <= 1):
+            raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad(f"seed must be an integer, got {self.seed!r}")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids must be non-negative integers")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop must be non-empty strings")
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Protocol 1 hashes of the prompt's full blocks, computed once by the gateway; the
+    # engine computes them itself when absent. They must use the engine's block size.
+    block_hashes: list[bytes] | None = None
+    adapter: str = ""  # LoRA adapter name (part of the hash namespace)
+    cache_salt: str = ""  # tenant salt (part of the hash namespace)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens_device: int  # prompt tokens served from the device prefix cache
+    cached_tokens_host: int  # prompt tokens copied back from the host tier
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.cached_tokens_device + self.cached_tokens_host
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """New tokens of one request; the last delta has `finish_reason` and `usage`."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    usage: Usage | None = None
+    error: str | None = None  # set with finish_reason "error"
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A replica's load and cache state, published with its KV events."""
+
+    num_running: int
+    num_waiting: int
+    num_queued_prefill_tokens: int  # uncached prompt tokens not yet computed
+    num_blocks: int
+    num_used_blocks: int
+    num_cached_blocks: int  # free but findable by hash
+    num_pinned_blocks: int
+    num_free_blocks: int
+    num_host_blocks: int
+    num_host_cached_blocks: int

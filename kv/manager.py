@@ -167,7 +167,6 @@ class KVCacheManager:
                 self.num_new_blocks_needed(request_id, num_tokens))
             if new_blocks is None:
                 return None
-            self._mark_pending(request_id, req, block_hashes, len(req.blocks), len(new_blocks))
             req.blocks.extend(new_blocks)
             return [b.block_id for b in req.blocks]
 
@@ -191,16 +190,14 @@ class KVCacheManager:
             self._locked_host.extend(host_hashes)
             self.pool.cache_blocks(copied, host_hashes, hits[-1].block_hash if hits else None)
             req.num_hashed_blocks += len(copied)
-        self._mark_pending(request_id, req, block_hashes, req.num_hashed_blocks,
-                           len(req.blocks) - req.num_hashed_blocks)
+        self._mark_pending(request_id, req, block_hashes[req.num_hashed_blocks :])
         return [b.block_id for b in req.blocks]
 
     def _mark_pending(self, request_id: str, req: _RequestBlocks,
-                      block_hashes: Sequence[BlockHash], first_block: int,
-                      num_blocks: int) -> None:
-        """Records the prompt blocks this request is about to compute, so that others that
-        share them wait one step and hit, instead of computing them again."""
-        for block_hash in block_hashes[first_block : first_block + num_blocks]:
+                      block_hashes: Sequence[BlockHash]) -> None:
+        """Records the prompt blocks this request will compute (in this step or in later
+        chunks), so that others sharing them wait and hit instead of computing them again."""
+        for block_hash in block_hashes:
             if block_hash not in self._pending:
                 self._pending[block_hash] = request_id
                 req.pending_hashes.append(block_hash)

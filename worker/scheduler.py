@@ -29,7 +29,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64  # running requests at most
     max_num_batched_tokens: int = 2048  # tokens computed per step at most
     max_model_len: int = 2048  # prompt + output tokens at most
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -204,7 +204,7 @@ class Scheduler:
         sp = req.sampling
         if token_id in sp.stop_token_ids:
             return "stop"
-        if not sp.ignore_eos and token_id == self.config.eos_token_id:
+        if not sp.ignore_eos and token_id in self.config.eos_token_ids:
             return "stop"
         if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
             return "length"

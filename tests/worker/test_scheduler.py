@@ -15,7 +15,8 @@ def make(num_blocks=16, budget=64, max_num_seqs=8, eos=None):
     kv = KVCacheManager(KVCacheConfig(num_blocks=num_blocks, block_size=B),
                         EventLog("r", epoch="e"))
     cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                          max_model_len=256, eos_token_id=eos)
+                          max_model_len=256,
+                          eos_token_ids=() if eos is None else (eos,))
     return Scheduler(cfg, kv)
 
 

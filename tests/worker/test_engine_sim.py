@@ -1,0 +1,119 @@
+"""The engine loop over the simulated executor: streaming, usage, abort, pins, events."""
+
+import asyncio
+
+import pytest
+
+from kv.events import SetIndex
+from kv.hashing import block_hashes, namespace_root
+from worker.api import EngineInputError, EngineRequest, SamplingParams
+from worker.engine_config import EngineConfig
+from worker.engine_factory import build_engine
+
+
+def make_engine(**kw):
+    cfg = dict(model="tiny", executor="sim", sim_preset="tiny", num_blocks=64, block_size=16)
+    cfg.update(kw)
+    return build_engine(EngineConfig(**cfg))
+
+
+async def collect(engine, request):
+    return [d async for d in engine.generate(request)]
+
+
+def prompt(n, start=1):
+    return [(start + i) % 250 + 3 for i in range(n)]
+
+
+async def test_stream_then_usage_with_cached_tokens_on_the_second_request():
+    engine = make_engine()
+    p = prompt(70)
+    first = await collect(engine, EngineRequest("a", p, SamplingParams(max_tokens=5)))
+    assert [len(d.token_ids) for d in first] == [1] * 5
+    assert first[-1].finish_reason == "length"
+    assert first[-1].usage.prompt_tokens == 70 and first[-1].usage.cached_tokens == 0
+    second = await collect(engine, EngineRequest("b", p + [9], SamplingParams(max_tokens=2)))
+    assert second[-1].usage.cached_tokens_device == 64  # 4 full blocks of 16
+    m = engine.metrics
+    assert m.l(m.hit_tokens, medium="device")._value.get() == 64
+    assert m.l(m.query_tokens)._value.get() == 141
+    await engine.shutdown()
+
+
+async def test_gateway_hashes_must_match_block_count():
+    engine = make_engine()
+    p = prompt(40)
+    good = block_hashes(p, 16, namespace_root("tiny"))
+    out = await collect(engine, EngineRequest("ok", p, SamplingParams(max_tokens=1),
+                                              block_hashes=good))
+    assert out[-1].finish_reason == "length"
+    with pytest.raises(EngineInputError, match="full blocks"):
+        await collect(engine, EngineRequest("bad", p, block_hashes=good[:1]))
+    await engine.shutdown()
+
+
+@pytest.mark.parametrize("request_, message", [
+    (EngineRequest("e", []), "empty"),
+    (EngineRequest("long", prompt(2048)), "context"),
+    (EngineRequest("vocab", [10**6]), "token ids"),
+])
+async def test_bad_input_is_a_clear_error_and_the_engine_keeps_serving(request_, message):
+    engine = make_engine(max_model_len=1024)
+    with pytest.raises(EngineInputError, match=message):
+        await collect(engine, request_)
+    out = await collect(engine, EngineRequest("after", prompt(5), SamplingParams(max_tokens=2)))
+    assert out[-1].finish_reason == "length"
+    await engine.shutdown()
+
+
+async def test_closing_the_stream_aborts_and_frees_blocks():
+    engine = make_engine()
+    stream = engine.generate(EngineRequest("x", prompt(40), SamplingParams(max_tokens=500)))
+    await stream.__anext__()
+    await stream.aclose()
+    assert "x" not in engine.scheduler.requests
+    assert engine.stats().num_used_blocks == 0
+    await engine.shutdown()
+
+
+async def test_events_rebuild_the_engine_cache_contents():
+    engine = make_engine(num_blocks=8)
+    index = SetIndex()
+    tracker = index.tracker(engine.config.replica_id)
+    tracker.apply_snapshot(engine.snapshot())
+    await asyncio.gather(*(collect(engine, EngineRequest(f"r{i}", prompt(50, i * 7),
+                                                         SamplingParams(max_tokens=3)))
+                           for i in range(5)))
+    assert not tracker.apply_batch(engine.drain_events()).needs_snapshot
+    assert index.contents[engine.config.replica_id]["device"] == set(engine.kv.pool.cached)
+    assert engine.kv.pool.num_evictions > 0
+    await engine.shutdown()
+
+
+async def test_pinned_prefix_survives_pressure():
+    engine = make_engine(num_blocks=8, pin_budget_blocks=2)
+    system = prompt(32, 100)
+    assert await engine.pin_prefix("sys", system) == 2
+    for i in range(4):  # fill the pool many times over
+        await collect(engine, EngineRequest(f"f{i}", prompt(90, i * 13),
+                                            SamplingParams(max_tokens=2)))
+    out = await collect(engine, EngineRequest("s", system + [5], SamplingParams(max_tokens=1)))
+    assert out[-1].usage.cached_tokens == 32
+    with pytest.raises(EngineInputError, match="pin budget"):
+        await engine.pin_prefix("big", prompt(64, 200))
+    assert engine.unpin_prefix("sys") and not engine.unpin_prefix("sys")
+    await engine.shutdown()
+
+
+async def test_stop_strings_cut_the_text():
+    engine = make_engine()
+    # The sim's tokens depend on (request id, position) only: the same id repeats its text.
+    out = await collect(engine, EngineRequest("s", prompt(8), SamplingParams(max_tokens=30)))
+    text = "".join(d.text for d in out)
+    stop = text[5:7]
+    assert len(stop) == 2 and text.index(stop) == 5
+    cut = await collect(engine, EngineRequest("s", prompt(8), SamplingParams(
+        max_tokens=30, stop=(stop,))))
+    assert "".join(d.text for d in cut) == text[:5]
+    assert cut[-1].finish_reason == "stop"
+    await engine.shutdown()

@@ -1,0 +1,303 @@
+"""One engine replica: scheduler + KV manager + executor behind an async API.
+
+The step loop runs on the event loop that first calls `generate`; each step's compute runs
+in one worker thread so the loop keeps accepting requests and streaming tokens. Scheduler
+and KV state are touched only on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from kv.events import EventBatch, EventLog, Snapshot
+from kv.hashing import namespace_root
+from kv.manager import KVCacheConfig, KVCacheManager
+from worker.api import (
+    EngineInputError,
+    EngineRequest,
+    EngineStats,
+    SamplingParams,
+    TokenDelta,
+    Usage,
+)
+from worker.detokenizer import IncrementalDetokenizer
+from worker.engine_config import EngineConfig
+from worker.executor import Executor
+from worker.metrics import EngineMetrics
+from worker.request import Request
+from worker.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, executor: Executor, tokenizer,
+                 max_model_len: int):
+        self.config = config
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.model_name = config.served_model_name
+        self.max_model_len = min(max_model_len, config.num_blocks * config.block_size)
+        self.event_log = EventLog(config.replica_id)
+        self.kv = KVCacheManager(KVCacheConfig(
+            num_blocks=config.num_blocks, block_size=config.block_size,
+            num_host_blocks=config.num_host_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
+            pin_budget_blocks=config.pin_budget_blocks), self.event_log)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len, eos_token_ids=executor.eos_token_ids), self.kv)
+        self.metrics = EngineMetrics(self.model_name, config.replica_id)
+        self.registry = self.metrics.registry
+        self._queues: dict[str, asyncio.Queue[TokenDelta]] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._pins: dict[str, tuple[str, list[bytes], asyncio.Future[int]]] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"step-{config.replica_id}")
+        self._closed = False
+        self._idle = asyncio.Event()  # set while the loop has nothing to do
+        self._roots: dict[tuple[str, str], bytes] = {}
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> Engine:
+        from worker.engine_factory import build_engine
+
+        return build_engine(config)
+
+    # -- public API ------------------------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        """Streams the request's token deltas; the last one has finish_reason and usage.
+
+        Raises EngineInputError before streaming when the request cannot be served.
+        Closing the iterator early (client gone) aborts the request.
+        """
+        req = self._admit(request)
+        deltas = self._drain(req.request_id)
+        try:
+            async for delta in deltas:
+                yield delta
+        finally:
+            await deltas.aclose()  # now, not at garbage collection: aborts if unfinished
+
+    def abort(self, request_id: str) -> None:
+        req = self.scheduler.finish(request_id, "abort")
+        if req is not None:
+            self._emit(req, [], "", "abort")
+
+    async def pin_prefix(self, name: str, token_ids: list[int], cache_salt: str = "",
+                         adapter: str = "") -> int:
+        """Computes a prefix and pins its full blocks. Returns the number of blocks pinned.
+
+        Raises EngineInputError when the prefix is shorter than a block or over budget.
+        """
+        if len(token_ids) < self.config.block_size:
+            raise EngineInputError(f"prefix {name!r} is shorter than one block "
+                                   f"({self.config.block_size} tokens)")
+        request = EngineRequest(f"pin-{name}-{uuid.uuid4().hex[:8]}", list(token_ids),
+                                SamplingParams(max_tokens=1, temperature=0),
+                                adapter=adapter, cache_salt=cache_salt)
+        req = self._admit(request)
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pins[req.request_id] = (name, list(req.block_hashes), done)
+        async for _ in self._drain(req.request_id):
+            pass
+        return await done
+
+    def unpin_prefix(self, name: str) -> bool:
+        return self.kv.unpin(name)
+
+    def stats(self) -> EngineStats:
+        usage = self.kv.usage()
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_queued_prefill_tokens=self.scheduler.num_queued_prefill_tokens(),
+            num_blocks=self.kv.pool.num_blocks, num_used_blocks=usage["used"],
+            num_cached_blocks=usage["cached"], num_pinned_blocks=usage["pinned"],
+            num_free_blocks=usage["free"], num_host_blocks=self.kv.host.num_blocks,
+            num_host_cached_blocks=len(self.kv.host))
+
+    def drain_events(self) -> EventBatch:
+        return self.event_log.drain()
+
+    def snapshot(self) -> Snapshot:
+        return self.kv.snapshot()
+
+    async def shutdown(self) -> None:
+        """Finishes what was accepted, then stops the loop and the executor."""
+        while self.scheduler.has_work and self._loop_task and not self._loop_task.done():
+            await self._idle.wait()
+        self._closed = True
+        self._wake.set()
+        if self._loop_task is not None:
+            await self._loop_task
+        self._thread.shutdown(wait=True)
+        self.executor.shutdown()
+
+    # -- admission -------------------------------------------------------------------------
+
+    def _admit(self, request: EngineRequest) -> Request:
+        if self._closed:
+            raise EngineInputError("the engine is shutting down")
+        self._validate(request)
+        root = self._root(request.adapter, request.cache_salt)
+        req = Request(request.request_id, request.prompt_token_ids, request.sampling,
+                      self.config.block_size, root, request.block_hashes)
+        self.scheduler.add(req)
+        self._queues[req.request_id] = asyncio.Queue()
+        self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer,
+                                                             request.sampling.stop)
+        self.metrics.l(self.metrics.prompt_tokens).inc(req.num_prompt_tokens)
+        self._ensure_loop()
+        self._wake.set()
+        return req
+
+    def _validate(self, request: EngineRequest) -> None:
+        n = len(request.prompt_token_ids)
+        if n == 0:
+            raise EngineInputError("the prompt is empty")
+        if n >= self.max_model_len:
+            raise EngineInputError(
+                f"the prompt has {n} tokens; this model's context is {self.max_model_len} "
+                "tokens, including at least one generated token")
+        vocab = self.executor.vocab_size
+        if any(not 0 <= t < vocab for t in request.prompt_token_ids):
+            raise EngineInputError(f"prompt token ids must be in [0, {vocab})")
+        if request.request_id in self.scheduler.requests:
+            raise EngineInputError(f"duplicate request id {request.request_id!r}")
+        expected = n // self.config.block_size
+        if request.block_hashes is not None and len(request.block_hashes) != expected:
+            raise EngineInputError(f"block_hashes has {len(request.block_hashes)} entries; a "
+                                   f"{n}-token prompt has {expected} full blocks")
+
+    def _root(self, adapter: str, salt: str) -> bytes:
+        key = (adapter, salt)
+        if key not in self._roots:
+            self._roots[key] = namespace_root(self.model_name, adapter, salt)
+        return self._roots[key]
+
+    async def _drain(self, request_id: str) -> AsyncIterator[TokenDelta]:
+        queue = self._queues[request_id]
+        try:
+            while True:
+                delta = await queue.get()
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+        finally:
+            if request_id in self.scheduler.requests:  # the consumer left early
+                self.abort(request_id)
+            self._forget(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+        self._detok.pop(request_id, None)
+        self.executor.release(request_id)
+
+    # -- the step loop ---------------------------------------------------------------------
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            if not self.scheduler.has_work:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._idle.clear()
+            out = self.scheduler.schedule()
+            if out.is_empty:
+                self._fail_unschedulable()
+                continue
+            sampling = {s.request_id: self.scheduler.requests[s.request_id].sampling
+                        for s in out.step.seqs if s.sample}
+            try:
+                sampled = await loop.run_in_executor(self._thread, self.executor.execute,
+                                                     out.step, sampling)
+            except Exception as exc:  # the step failed: fail its requests, keep serving
+                log.exception("step failed")
+                for seq in out.step.seqs:
+                    self._fail(seq.request_id, f"engine step failed: {exc}")
+                continue
+            for req in self.scheduler.update(out.step, sampled):
+                self._on_token(req)
+            self._update_metrics()
+        self._idle.set()
+
+    def _on_token(self, req: Request) -> None:
+        now = time.monotonic()
+        if req.first_token_time is None:
+            req.first_token_time = now
+            self.metrics.l(self.metrics.ttft).observe(now - req.arrival_time)
+        self.metrics.l(self.metrics.generation_tokens).inc()
+        detok = self._detok.get(req.request_id)
+        text, hit_stop = "", False
+        if detok is not None:
+            text, hit_stop = detok.step(req.output_token_ids, req.is_finished)
+        if hit_stop and not req.is_finished:
+            self.scheduler.finish(req.request_id, "stop")
+        self._emit(req, [req.token_ids[-1]], text, req.finish_reason)
+
+    def _emit(self, req: Request, token_ids: list[int], text: str,
+              finish_reason: str | None) -> None:
+        usage = None
+        if finish_reason is not None:
+            usage = Usage(req.num_prompt_tokens, req.num_output_tokens,
+                          req.num_cached_device_tokens, req.num_cached_host_tokens)
+            self.metrics.l(self.metrics.finished, reason=finish_reason).inc()
+            now = time.monotonic()
+            self.metrics.l(self.metrics.e2e).observe(now - req.arrival_time)
+            if req.first_token_time is not None and req.num_output_tokens > 1:
+                self.metrics.l(self.metrics.tpot).observe(
+                    (now - req.first_token_time) / (req.num_output_tokens - 1))
+            self._finish_pin(req)
+        queue = self._queues.get(req.request_id)
+        if queue is not None:
+            queue.put_nowait(TokenDelta(req.request_id, token_ids, text, finish_reason, usage))
+
+    def _finish_pin(self, req: Request) -> None:
+        pin = self._pins.pop(req.request_id, None)
+        if pin is None:
+            return
+        name, hashes, done = pin
+        # The prefix's blocks were just freed into the cache; nothing ran since, so they are
+        # all still there.
+        n = self.kv.pin(name, hashes) if req.finish_reason != "abort" else None
+        if n is None:
+            done.set_exception(EngineInputError(
+                f"prefix {name!r} ({len(hashes)} blocks) does not fit the pin budget of "
+                f"{self.config.pin_budget_blocks} blocks"))
+        else:
+            done.set_result(n)
+
+    def _fail(self, request_id: str, message: str) -> None:
+        req = self.scheduler.finish(request_id, "error")
+        if req is None:
+            return
+        self._finish_pin(req)
+        queue = self._queues.get(request_id)
+        if queue is not None:
+            usage = Usage(req.num_prompt_tokens, req.num_output_tokens, 0, 0)
+            queue.put_nowait(TokenDelta(request_id, [], "", "error", usage, message))
+
+    def _fail_unschedulable(self) -> None:
+        """Nothing could run although work is waiting: the oldest request can never fit."""
+        req = self.scheduler.waiting[0]
+        self._fail(req.request_id, f"request needs more KV blocks than this replica has "
+                                   f"({self.kv.pool.num_blocks})")
+
+    def _update_metrics(self) -> None:
+        s = self.scheduler
+        self.metrics.update_from(self.kv, s.num_preemptions, len(s.running), len(s.waiting),
+                                 s.num_queued_prefill_tokens())

@@ -1,0 +1,49 @@
+"""The engine replica's configuration."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "tiny"  # "tiny" (embedded) or a Hugging Face checkpoint directory
+    served_model_name: str = ""  # the API's model name and hash namespace; default derived
+    replica_id: str = "replica-0"
+    executor: str = "real"  # real | sim
+    sim_preset: str = "h100-llama3-8b"
+    tp: int = 1
+    block_size: int = 16
+    num_blocks: int = 1024
+    num_host_blocks: int = 0
+    pin_budget_blocks: int | None = None  # default: a quarter of num_blocks
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    dtype: str = "float32"
+    device: str = "auto"  # auto | cpu | cuda
+
+    def __post_init__(self):
+        if not self.served_model_name:
+            name = "tiny" if self.model == "tiny" else os.path.basename(
+                os.path.normpath(self.model))
+            object.__setattr__(self, "served_model_name", name)
+        if self.pin_budget_blocks is None:
+            object.__setattr__(self, "pin_budget_blocks", self.num_blocks // 4)
+        if self.executor not in ("real", "sim"):
+            raise ValueError(f"executor must be 'real' or 'sim', got {self.executor!r}")
+        for name in ("tp", "block_size", "num_blocks", "max_num_seqs",
+                     "max_num_batched_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got "
+                                 f"{getattr(self, name)!r}")
+        if self.num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")

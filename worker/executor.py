@@ -1,0 +1,33 @@
+"""The contract between the engine loop and whatever computes a step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from worker.api import SamplingParams
+from worker.step import StepInput
+
+
+class Executor(Protocol):
+    """Computes one scheduled step and samples the next token of each finished chunk.
+
+    Contract:
+    - `execute` runs the step's block copies (swap out, then swap in) before its forward;
+      it returns `{request_id: token_id}` for exactly the seqs with `sample=True`.
+    - `sampling` has the params of every sampled request; an executor keeps per-request
+      sampling state (seeded generators) until `release(request_id)`.
+    - `execute` is called from one worker thread at a time; it must not touch the
+      scheduler or the KV manager.
+    - `vocab_size` and `eos_token_ids` describe the model it runs.
+    """
+
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+    def execute(self, step: StepInput, sampling: Mapping[str, SamplingParams]
+                ) -> dict[str, int]: ...
+
+    def release(self, request_id: str) -> None: ...
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,97 @@
+"""One rank's paged KV cache on the device and its host-memory tier.
+
+Both are single tensors over all layers, so a block copy moves every layer's K and V with
+one gather and one transfer:
+
+    device: [num_layers, 2 (K, V), num_blocks,      block_size, num_kv_heads / tp, head_dim]
+    host:   [num_layers, 2 (K, V), num_host_blocks, block_size, num_kv_heads / tp, head_dim]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.attention import LayerKVCache
+from worker.model_config import ModelConfig
+
+
+def kv_block_bytes(config: ModelConfig, block_size: int, tp_size: int, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes on one rank (all layers, K and V)."""
+    per_token = 2 * config.num_layers * (config.num_kv_heads // tp_size) * config.head_dim
+    return per_token * block_size * torch.empty(0, dtype=dtype).element_size()
+
+
+def num_blocks_for_memory(
+    config: ModelConfig, block_size: int, tp_size: int, dtype: torch.dtype, memory_bytes: int
+) -> int:
+    """How many KV blocks fit in memory_bytes on each rank."""
+    return memory_bytes // kv_block_bytes(config, block_size, tp_size, dtype)
+
+
+class PagedKVCache:
+    """Device KV blocks plus host slots, and block copies between them."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp_size: int,
+        num_blocks: int,
+        block_size: int,
+        num_host_blocks: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1 or num_host_blocks < 0:
+            raise ValueError(
+                f"need num_blocks >= 1, block_size >= 1, num_host_blocks >= 0; got "
+                f"{num_blocks}, {block_size}, {num_host_blocks}"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_host_blocks = num_host_blocks
+        per_block = (block_size, config.num_kv_heads // tp_size, config.head_dim)
+        self.device_kv = torch.zeros(
+            config.num_layers, 2, num_blocks, *per_block, dtype=dtype, device=device
+        )
+        self.host_kv = torch.zeros(
+            config.num_layers,
+            2,
+            num_host_blocks,
+            *per_block,
+            dtype=dtype,
+            pin_memory=device.type == "cuda",
+        )
+        self.layers = [LayerKVCache(layer[0], layer[1]) for layer in self.device_kv]
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy device blocks to host slots: pairs of (device_block_id, host_slot)."""
+        if not pairs:
+            return
+        block_ids, host_slots = self._check(pairs, self.num_blocks, self.num_host_blocks)
+        blocks = self.device_kv[:, :, block_ids.to(self.device_kv.device)]
+        self.host_kv[:, :, host_slots] = blocks.cpu()
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy host slots to device blocks: pairs of (host_slot, device_block_id)."""
+        if not pairs:
+            return
+        host_slots, block_ids = self._check(pairs, self.num_host_blocks, self.num_blocks)
+        blocks = self.host_kv[:, :, host_slots]
+        if self.device_kv.is_cuda:
+            blocks = blocks.pin_memory()
+        device = self.device_kv.device
+        self.device_kv[:, :, block_ids.to(device)] = blocks.to(device, non_blocking=True)
+
+    @staticmethod
+    def _check(
+        pairs: list[tuple[int, int]], src_limit: int, dst_limit: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        src, dst = torch.tensor(pairs, dtype=torch.int64).T
+        if len(pairs) and (
+            int(src.min()) < 0
+            or int(src.max()) >= src_limit
+            or int(dst.min()) < 0
+            or int(dst.max()) >= dst_limit
+        ):
+            raise ValueError(f"block copy {pairs} is out of range ({src_limit}, {dst_limit})")
+        return src, dst

@@ -1,0 +1,64 @@
+"""Cache-aware routing: the fewest tokens to compute, plus a price on queued work.
+
+    cost(r) = uncached prompt tokens on r            (a host hit costs host_cost_fraction
+                                                      of a recompute: it is copied back)
+            + load_weight x outstanding work on r    (tokens, router.load)
+
+The minimum wins (ties: less load, then the earlier candidate). The load term is what keeps
+a shared first block from pulling every request onto one replica: the few tokens it saves
+are soon outweighed by the work queued there.
+
+Imbalance guard: if the winner's load exceeds the least loaded candidate's by more than
+`imbalance_threshold` tokens, the cache gain must pay for the whole gap, token for token
+(not discounted by load_weight), or the request goes to the least loaded candidate. A
+modest load_weight routes for locality in steady state; the guard stops one hot prefix from
+building a queue that the discount would tolerate.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from router.index import PrefixMatch
+from router.policies.base import ReplicaView, RouteQuery
+
+if TYPE_CHECKING:
+    from router.config import RouterConfig
+
+
+class CacheAwarePolicy:
+    name = "cache_aware"
+    uses_index = True
+
+    def __init__(self, config: RouterConfig):
+        self.block_size = config.block_size
+        self.load_weight = config.load_weight
+        self.host_cost_fraction = config.host_cost_fraction
+        self.imbalance_threshold = config.imbalance_threshold
+
+    def prefill_cost_tokens(self, match: PrefixMatch | None, num_prompt_tokens: int) -> float:
+        """Tokens of prefill the request costs on a replica with this cached prefix."""
+        if match is None:
+            return float(num_prompt_tokens)
+        device_tokens, host_tokens = match.hit_tokens(self.block_size, num_prompt_tokens)
+        return (num_prompt_tokens - device_tokens - host_tokens
+                + self.host_cost_fraction * host_tokens)
+
+    def choose(self, query: RouteQuery, view: ReplicaView) -> str:
+        matches, load_of, w = view.matches, view.load, self.load_weight
+        num_prompt_tokens = query.num_prompt_tokens
+        best = least = None  # (sort key, replica id, load, prefill cost)
+        for rid in query.replica_ids:
+            load = load_of(rid)
+            prefill = self.prefill_cost_tokens(matches.get(rid), num_prompt_tokens)
+            cost_key = (prefill + w * load, load)
+            if best is None or cost_key < best[0]:
+                best = (cost_key, rid, load, prefill)
+            load_key = (load, prefill)
+            if least is None or load_key < least[0]:
+                least = (load_key, rid, load, prefill)
+        assert best is not None and least is not None, "no candidates"
+        load_gap = best[2] - least[2]
+        if load_gap > self.imbalance_threshold and least[3] - best[3] < load_gap:
+            return least[1]
+        return best[1]

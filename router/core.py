@@ -1,0 +1,127 @@
+"""The router core's facade: one object the gateway asks where each request goes.
+
+Pure Python (kv, worker.api, no Ray, no torch). The serving side feeds it events, snapshots
+and stats, tells it when requests finish, and switches it to approximate mode when the index
+actor is unreachable or stale.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from kv.events import EventBatch, Snapshot
+from kv.hashing import BlockHash
+from router.config import RouterConfig
+from router.history import RoutedHistory
+from router.index import PrefixIndex
+from router.load import LoadTracker
+from router.policies import ReplicaView, RouteQuery, make_policy
+from worker.api import EngineStats
+
+__all__ = ["Router", "RouterConfig", "RoutingDecision"]
+
+
+class RoutingDecision(NamedTuple):
+    replica_id: str
+    predicted_device_hit_tokens: int
+    predicted_host_hit_tokens: int
+    approximate: bool  # decided without event data (routed history only)
+
+
+class Router:
+    """Routes requests to replicas; keeps the prefix index mirror, routed history and load.
+
+    Args:
+        config: the router's settings.
+        clock: seconds, monotonic; drives pending-mark and history expiry (inject a fake one
+            in tests and in the simulator).
+    """
+
+    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.clock = clock
+        self.policy = make_policy(config.policy, config)
+        self.index = PrefixIndex(config.pending_ttl_s, clock)
+        self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock)
+        self.loads = LoadTracker()
+        self._fallback = False
+
+    @property
+    def approximate(self) -> bool:
+        """True while decisions use routed history only (configured, or fallback)."""
+        return self.config.approximate or self._fallback
+
+    def route(self, request_id: str, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
+              replica_ids: Sequence[str], max_tokens: int = 0) -> RoutingDecision:
+        """Chooses a replica among `replica_ids` and records the decision: the prompt's
+        blocks become pending on it, its outstanding work grows until `on_finished`.
+
+        Raises ValueError when there is no candidate or the hashes cannot be the prompt's.
+        """
+        if not replica_ids:
+            raise ValueError(f"route {request_id}: no replica to choose from")
+        block_size = self.config.block_size
+        if len(block_hashes) * block_size > num_prompt_tokens:
+            raise ValueError(f"route {request_id}: {len(block_hashes)} block hashes for "
+                             f"{num_prompt_tokens} prompt tokens at block size {block_size}")
+        if len(set(replica_ids)) != len(replica_ids):
+            replica_ids = list(dict.fromkeys(replica_ids))
+        approximate = self.approximate
+        source = self.history if approximate else self.index
+        policy = self.policy
+        matches = source.match(block_hashes, replica_ids) if policy.uses_index else {}
+        query = RouteQuery(request_id, block_hashes, num_prompt_tokens, max_tokens, replica_ids)
+        replica_id = policy.choose(query, ReplicaView(matches, self.loads.load))
+        if replica_id not in replica_ids:
+            raise RuntimeError(f"policy {policy.name} chose {replica_id!r}, not a candidate")
+        if not policy.uses_index:
+            matches = source.match(block_hashes, (replica_id,))
+        match = matches.get(replica_id)
+        device_tokens, host_tokens = (match.hit_tokens(block_size, num_prompt_tokens)
+                                      if match else (0, 0))
+
+        if not approximate:
+            num_confirmed = self.index.num_confirmed_device_blocks(replica_id, block_hashes)
+            self.index.mark_pending(replica_id, block_hashes[num_confirmed:])
+        self.history.record(replica_id, block_hashes)
+        prefill_tokens = (num_prompt_tokens - device_tokens - host_tokens
+                          + self.config.host_cost_fraction * host_tokens)
+        self.loads.add(request_id, replica_id, prefill_tokens + max_tokens, max_tokens)
+        return RoutingDecision(replica_id, device_tokens, host_tokens, approximate)
+
+    def on_finished(self, request_id: str) -> None:
+        """Drops the request's outstanding work (unknown ids are ignored)."""
+        self.loads.finish(request_id)
+
+    def update_stats(self, replica_id: str, stats: EngineStats) -> None:
+        self.loads.update_stats(replica_id, stats)
+
+    def apply_batch(self, batch: EventBatch) -> bool:
+        """Applies a replica's event batch; True when that replica needs a snapshot."""
+        return self.index.apply_batch(batch)
+
+    def apply_snapshot(self, snapshot: Snapshot) -> None:
+        self.index.apply_snapshot(snapshot)
+
+    def remove_replica(self, replica_id: str) -> None:
+        """Forgets the replica: its index entries, pending marks, history, stats and load."""
+        self.index.remove_replica(replica_id)
+        self.history.remove_replica(replica_id)
+        self.loads.remove_replica(replica_id)
+
+    def set_fallback(self, active: bool) -> None:
+        """While active, decide in approximate mode (the index is unreachable or stale)."""
+        self._fallback = active
+
+    def index_blocks(self) -> dict[str, int]:
+        """Distinct block hashes in the index that decisions use, by medium."""
+        if self.config.approximate:
+            return {"device": self.history.num_blocks(), "host": 0}
+        return {"device": self.index.num_blocks("device"), "host": self.index.num_blocks("host")}
+
+    def check_invariants(self) -> None:
+        self.index.check_invariants()
+        self.history.check_invariants()
+        self.loads.check_invariants()

@@ -1,0 +1,82 @@
+"""Outstanding work per replica, in tokens: what this router sent, and what the replica says.
+
+A routed request adds its uncached prefill tokens plus its decode tokens (`max_tokens`) to
+its replica until `finish`. A replica's published `EngineStats` also count work that other
+gateway processes sent: queued prefill tokens plus running and waiting requests times the
+mean decode length seen here. The load is the larger of the two views: the local view
+counts a burst before the replica reports it, the published one counts the other routers,
+and taking the max never counts this router's own requests twice.
+"""
+
+from __future__ import annotations
+
+from worker.api import EngineStats
+
+_DECODE_MEAN_ALPHA = 0.05  # weight of the newest request in the mean decode length
+
+
+class LoadTracker:
+    def __init__(self) -> None:
+        self._requests: dict[str, tuple[str, float]] = {}  # request_id -> (replica, tokens)
+        self._local_tokens: dict[str, float] = {}  # replica -> sum of its requests' work
+        self._num_local: dict[str, int] = {}  # replica -> outstanding request count
+        self._stats: dict[str, EngineStats] = {}
+        self.mean_decode_tokens = 0.0
+
+    def add(self, request_id: str, replica_id: str, work_tokens: float,
+            decode_tokens: int) -> None:
+        """Records a routed request; routing the same id again replaces its old entry."""
+        self.finish(request_id)
+        self._requests[request_id] = (replica_id, work_tokens)
+        self._local_tokens[replica_id] = self._local_tokens.get(replica_id, 0.0) + work_tokens
+        self._num_local[replica_id] = self._num_local.get(replica_id, 0) + 1
+        self.mean_decode_tokens += _DECODE_MEAN_ALPHA * (decode_tokens - self.mean_decode_tokens)
+
+    def finish(self, request_id: str) -> None:
+        """Drops a finished request's work; unknown ids (already dropped) are ignored."""
+        entry = self._requests.pop(request_id, None)
+        if entry is None:
+            return
+        replica_id, work_tokens = entry
+        n = self._num_local[replica_id] - 1
+        if n:
+            self._num_local[replica_id] = n
+            self._local_tokens[replica_id] -= work_tokens
+        else:  # reset exactly, so float sums cannot drift over a long run
+            del self._num_local[replica_id]
+            del self._local_tokens[replica_id]
+
+    def update_stats(self, replica_id: str, stats: EngineStats) -> None:
+        self._stats[replica_id] = stats
+
+    def load(self, replica_id: str) -> float:
+        """Outstanding work on the replica, in tokens."""
+        local = self._local_tokens.get(replica_id, 0.0)
+        stats = self._stats.get(replica_id)
+        if stats is None:
+            return local
+        published = (stats.num_queued_prefill_tokens
+                     + (stats.num_running + stats.num_waiting) * self.mean_decode_tokens)
+        return max(local, published)
+
+    def num_outstanding(self, replica_id: str) -> int:
+        """Requests this router sent to the replica and has not seen finish."""
+        return self._num_local.get(replica_id, 0)
+
+    def remove_replica(self, replica_id: str) -> None:
+        """Forgets the replica's stats and its requests (their `finish` becomes a no-op)."""
+        self._stats.pop(replica_id, None)
+        for rid in [r for r, (rep, _) in self._requests.items() if rep == replica_id]:
+            self.finish(rid)
+
+    def check_invariants(self) -> None:
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for replica_id, work_tokens in self._requests.values():
+            sums[replica_id] = sums.get(replica_id, 0.0) + work_tokens
+            counts[replica_id] = counts.get(replica_id, 0) + 1
+        assert counts == self._num_local, "outstanding counts != routed requests"
+        assert sums.keys() == self._local_tokens.keys(), "outstanding work replicas drifted"
+        for replica_id, total in sums.items():
+            assert abs(total - self._local_tokens[replica_id]) <= 1e-6 * max(1.0, total), (
+                f"{replica_id}: outstanding work {self._local_tokens[replica_id]} != {total}")

@@ -117,3 +117,11 @@ async def test_stop_strings_cut_the_text():
     assert "".join(d.text for d in cut) == text[:5]
     assert cut[-1].finish_reason == "stop"
     await engine.shutdown()
+
+
+def test_unknown_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does-not-exist"):
+        make_engine(model=str(tmp_path / "does-not-exist"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        make_engine(model=str(tmp_path / "empty"))

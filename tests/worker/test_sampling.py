@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+from worker.api import EngineInputError, SamplingParams
+from worker.sampling import Sampler
+
+
+def logits(rows=1, vocab=10, seed=0):
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed))
+
+
+def test_greedy_is_argmax():
+    x = logits(3)
+    out = Sampler().sample(x, ["a", "b", "c"], [SamplingParams(temperature=0)] * 3)
+    assert out == x.argmax(-1).tolist()
+
+
+def test_same_seed_same_tokens_regardless_of_batch():
+    x = logits(2, 50)
+    sp = SamplingParams(temperature=1.0, seed=42)
+    alone = [Sampler().sample(x[:1], ["a"], [sp])[0] for _ in range(2)]
+    s = Sampler()
+    seq_a = [s.sample(x, ["a", "b"], [sp, SamplingParams(temperature=1.0)])[0]
+             for _ in range(5)]
+    s2 = Sampler()
+    seq_b = [s2.sample(x[:1], ["a"], [sp])[0] for _ in range(5)]
+    assert alone[0] == alone[1] == seq_a[0]
+    assert seq_a == seq_b
+    assert len(set(seq_a)) > 1  # the generator advances: not the same token every step
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy():
+    x = logits(1, 100, seed=3)
+    s = Sampler()
+    best = int(x.argmax())
+    for _ in range(20):
+        assert s.sample(x, ["k"], [SamplingParams(temperature=2.0, top_k=1)]) == [best]
+        assert s.sample(x, ["p"], [SamplingParams(temperature=2.0, top_p=1e-6)]) == [best]
+
+
+def test_top_k_restricts_support():
+    x = logits(1, 100, seed=4)
+    allowed = set(torch.topk(x[0], 5).indices.tolist())
+    s = Sampler()
+    seen = {s.sample(x, ["k"], [SamplingParams(temperature=5.0, top_k=5, seed=1)])[0]
+            for _ in range(200)}
+    assert seen <= allowed and len(seen) > 1
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-1), "temperature"),
+    (dict(temperature=float("nan")), "temperature"), (dict(top_k=-2), "top_k"),
+    (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(seed="x"), "seed"),
+    (dict(stop_token_ids=(-1,)), "stop_token_ids"), (dict(stop=("",)), "stop"),
+])
+def test_bad_sampling_parameters_are_clear_errors(kw, field):
+    with pytest.raises(EngineInputError, match=field):
+        SamplingParams(**kw)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from worker.attention import AttentionMetadata
-from worker.step import ScheduledSeq
+from worker.step import ScheduledSeq, StepInput
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,23 @@ def check_seq(seq: ScheduledSeq, block_size: int, num_blocks: int) -> None:
         raise ValueError(f"request {seq.request_id}: block id out of range [0, {num_blocks})")
 
 
-def build_forward_batch(
-    seqs: list[ScheduledSeq], block_size: int, num_blocks: int, device: torch.device
-) -> ForwardBatch:
-    for seq in seqs:
+def check_step(step: StepInput, block_size: int, num_blocks: int, num_host_blocks: int) -> None:
+    """Raise ValueError for a step no rank can run; rank 0 calls it before broadcasting, so
+    a bad step never leaves the other ranks waiting in a collective."""
+    for seq in step.seqs:
         check_seq(seq, block_size, num_blocks)
+    for block_id, host_slot in step.copies.swap_out:
+        if not (0 <= block_id < num_blocks and 0 <= host_slot < num_host_blocks):
+            raise ValueError(f"swap_out ({block_id}, {host_slot}) is out of range")
+    for host_slot, block_id in step.copies.swap_in:
+        if not (0 <= block_id < num_blocks and 0 <= host_slot < num_host_blocks):
+            raise ValueError(f"swap_in ({host_slot}, {block_id}) is out of range")
+
+
+def build_forward_batch(
+    seqs: list[ScheduledSeq], block_size: int, device: torch.device
+) -> ForwardBatch:
+    """Pack seqs (non-empty, already checked with check_step) for the model's forward."""
     q_lens = np.array([len(s.token_ids) for s in seqs], dtype=np.int64)
     start_pos = np.array([s.start_pos for s in seqs], dtype=np.int64)
     cu = np.zeros(len(seqs) + 1, dtype=np.int64)

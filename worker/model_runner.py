@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from worker.forward_batch import build_forward_batch
+from worker.forward_batch import build_forward_batch, check_step
 from worker.kv_cache import PagedKVCache
 from worker.loader import load_model
 from worker.step import StepInput
@@ -58,14 +58,13 @@ class ModelRunner:
         Returns fp32 logits [number of seqs with sample=True, vocab] in seqs order on rank
         0, on this runner's device; None on other ranks.
         """
+        check_step(step, self.kv.block_size, self.kv.num_blocks, self.kv.num_host_blocks)
         self.kv.swap_out(step.copies.swap_out)
         self.kv.swap_in(step.copies.swap_in)
         if not step.seqs:
             logits = torch.empty(0, self.config.vocab_size, device=self.device)
         else:
-            batch = build_forward_batch(
-                step.seqs, self.kv.block_size, self.kv.num_blocks, self.device
-            )
+            batch = build_forward_batch(step.seqs, self.kv.block_size, self.device)
             logits = self.model(
                 batch.token_ids, batch.positions, batch.meta, self.kv.layers, batch.sample_rows
             )

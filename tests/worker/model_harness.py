@@ -65,7 +65,13 @@ def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:
         return hf_model(torch.tensor([token_ids])).logits[0].float()
 
 
-def make_runner(path: Path, num_blocks: int = 48, num_host_blocks: int = 0) -> ModelRunner:
+def make_runner(
+    path: Path,
+    num_blocks: int = 48,
+    num_host_blocks: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> ModelRunner:
     return ModelRunner(
         path,
         tp_rank=0,
@@ -74,8 +80,8 @@ def make_runner(path: Path, num_blocks: int = 48, num_host_blocks: int = 0) -> M
         num_blocks=num_blocks,
         block_size=BLOCK_SIZE,
         num_host_blocks=num_host_blocks,
-        dtype=torch.float32,
-        device="cpu",
+        dtype=dtype,
+        device=device,
     )
 
 

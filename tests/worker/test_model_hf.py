@@ -164,3 +164,29 @@ def test_bad_chunk_is_rejected(checkpoint):
         runner.execute(step(seq("a", prompt(9, 1), 0, [0, 1])))
     with pytest.raises(ValueError, match=r"block id out of range \[0, 4\)"):
         runner.execute(step(seq("a", prompt(3, 1), 0, [4])))
+    with pytest.raises(ValueError, match=r"swap_in \(0, 1\) is out of range"):
+        runner.execute(step(swap_in=[(0, 1)]))  # the runner has no host blocks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-3), (torch.bfloat16, 0.25)])
+def test_cuda_runner_with_triton_kernels_matches_hf(checkpoint, dtype, atol):
+    path, hf = checkpoint("llama")
+    runner = make_runner(path, num_host_blocks=2, dtype=dtype, device="cuda")
+    a, b = prompt(37, seed=14), prompt(6, seed=15)
+    blocks_a, blocks_b = shuffled_blocks(11, seed=16), [40, 41, 42]
+    # prefill kernel: a ragged batch; then decode kernel: one token each
+    logits = runner.execute(step(seq("a", a, 0, blocks_a), seq("b", b, 0, blocks_b)))
+    logits = torch.cat(
+        [logits, runner.execute(step(seq("a", [3], 37, blocks_a), seq("b", [4], 6, blocks_b)))]
+    ).cpu()
+    expected = torch.stack(
+        [
+            hf_logits(hf, a)[-1],
+            hf_logits(hf, b)[-1],
+            hf_logits(hf, a + [3])[-1],
+            hf_logits(hf, b + [4])[-1],
+        ]
+    )
+    torch.testing.assert_close(logits, expected, atol=atol, rtol=0)

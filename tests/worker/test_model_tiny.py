@@ -62,3 +62,15 @@ def test_tiny_tokenizer_and_chat_template(tmp_path):
     assert text == "<s><|user|>\nhi<|end|>\n<|assistant|>\n"
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     assert ids == [256, 259, 10, 104, 105, 261, 10, 260, 10]
+
+
+def test_kv_pool_sizing(tmp_path):
+    from worker.kv_cache import kv_block_bytes, num_blocks_for_memory
+
+    config = check_checkpoint(ensure_tiny(tmp_path), tp_size=1)
+    # 2 layers x (K, V) x 2 KV heads x head_dim 16 x 16 tokens x 4 bytes
+    assert kv_block_bytes(config, 16, 1, torch.float32) == 8192
+    assert kv_block_bytes(config, 16, 2, torch.bfloat16) == 2048  # one KV head per rank
+    assert num_blocks_for_memory(config, 16, 1, torch.float32, 1 << 20) == 128
+    runner = make_runner(ensure_tiny(tmp_path), num_blocks=10)
+    assert runner.kv.device_kv.nbytes == 10 * kv_block_bytes(config, 4, 1, torch.float32)

@@ -1,0 +1,193 @@
+"""OpenAI request bodies, validated, and OpenAI-style errors.
+
+Unknown fields are ignored (clients send extras); known fields are checked for type and
+range, and a parameter kvroute cannot honour (n > 1, logprobs, penalties) is a 400 rather
+than silently ignored. Every failure becomes `APIError` with the body OpenAI returns:
+`{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
+
+DEFAULT_MAX_TOKENS = 16
+
+
+class APIError(Exception):
+    """An error answered with an OpenAI-style body."""
+
+    def __init__(self, status_code: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+Number = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool = False
+
+
+class _SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: Number = Field(default=1.0, ge=0, le=2)
+    top_p: Number = Field(default=1.0, gt=0, le=1)
+    top_k: StrictInt = Field(default=0, ge=0)  # extension (vLLM's): 0 = off
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt = Field(default=1, ge=1)
+    ignore_eos: StrictBool = False  # extension
+    presence_penalty: Number = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: Number = Field(default=0.0, ge=-2, le=2)
+    logprobs: StrictBool | StrictInt | None = None
+    user: StrictStr | None = None
+
+    @field_validator("n", "presence_penalty", "frequency_penalty", "logprobs")
+    @classmethod
+    def _unsupported_values(cls, v: Any, info: Any) -> Any:
+        default = {"n": 1}.get(info.field_name, 0)
+        if v is not None and v is not False and v != default:
+            raise ValueError(f"{info.field_name} is not supported (only {default!r})")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty")
+        return v
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    echo: StrictBool = False
+    suffix: StrictStr | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: Any) -> str | list[int]:
+        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
+            if len(v) != 1:
+                raise ValueError("batched prompts are not supported; send one prompt")
+            v = v[0]
+        if isinstance(v, list) and any(t < 0 for t in v):
+            raise ValueError("token ids must be >= 0")
+        if len(v) == 0:
+            raise ValueError("the prompt is empty")
+        return v
+
+    @field_validator("echo", "suffix")
+    @classmethod
+    def _unsupported(cls, v: Any, info: Any) -> Any:
+        if v:
+            raise ValueError(f"{info.field_name} is not supported")
+        return v
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    tools: list[Any] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[Any] | None) -> list[Any] | None:
+        if v:
+            raise ValueError("tools are not supported")
+        return v
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class PrefixRegisterRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    model: StrictStr | None = None
+    prompt: StrictStr | list[StrictInt] | None = None
+    messages: list[ChatMessage] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _nonempty(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
+        if v is not None and not v:
+            raise ValueError("messages must not be empty")
+        return v
+
+
+def parse_body(raw: bytes, model_cls: type[BaseModel]) -> Any:
+    """The body as `model_cls`, or APIError(400) naming the first bad parameter."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise APIError(400, f"the request body is not valid JSON: {err}",
+                       code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == "missing":
+            message = f"missing required parameter: {param!r}"
+            code = "missing_required_parameter"
+        else:
+            detail = first["msg"].removeprefix("Value error, ")
+            message = f"invalid value for {param!r}: {detail}"
+            code = "invalid_value"
+        raise APIError(400, message, param=param, code=code) from None

@@ -1,0 +1,77 @@
+"""Named pinned prefixes (`/v1/prefixes`): an operator's system prompts, computed ahead on
+the replica the router picks for them and kept there while pinned.
+
+The records live in the KV index actor, so every gateway process lists and deletes the same
+ones. Names are per tenant; the engine pins under "tenant/name" with the tenant's salt, so
+a tenant's prefix only ever serves that tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from router.engine_client import EngineClient
+from router.index_actor import PrefixRecord
+from router.messages import PinRequest, PinResult, UnpinRequest
+from router.openai_schema import APIError, PrefixRegisterRequest, parse_body
+from router.prompt import PromptBuilder, PromptError
+
+
+def _body(record: PrefixRecord) -> dict[str, Any]:
+    return {"object": "prefix", "name": record.name, "replica": record.replica_id,
+            "num_prompt_tokens": record.num_prompt_tokens,
+            "num_pinned_blocks": record.num_pinned_blocks}
+
+
+def engine_pin_name(tenant: str, name: str) -> str:
+    return f"{tenant}/{name}"
+
+
+class PrefixService:
+    def __init__(self, engine: EngineClient, index: Any, prompts: PromptBuilder):
+        self._engine = engine
+        self._index = index
+        self._prompts = prompts
+
+    async def register(self, raw_body: bytes, tenant: str,
+                       check_model: Callable[[str | None], None]) -> dict[str, Any]:
+        body = parse_body(raw_body, PrefixRegisterRequest)
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "send exactly one of 'prompt' or 'messages'", param="prompt",
+                           code="invalid_value")
+        if body.messages is not None:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            try:
+                # The prefix of a conversation: no generation prompt after it.
+                text = self._prompts.render_chat(messages, add_generation_prompt=False)
+            except PromptError as err:
+                raise APIError(400, str(err), param="messages") from None
+            token_ids = self._prompts.tokenizer.encode(text, add_special_tokens=False).ids
+        elif isinstance(body.prompt, str):
+            token_ids = self._prompts.encode_text(body.prompt)
+        else:
+            token_ids = list(body.prompt)
+        pin_name = engine_pin_name(tenant, body.name)
+        result: PinResult = await self._engine.call("pin_prefix", PinRequest(
+            pin_name, token_ids, self._prompts.block_hashes(token_ids, tenant), tenant))
+        record = PrefixRecord(body.name, tenant, len(token_ids), result.num_pinned_blocks,
+                              result.replica_id)
+        old = await self._index.put_prefix.remote(record)
+        if old is not None and old.replica_id != record.replica_id:
+            await self._engine.call("unpin_prefix", UnpinRequest(pin_name, old.replica_id))
+        return _body(record)
+
+    async def list(self, tenant: str) -> dict[str, Any]:
+        records = await self._index.list_prefixes.remote(tenant)
+        return {"object": "list", "data": [_body(r) for r in records]}
+
+    async def delete(self, name: str, tenant: str) -> dict[str, Any]:
+        record = await self._index.pop_prefix.remote(tenant, name)
+        if record is None:
+            raise APIError(404, f"no pinned prefix named {name!r}", param="name",
+                           code="prefix_not_found")
+        await self._engine.call("unpin_prefix",
+                                UnpinRequest(engine_pin_name(tenant, name), record.replica_id))
+        return {"object": "prefix.deleted", "name": name, "deleted": True}

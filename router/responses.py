@@ -1,0 +1,85 @@
+"""OpenAI response bodies and SSE chunks for completions and chat completions.
+
+`usage.prompt_tokens_details.cached_tokens` is what OpenAI reports: prompt tokens served
+from the prefix cache (here device hits plus host-tier hits copied back).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from worker.api import Usage
+
+Kind = Literal["completion", "chat"]
+
+
+def usage_body(usage: Usage | None) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def finish_reason(engine_reason: str | None) -> str | None:
+    """Engine reasons as OpenAI names them ("abort" ends a stream the client left)."""
+    return None if engine_reason is None else {"abort": "stop"}.get(engine_reason,
+                                                                   engine_reason)
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+@dataclass(frozen=True)
+class ResponseShape:
+    """Builds bodies for one request: its id, kind, model and creation time."""
+
+    kind: Kind
+    response_id: str
+    model: str
+    created: int
+
+    @classmethod
+    def new(cls, kind: Kind, response_id: str, model: str) -> ResponseShape:
+        return cls(kind, response_id, model, int(time.time()))
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        if self.kind == "completion":
+            obj = "text_completion"
+        else:
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+        return {"id": self.response_id, "object": obj, "created": self.created,
+                "model": self.model}
+
+    def full(self, text: str, reason: str | None, usage: Usage | None) -> dict[str, Any]:
+        if self.kind == "completion":
+            choice = {"index": 0, "text": text, "logprobs": None,
+                      "finish_reason": finish_reason(reason)}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": finish_reason(reason)}
+        return {**self._head(False), "choices": [choice], "usage": usage_body(usage)}
+
+    def chunk(self, text: str, reason: str | None = None, first: bool = False
+              ) -> dict[str, Any]:
+        if self.kind == "completion":
+            choice = {"index": 0, "text": text, "logprobs": None,
+                      "finish_reason": finish_reason(reason)}
+        else:
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            if text or first:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None,
+                      "finish_reason": finish_reason(reason)}
+        return {**self._head(True), "choices": [choice]}
+
+    def usage_chunk(self, usage: Usage | None) -> dict[str, Any]:
+        return {**self._head(True), "choices": [], "usage": usage_body(usage)}

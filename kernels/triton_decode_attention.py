@@ -24,6 +24,7 @@ import triton.language as tl
 _LOG2E = 1.4426950408889634
 _BLOCK_N = 32
 _TARGET_PROGRAMS = 512
+_MAX_SPLITS = 64  # the merge kernel holds [splits, head_dim] partials in registers
 
 
 @triton.jit
@@ -155,7 +156,7 @@ def _decode_merge_kernel(
 
 def _tokens_per_split(num_seqs: int, num_kv_heads: int, max_tokens: int) -> int:
     """Enough splits to fill the GPU for small batches; whole BLOCK_N tiles per split."""
-    splits_wanted = max(1, _TARGET_PROGRAMS // max(1, num_seqs * num_kv_heads))
+    splits_wanted = min(_MAX_SPLITS, max(1, _TARGET_PROGRAMS // (num_seqs * num_kv_heads)))
     tokens = triton.cdiv(max_tokens, splits_wanted)
     return max(_BLOCK_N, triton.cdiv(tokens, _BLOCK_N) * _BLOCK_N)
 

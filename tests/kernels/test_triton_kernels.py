@@ -61,6 +61,7 @@ def test_decode_many_splits_matches_reference():
 
     case = make_paged_case([5, 257], 16, 1, 16, device=DEVICE, seed=4)
     assert tda._tokens_per_split(2, 1, case.block_tables.shape[1] * 16) == 32
+    assert tda._tokens_per_split(1, 1, 131072) == 2048  # at most 64 splits
     q = torch.randn(2, 2, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.3)
     torch.testing.assert_close(

@@ -168,6 +168,22 @@ def test_bad_chunk_is_rejected(checkpoint):
         runner.execute(step(swap_in=[(0, 1)]))  # the runner has no host blocks
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_close_to_fp32_hf(checkpoint, dtype):
+    path, hf = checkpoint("qwen2")
+    runner = make_runner(path, dtype=dtype)
+    tokens, blocks = prompt(21, seed=17), shuffled_blocks(6, seed=18)
+    prefill = runner.execute(step(seq("a", tokens, 0, blocks)))[0]
+    decode = runner.execute(step(seq("a", [5], 21, blocks)))[0]
+    for got, expected in (
+        (prefill, hf_logits(hf, tokens)[-1]),
+        (decode, hf_logits(hf, tokens + [5])[-1]),
+    ):
+        assert got.dtype == torch.float32
+        assert int(got.argmax()) == int(expected.argmax())
+        torch.testing.assert_close(got, expected, atol=0.01 * float(expected.abs().max()), rtol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-3), (torch.bfloat16, 0.25)])

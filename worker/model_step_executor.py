@@ -1,4 +1,4 @@
-"""The real executor: the model runner(s) for the forward pass, the sampler on rank 0."""
+"""The real executor: the model on every TP rank (ModelExecutor), the sampler on rank 0."""
 
 from __future__ import annotations
 
@@ -9,51 +9,34 @@ import torch
 
 from worker.api import SamplingParams
 from worker.engine_config import EngineConfig
-from worker.loader import load_model_config
-from worker.model_runner import ModelRunner
+from worker.model_executor import ModelExecutor, ModelExecutorConfig
 from worker.sampling import Sampler
 from worker.step import StepInput
-from worker.tp import SingleProcessCommunicator
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def pick_device(device: str) -> torch.device:
+def pick_device(device: str) -> str:
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for, but no CUDA GPU is available")
-    return torch.device(device)
+    return device
 
 
 class ModelStepExecutor:
-    """Executor (worker/executor.py) over a real model. TP 1 runs in this process; TP > 1
-    runs one process per rank (worker.tp_workers) with rank 0's runner here."""
+    """Executor (worker/executor.py) over a real model; TP > 1 spawns ranks 1..tp-1."""
 
     def __init__(self, model_dir: str | Path, config: EngineConfig):
-        model_config = load_model_config(model_dir)
-        self.vocab_size = model_config.vocab_size
-        self.eos_token_ids = tuple(model_config.eos_token_ids)
+        self._model = ModelExecutor(ModelExecutorConfig(
+            model_dir=Path(model_dir), num_blocks=config.num_blocks, tp_size=config.tp,
+            block_size=config.block_size, num_host_blocks=config.num_host_blocks,
+            dtype=config.dtype, device=pick_device(config.device)))
+        self.vocab_size = self._model.vocab_size
+        self.eos_token_ids = tuple(self._model.model_config.eos_token_ids)
         self.sampler = Sampler()
-        device = pick_device(config.device)
-        dtype = DTYPES[config.dtype]
-        if config.tp == 1:
-            self._runner = ModelRunner(model_dir, 0, 1, SingleProcessCommunicator(),
-                                       config.num_blocks, config.block_size,
-                                       config.num_host_blocks, dtype, device)
-            self._execute_logits = self._runner.execute
-            self._shutdown = lambda: None
-        else:
-            from worker.tp_workers import TPExecutor
-
-            tp = TPExecutor(model_dir, config.tp, config.num_blocks, config.block_size,
-                            config.num_host_blocks, dtype, device)
-            self._execute_logits = tp.execute
-            self._shutdown = tp.shutdown
 
     def execute(self, step: StepInput, sampling: Mapping[str, SamplingParams]
                 ) -> dict[str, int]:
-        logits = self._execute_logits(step)
+        logits = self._model.execute(step)
         ids = [s.request_id for s in step.seqs if s.sample]
         if not ids:
             return {}
@@ -64,4 +47,4 @@ class ModelStepExecutor:
         self.sampler.release(request_id)
 
     def shutdown(self) -> None:
-        self._shutdown()
+        self._model.shutdown()

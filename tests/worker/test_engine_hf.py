@@ -96,3 +96,4 @@ async def test_host_tier_hits_are_copied_back_and_match_hf(checkpoint, hf):
     assert again[0][1].cached_tokens_host > 0
     assert again[0][0] == first[0][0] == hf(PROMPTS[0])
     await engine.shutdown()
+

@@ -92,7 +92,7 @@ def ensure_tiny(cache_dir: str | Path | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
     try:
         _write_tiny(staging)
-        if target.exists():  # stale version or an interrupted manual copy: move it aside
+        if target.exists() and not _is_complete(target):  # stale or broken: move it aside
             stale = Path(tempfile.mkdtemp(prefix=".tiny-stale-", dir=root))
             os.replace(target, stale / TINY_NAME)
             shutil.rmtree(stale, ignore_errors=True)

@@ -29,6 +29,12 @@ def test_ensure_tiny_is_deterministic_and_cached(tmp_path):
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime
     # only the finished directory is left behind, no staging copies
     assert [p.name for p in (tmp_path / "a").iterdir()] == ["tiny"]
+    # a copy from another version (or a half-written one) is rebuilt
+    (first / ".kvroute-tiny-version").write_text("0")
+    (first / "model.safetensors").write_bytes(b"junk")
+    assert ensure_tiny(tmp_path / "a") == first
+    assert _digest(first / "model.safetensors") == _digest(second / "model.safetensors")
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["tiny"]
 
 
 def test_resolve_model(tmp_path, monkeypatch):

@@ -41,7 +41,7 @@ class PrefixMatch(NamedTuple):
 class _Replica:
     __slots__ = ("slot", "held", "tracker")
 
-    def __init__(self, slot: int, held: dict[Medium, set[BlockHash]],
+    def __init__(self, slot: int, held: dict[Medium, dict[BlockHash, None]],
                  tracker: ReplicaEventTracker):
         self.slot = slot
         self.held = held
@@ -95,7 +95,7 @@ class PrefixIndex:
             slot = self._free_slots.pop(0)
         else:
             slot = len(self._replica_of_slot)
-        held: dict[Medium, set[BlockHash]] = {m: set() for m in MEDIA}
+        held: dict[Medium, dict[BlockHash, None]] = {m: {} for m in MEDIA}
 
         def on_event(medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
             (self._add if op == "add" else self._remove)(slot, held, medium, hashes)
@@ -144,24 +144,24 @@ class PrefixIndex:
         if rep is not None:
             self._remove(rep.slot, rep.held, medium, block_hashes)
 
-    def _add(self, slot: int, held: dict[Medium, set[BlockHash]], medium: Medium,
+    def _add(self, slot: int, held: dict[Medium, dict[BlockHash, None]], medium: Medium,
              block_hashes: Sequence[BlockHash]) -> None:
         bit = 1 << slot
         masks, mine = self._masks[medium], held[medium]
         for h in block_hashes:
             if h not in mine:
-                mine.add(h)
+                mine[h] = None
                 masks[h] = masks.get(h, 0) | bit
         if medium == "device":
             self.pending.confirm(slot, block_hashes)
 
-    def _remove(self, slot: int, held: dict[Medium, set[BlockHash]], medium: Medium,
+    def _remove(self, slot: int, held: dict[Medium, dict[BlockHash, None]], medium: Medium,
                 block_hashes: Iterable[BlockHash]) -> None:
         keep = ~(1 << slot)
         masks, mine = self._masks[medium], held[medium]
         for h in block_hashes:
             if h in mine:
-                mine.remove(h)
+                del mine[h]
                 m = masks[h] & keep
                 if m:
                     masks[h] = m
@@ -194,34 +194,49 @@ class PrefixIndex:
                 alive_dev |= 1 << rep.slot
         alive_host = 0  # slots past their device run, still in their host run
         dev_get, host_get = self._masks["device"].get, self._masks["host"].get
-        pend = self.pending.mask
-        pend_get = pend.get
+        pend_by_bit, pend_slots = self.pending.by_bit, self.pending.slots_mask
         device_ends: list[tuple[int, int]] = []  # (slots bitmask, device run length)
         total_ends: list[tuple[int, int]] = []  # (slots bitmask, cached prefix length)
-        i = 0
-        for h in block_hashes:
-            if not alive_dev | alive_host:
-                break
+        if not alive_dev:
+            return {}
+        for i, h in enumerate(block_hashes):
             m = dev_get(h, 0)
-            if pend:
-                m |= pend_get(h, 0)
-            still = alive_dev & m
-            if still != alive_dev or alive_host:
+            if alive_host:
                 hm = host_get(h, 0)
-                dropped = alive_dev ^ still
-                if dropped:
-                    device_ends.append((dropped, i))
-                in_host_run = alive_host | dropped
+                if (alive_dev & m) == alive_dev and (alive_host & hm) == alive_host:
+                    continue  # every run, device and host, goes on
+            elif (alive_dev & m) == alive_dev:
+                continue  # the common step: every device run goes on, no host run open
+            else:
+                hm = None  # looked up below only if a device run ends here
+            still = alive_dev & m
+            lacking = (alive_dev ^ still) & pend_slots
+            while lacking:  # runs about to end: does a pending mark carry them on?
+                bit = lacking & -lacking
+                if h in pend_by_bit[bit]:
+                    still |= bit
+                lacking ^= bit
+            dropped = alive_dev ^ still
+            if dropped:
+                device_ends.append((dropped, i))
+            in_host_run = alive_host | dropped
+            if in_host_run:
+                if hm is None:
+                    hm = host_get(h, 0)
                 staying_host = in_host_run & hm
                 ended = in_host_run ^ staying_host
                 if ended:
                     total_ends.append((ended, i))
-                alive_dev, alive_host = still, staying_host
-            i += 1
-        if alive_dev:
-            device_ends.append((alive_dev, i))
-        if alive_host | alive_dev:
-            total_ends.append((alive_host | alive_dev, i))
+                alive_host = staying_host
+            alive_dev = still
+            if not alive_dev and not alive_host:
+                break
+        else:  # walked the whole prompt: whoever is left holds all of it
+            n = len(block_hashes)
+            if alive_dev:
+                device_ends.append((alive_dev, n))
+            if alive_host or alive_dev:
+                total_ends.append((alive_host | alive_dev, n))
         return self._collect(device_ends, total_ends)
 
     def _collect(self, device_ends: list[tuple[int, int]],
@@ -283,8 +298,7 @@ class PrefixIndex:
         used = 0
         for slot in self._replica_of_slot:
             used |= 1 << slot
-        for h, bits in self.pending.mask.items():
-            assert bits & ~used == 0, f"pending mark of {h.hex()} on a free slot"
+        assert self.pending.slots_mask & ~used == 0, "pending marks on a free slot"
 
 
 def _slots(bits: int) -> Iterable[int]:

@@ -15,91 +15,91 @@ from kv.hashing import BlockHash
 
 
 class PendingMarks:
-    """Per block hash, a bitmask of the replica slots it is pending on.
+    """Per replica slot, the block hashes pending there and when each mark expires.
 
-    `mask` is read directly by the index walk; everything else keeps it consistent.
-    Marks expire in the order they were set (one TTL for all), so expiry pops a FIFO.
+    Marks are kept per slot (keyed by the slot's bit), not in one hash -> bitmask dict: the
+    walk asks about them only when a replica's confirmed device run is about to end, while
+    marking and expiring (every decision, hundreds of hashes) become bulk updates of small
+    per-slot dicts. Marks expire in the order they were set (one TTL for all), so expiry
+    pops a FIFO.
     """
 
     def __init__(self, ttl_s: float):
         if not ttl_s > 0:
             raise ValueError(f"pending ttl_s must be positive, got {ttl_s}")
         self.ttl_s = ttl_s
-        self.mask: dict[BlockHash, int] = {}
-        # hash -> {slot: expires_at}; a slot's latest mark wins, older queue entries are stale
-        self._expires_at: dict[BlockHash, dict[int, float]] = {}
+        # slot bit -> {hash: expires_at}; a slot's latest mark of a hash wins, queue entries
+        # of earlier marks of it are stale and skipped
+        self.by_bit: dict[int, dict[BlockHash, float]] = {}
+        self.slots_mask = 0  # bits of the slots with at least one mark
         self._queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
 
     def __len__(self) -> int:
         """Number of (block hash, slot) marks."""
-        return sum(len(d) for d in self._expires_at.values())
+        return sum(len(d) for d in self.by_bit.values())
+
+    def marked(self, slot: int) -> frozenset[BlockHash]:
+        return frozenset(self.by_bit.get(1 << slot, ()))
 
     def mark(self, slot: int, block_hashes: Sequence[BlockHash], now: float) -> None:
         if not block_hashes:
             return
-        expires_at = now + self.ttl_s
         bit = 1 << slot
-        mask, expires = self.mask, self._expires_at
-        for h in block_hashes:
-            d = expires.get(h)
-            if d is None:
-                expires[h] = {slot: expires_at}
-                mask[h] = bit
-            else:
-                d[slot] = expires_at
-                mask[h] |= bit
-        self._queue.append((expires_at, slot, tuple(block_hashes)))
+        hashes = tuple(block_hashes)
+        expires_at = now + self.ttl_s
+        mine = self.by_bit.get(bit)
+        if mine is None:
+            mine = self.by_bit[bit] = {}
+            self.slots_mask |= bit
+        mine.update(dict.fromkeys(hashes, expires_at))
+        self._queue.append((expires_at, bit, hashes))
 
     def expire(self, now: float) -> None:
         """Drops every mark whose TTL has run out (`expires_at <= now`)."""
         queue = self._queue
         while queue and queue[0][0] <= now:
-            expires_at, slot, block_hashes = queue.popleft()
-            for h in block_hashes:
-                d = self._expires_at.get(h)
-                if d is not None and d.get(slot) == expires_at:
-                    self._drop(h, d, slot)
+            expires_at, bit, hashes = queue.popleft()
+            mine = self.by_bit.get(bit)
+            if mine is None:
+                continue
+            mine_get = mine.get
+            for h in hashes:
+                if mine_get(h) == expires_at:  # not refreshed or confirmed since
+                    del mine[h]
+            if not mine:
+                self._drop_slot(bit)
 
     def confirm(self, slot: int, block_hashes: Sequence[BlockHash]) -> None:
         """The replica in `slot` now holds these blocks on the device: their marks are done."""
-        if not self._expires_at:
+        bit = 1 << slot
+        mine = self.by_bit.get(bit)
+        if mine is None:
             return
-        expires = self._expires_at
+        pop = mine.pop
         for h in block_hashes:
-            d = expires.get(h)
-            if d is not None and slot in d:
-                self._drop(h, d, slot)
+            pop(h, None)
+        if not mine:
+            self._drop_slot(bit)
 
     def forget_slot(self, slot: int) -> None:
         """Drops all marks of a slot (its replica is gone; the slot may be reused)."""
-        kept = deque()
-        for entry in self._queue:
-            if entry[1] == slot:
-                for h in entry[2]:
-                    d = self._expires_at.get(h)
-                    if d is not None and slot in d:
-                        self._drop(h, d, slot)
-            else:
-                kept.append(entry)
-        self._queue = kept
+        bit = 1 << slot
+        if bit in self.by_bit:
+            self._drop_slot(bit)
+        self._queue = deque(entry for entry in self._queue if entry[1] != bit)
 
-    def _drop(self, h: BlockHash, d: dict[int, float], slot: int) -> None:
-        del d[slot]
-        if d:
-            self.mask[h] &= ~(1 << slot)
-        else:
-            del self._expires_at[h]
-            del self.mask[h]
+    def _drop_slot(self, bit: int) -> None:
+        del self.by_bit[bit]
+        self.slots_mask &= ~bit
 
     def check_invariants(self) -> None:
-        assert self.mask.keys() == self._expires_at.keys(), "pending mask and marks disagree"
-        queued = {(h, slot, t) for t, slot, hashes in self._queue for h in hashes}
-        for h, d in self._expires_at.items():
-            assert d, f"empty pending entry for {h.hex()}"
-            bits = 0
-            for slot, expires_at in d.items():
-                bits |= 1 << slot
-                assert (h, slot, expires_at) in queued, f"mark {h.hex()}@{slot} never expires"
-            assert self.mask[h] == bits, f"pending mask of {h.hex()} != its marks"
+        queued = {(h, bit, t) for t, bit, hashes in self._queue for h in hashes}
+        bits = 0
+        for bit, mine in self.by_bit.items():
+            assert mine, f"empty pending entry for slot bit {bit:#x}"
+            bits |= bit
+            for h, expires_at in mine.items():
+                assert (h, bit, expires_at) in queued, f"mark {h.hex()} never expires"
+        assert self.slots_mask == bits, "pending slots mask != slots with marks"
         times = [t for t, _, _ in self._queue]
         assert times == sorted(times), "pending queue out of expiry order"

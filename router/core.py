@@ -44,7 +44,8 @@ class Router:
         self.clock = clock
         self.policy = make_policy(config.policy, config)
         self.index = PrefixIndex(config.pending_ttl_s, clock)
-        self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock)
+        self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
+                                     active=config.approximate)
         self.loads = LoadTracker()
         self._fallback = False
 
@@ -112,8 +113,13 @@ class Router:
         self.loads.remove_replica(replica_id)
 
     def set_fallback(self, active: bool) -> None:
-        """While active, decide in approximate mode (the index is unreachable or stale)."""
+        """While active, decide in approximate mode (the index is unreachable or stale).
+
+        Turning it on builds the history's bitmask index from the routed history, in one
+        pass over the blocks it remembers (up to replicas x approx_capacity_blocks).
+        """
         self._fallback = active
+        self.history.set_active(active or self.config.approximate)
 
     def index_blocks(self) -> dict[str, int]:
         """Distinct block hashes in the index that decisions use, by medium."""

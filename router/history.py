@@ -1,24 +1,49 @@
 """Approximate mode: what each replica probably holds, from this router's own routing.
 
 Without KV events, a routed request's blocks are assumed cached on its replica. Each replica
-gets an LRU of at most `capacity_blocks` blocks whose entries expire `ttl_s` after they were
+keeps an LRU of at most `capacity_blocks` blocks whose entries expire `ttl_s` after they were
 last routed. It is a baseline on its own and the fallback when the index actor is
 unreachable or stale, so the router records into it on every decision to keep it warm.
+
+Recording is cheap (C-level dict updates); the bitmask index that `match` walks costs
+more to keep, so it is kept only while the history is `active` (approximate mode, or the
+fallback) and rebuilt from the LRU in one pass when it becomes active.
+
+The LRU is a dict hash -> serial number of its latest routing plus a FIFO of routed
+prompts (serial, expiry, hashes tail first). The oldest prompt's blocks that no later
+prompt refreshed are the least recently used, tail first, as the engine evicts them.
+Unlike an OrderedDict, neither holds per-block GC-tracked objects, so the cyclic collector
+never walks them. The FIFO is also bounded: once it holds more than twice `capacity_blocks`
+hashes, its oldest prompt goes, so a block not routed again within that many routed blocks
+is forgotten early.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from kv.hashing import BlockHash
 from router.index import PrefixIndex, PrefixMatch
 
 
+class _Routed:
+    """One replica's routed blocks."""
+
+    __slots__ = ("last_serial", "queue", "num_queued", "next_serial")
+
+    def __init__(self) -> None:
+        self.last_serial: dict[BlockHash, int] = {}  # hash -> serial of its latest routing
+        # [serial, expires_at, hashes tail first, next position]: oldest prompt first
+        self.queue: deque[list] = deque()
+        self.num_queued = 0  # hashes in the queue from their entries' positions on
+        self.next_serial = 0
+
+
 class RoutedHistory:
     def __init__(self, capacity_blocks: int, ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, active: bool = True):
         if capacity_blocks <= 0:
             raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
         if not ttl_s > 0:
@@ -27,63 +52,127 @@ class RoutedHistory:
         self.ttl_s = ttl_s
         self.clock = clock
         self.index = PrefixIndex(clock=clock)  # device medium only; no pending marks
-        # replica -> hash -> expires_at, least recently routed first (so also soonest expiry)
-        self._lru: dict[str, OrderedDict[BlockHash, float]] = {}
+        self._routed: dict[str, _Routed] = {}
+        self._active = active
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def set_active(self, active: bool) -> None:
+        """Starts (building it from the LRU, O(blocks held)) or stops keeping the index."""
+        if active and not self._active:
+            for rid, routed in self._routed.items():
+                self.index.add_blocks(rid, "device", list(routed.last_serial))
+        elif not active and self._active:
+            self.index = PrefixIndex(clock=self.clock)
+        self._active = active
 
     def record(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
         """The prompt's blocks are now assumed cached on the replica."""
         now = self.clock()
-        lru = self._lru.get(replica_id)
-        if lru is None:
-            lru = self._lru[replica_id] = OrderedDict()
-        self._expire(replica_id, lru, now)
-        expires_at = now + self.ttl_s
-        new: list[BlockHash] = []
-        # Tail first, so the head of the prompt is the most recent entry: the engine frees
-        # a prompt's blocks tail first and evicts its shared head last; mirror that.
-        for h in reversed(block_hashes):
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                new.append(h)
-            lru[h] = expires_at
-        self.index.add_blocks(replica_id, "device", new)
-        if len(lru) > self.capacity_blocks:
-            evicted = [lru.popitem(last=False)[0]
-                       for _ in range(len(lru) - self.capacity_blocks)]
-            self.index.remove_blocks(replica_id, "device", evicted)
+        routed = self._routed.get(replica_id)
+        if routed is None:
+            routed = self._routed[replica_id] = _Routed()
+        self._expire(replica_id, routed, now)
+        serial = routed.next_serial
+        routed.next_serial += 1
+        seen = routed.last_serial
+        if self._active:
+            self.index.add_blocks(replica_id, "device", [h for h in block_hashes
+                                                          if h not in seen])
+        seen.update(dict.fromkeys(block_hashes, serial))
+        if block_hashes:
+            routed.queue.append([serial, now + self.ttl_s, tuple(reversed(block_hashes)), 0])
+            routed.num_queued += len(block_hashes)
+        over = len(seen) - self.capacity_blocks
+        if over > 0:
+            self._evict(replica_id, routed, over)
+        while routed.num_queued > 2 * self.capacity_blocks and len(routed.queue) > 1:
+            self._pop_oldest(replica_id, routed)
 
     def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str]
               ) -> dict[str, PrefixMatch]:
+        """Like `PrefixIndex.match`, from the routed history; needs `active`."""
+        if not self._active:
+            raise RuntimeError("RoutedHistory.match needs an active history")
         now = self.clock()
-        for rid, lru in self._lru.items():
-            self._expire(rid, lru, now)
+        for rid, routed in self._routed.items():
+            self._expire(rid, routed, now)
         return self.index.match(block_hashes, replica_ids)
 
-    def _expire(self, replica_id: str, lru: OrderedDict[BlockHash, float], now: float) -> None:
-        expired: list[BlockHash] = []
-        for h, expires_at in lru.items():
-            if expires_at > now:
-                break
-            expired.append(h)
-        if expired:
-            for h in expired:
-                del lru[h]
-            self.index.remove_blocks(replica_id, "device", expired)
+    def _expire(self, replica_id: str, routed: _Routed, now: float) -> None:
+        queue = routed.queue
+        while queue and queue[0][1] <= now:
+            self._pop_oldest(replica_id, routed)
+
+    def _pop_oldest(self, replica_id: str, routed: _Routed) -> None:
+        """Forgets the oldest routed prompt's blocks that no later prompt refreshed."""
+        serial, _, hashes, pos = routed.queue.popleft()
+        routed.num_queued -= len(hashes) - pos
+        seen = routed.last_serial
+        gone = [h for h in hashes[pos:] if seen.get(h) == serial]
+        for h in gone:
+            del seen[h]
+        if self._active:
+            self.index.remove_blocks(replica_id, "device", gone)
+
+    def _evict(self, replica_id: str, routed: _Routed, num_blocks: int) -> None:
+        """Evicts `num_blocks` least recently routed blocks, oldest prompt first, tail first."""
+        seen, queue = routed.last_serial, routed.queue
+        gone: list[BlockHash] = []
+        while len(gone) < num_blocks:
+            entry = queue[0]
+            serial, _, hashes, pos = entry
+            while pos < len(hashes) and len(gone) < num_blocks:
+                h = hashes[pos]
+                pos += 1
+                if seen.get(h) == serial:
+                    del seen[h]
+                    gone.append(h)
+            routed.num_queued -= pos - entry[3]
+            if pos == len(hashes):
+                queue.popleft()
+            else:
+                entry[3] = pos
+        if self._active:
+            self.index.remove_blocks(replica_id, "device", gone)
 
     def remove_replica(self, replica_id: str) -> None:
-        self._lru.pop(replica_id, None)
+        self._routed.pop(replica_id, None)
         self.index.remove_replica(replica_id)
 
+    @property
+    def replica_ids(self) -> list[str]:
+        return list(self._routed)
+
+    def blocks_of(self, replica_id: str) -> frozenset[BlockHash]:
+        """The blocks assumed cached on the replica."""
+        routed = self._routed.get(replica_id)
+        return frozenset(routed.last_serial) if routed else frozenset()
+
     def num_blocks(self) -> int:
-        return self.index.num_blocks("device")
+        """Distinct block hashes routed to any replica and still remembered."""
+        if self._active:
+            return self.index.num_blocks("device")
+        return len(set().union(*(r.last_serial for r in self._routed.values())))
 
     def check_invariants(self) -> None:
         self.index.check_invariants()
-        assert set(self._lru) == set(self.index.replica_ids), "history replicas drifted"
-        for rid, lru in self._lru.items():
-            assert len(lru) <= self.capacity_blocks, f"{rid} over capacity"
-            assert set(lru) == self.index.blocks_of(rid, "device"), f"{rid} history != index"
-            times = list(lru.values())
-            assert times == sorted(times), f"{rid} LRU out of expiry order"
+        if self._active:
+            assert set(self._routed) == set(self.index.replica_ids), "history replicas drifted"
+        else:
+            assert not self.index.replica_ids, "an inactive history keeps no index"
+        for rid, routed in self._routed.items():
+            seen = routed.last_serial
+            assert len(seen) <= self.capacity_blocks, f"{rid} over capacity"
+            if self._active:
+                assert seen.keys() == self.index.blocks_of(rid, "device"), f"{rid} != index"
+            queued = {(h, e[0]) for e in routed.queue for h in e[2][e[3]:]}
+            assert all((h, s) in queued for h, s in seen.items()), f"{rid}: a block never ages"
+            assert routed.num_queued == sum(len(e[2]) - e[3] for e in routed.queue)
+            serials = [e[0] for e in routed.queue]
+            assert serials == sorted(serials), f"{rid} history out of order"
+            times = [e[1] for e in routed.queue]
+            assert times == sorted(times), f"{rid} history out of expiry order"
         assert self.index.num_blocks("host") == 0, "history has no host tier"

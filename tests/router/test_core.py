@@ -175,7 +175,7 @@ def test_remove_replica_forgets_its_index_history_and_load():
     assert route(router, "q1", prompt(0, 1, 2, 3)).replica_id == "r1"
     router.remove_replica("r1")
     router.check_invariants()
-    assert "r1" not in router.index and "r1" not in router.history.index
+    assert "r1" not in router.index and "r1" not in router.history.replica_ids
     assert router.loads.num_outstanding("r1") == 0
     assert router.index_blocks() == {"device": 0, "host": 0}
     router.on_finished("q1")  # its request is gone with it: a no-op

@@ -50,7 +50,9 @@ class CacheAwarePolicy:
         best = least = None  # (sort key, replica id, load, prefill cost)
         for rid in query.replica_ids:
             load = load_of(rid)
-            prefill = self.prefill_cost_tokens(matches.get(rid), num_prompt_tokens)
+            match = matches.get(rid)
+            prefill = (self.prefill_cost_tokens(match, num_prompt_tokens) if match
+                       else float(num_prompt_tokens))
             cost_key = (prefill + w * load, load)
             if best is None or cost_key < best[0]:
                 best = (cost_key, rid, load, prefill)

@@ -84,7 +84,15 @@ class Router:
                                       if match else (0, 0))
 
         if not approximate:
-            num_confirmed = self.index.num_confirmed_device_blocks(replica_id, block_hashes)
+            # Mark from the end of the confirmed device run: the blocks this request computes
+            # or copies in, and pending ones it refreshes. Without marks on the replica its
+            # device run is all confirmed, so the walk already measured it.
+            if match is None:
+                num_confirmed = 0
+            elif self.index.has_pending(replica_id):
+                num_confirmed = self.index.num_confirmed_device_blocks(replica_id, block_hashes)
+            else:
+                num_confirmed = match.num_device_blocks
             self.index.mark_pending(replica_id, block_hashes[num_confirmed:])
         self.history.record(replica_id, block_hashes)
         prefill_tokens = (num_prompt_tokens - device_tokens - host_tokens

@@ -1,55 +1,47 @@
 """The router's mirror of the KV index: block hash -> replicas holding it, by medium.
 
-Each replica gets a slot; each indexed hash maps to an int bitmask of the slots holding it
-(one dict per medium). A prompt's cached prefix on every replica comes from one walk over
-its hashes: AND the masks as you go and stop as soon as no replica is left.
+Each replica gets a slot s and two bits in one int bitmask per block hash: bit 2s when the
+replica holds the block on the device, bit 2s + 1 when it holds it on the host tier. A
+prompt's cached prefix on every replica comes from one walk over its hashes with one dict
+lookup per block: `alive` holds the device bit of each replica still in its device run and
+the host bit of each replica in the host run after it, so "does every run go on?" is
+`alive & mask == alive`; only where a run ends does the walk do more. It stops as soon as
+no replica is left.
 
 Events feed it through one `kv.events.ReplicaEventTracker` per replica (gaps, reordering
-and restarts are the tracker's job); per-replica hash sets make clears, snapshots and
-`remove_replica` cost what that replica held, not the whole index.
+and restarts are the tracker's job); per-replica hash collections make clears, snapshots
+and `remove_replica` cost what that replica held, not the whole index. They are dicts with
+None values rather than sets: such dicts hold no GC-tracked objects, so CPython's cyclic
+collector never walks their millions of entries (sets are always tracked, and a full
+collection over them would stall a routing decision for tens of milliseconds).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
 
 from kv.events import MEDIA, EventBatch, Medium, ReplicaEventTracker, Snapshot
 from kv.hashing import BlockHash
 from router.pending import PendingMarks
+from router.prefix_match import PrefixMatch, collect_matches
 
-
-class PrefixMatch(NamedTuple):
-    """A replica's cached prefix of a prompt, as the engine's `KVCacheManager.match` sees it:
-    a run of device blocks (pending marks count as device), then a run of host blocks."""
-
-    num_device_blocks: int
-    num_host_blocks: int
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return self.num_device_blocks + self.num_host_blocks
-
-    def hit_tokens(self, block_size: int, num_prompt_tokens: int) -> tuple[int, int]:
-        """(device, host) prompt tokens this prefix covers, capped at the prompt length."""
-        device_tokens = min(self.num_device_blocks * block_size, num_prompt_tokens)
-        host_tokens = min(self.num_host_blocks * block_size, num_prompt_tokens - device_tokens)
-        return device_tokens, host_tokens
+__all__ = ["PrefixIndex", "PrefixMatch"]
 
 
 class _Replica:
-    __slots__ = ("slot", "held", "tracker")
+    __slots__ = ("slot", "device_bit", "held", "tracker")
 
     def __init__(self, slot: int, held: dict[Medium, dict[BlockHash, None]],
                  tracker: ReplicaEventTracker):
         self.slot = slot
+        self.device_bit = 1 << (2 * slot)  # the host bit is device_bit << 1
         self.held = held
         self.tracker = tracker
 
 
 class PrefixIndex:
-    """Block hash -> bitmask of replica slots, per medium, plus pending marks.
+    """Block hash -> bitmask of (replica, medium), plus pending marks.
 
     Args:
         pending_ttl_s: how long a pending mark lives without a confirming event.
@@ -60,7 +52,9 @@ class PrefixIndex:
                  clock: Callable[[], float] = time.monotonic):
         self.clock = clock
         self.pending = PendingMarks(pending_ttl_s)
-        self._masks: dict[Medium, dict[BlockHash, int]] = {m: {} for m in MEDIA}
+        self._masks: dict[BlockHash, int] = {}
+        self._device_bits = 0  # bit 2s of every slot s ever used: 0b0101...
+        self._num_blocks: dict[Medium, int] = {m: 0 for m in MEDIA}  # hashes with a bit set
         self._replicas: dict[str, _Replica] = {}
         self._replica_of_slot: dict[int, str] = {}
         self._free_slots: list[int] = []  # freed by remove_replica, reused lowest first
@@ -86,10 +80,12 @@ class PrefixIndex:
 
     def slot_of(self, replica_id: str) -> int:
         """The replica's slot, allocating one (and an unsynced tracker) on first sight."""
-        rep = self._replicas.get(replica_id)
-        return (rep or self._add_replica(replica_id)).slot
+        return self._replica(replica_id).slot
 
-    def _add_replica(self, replica_id: str) -> _Replica:
+    def _replica(self, replica_id: str) -> _Replica:
+        rep = self._replicas.get(replica_id)
+        if rep is not None:
+            return rep
         if self._free_slots:
             self._free_slots.sort()
             slot = self._free_slots.pop(0)
@@ -98,15 +94,16 @@ class PrefixIndex:
         held: dict[Medium, dict[BlockHash, None]] = {m: {} for m in MEDIA}
 
         def on_event(medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
-            (self._add if op == "add" else self._remove)(slot, held, medium, hashes)
+            (self._add if op == "add" else self._remove)(rep, medium, hashes)
 
         def on_clear(medium: Medium | None) -> None:
             for m in MEDIA if medium is None else (medium,):
-                self._remove(slot, held, m, tuple(held[m]))
+                self._remove(rep, m, tuple(held[m]))
 
         rep = _Replica(slot, held, ReplicaEventTracker(on_event, on_clear))
         self._replicas[replica_id] = rep
         self._replica_of_slot[slot] = replica_id
+        self._device_bits |= rep.device_bit
         return rep
 
     def remove_replica(self, replica_id: str) -> None:
@@ -115,8 +112,8 @@ class PrefixIndex:
         if rep is None:
             return
         for m in MEDIA:
-            self._remove(rep.slot, rep.held, m, tuple(rep.held[m]))
-        self.pending.forget_slot(rep.slot)
+            self._remove(rep, m, tuple(rep.held[m]))
+        self.pending.forget(rep.device_bit)
         del self._replica_of_slot[rep.slot]
         self._free_slots.append(rep.slot)
 
@@ -125,48 +122,60 @@ class PrefixIndex:
     def apply_batch(self, batch: EventBatch) -> bool:
         """Applies one event batch. Returns True when the replica needs a snapshot (a gap, a
         restart, or a replica not synced yet)."""
-        rep = self._replicas.get(batch.replica_id) or self._add_replica(batch.replica_id)
-        return rep.tracker.apply_batch(batch).needs_snapshot
+        return self._replica(batch.replica_id).tracker.apply_batch(batch).needs_snapshot
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
-        rep = self._replicas.get(snapshot.replica_id) or self._add_replica(snapshot.replica_id)
-        rep.tracker.apply_snapshot(snapshot)
+        self._replica(snapshot.replica_id).tracker.apply_snapshot(snapshot)
 
     def add_blocks(self, replica_id: str, medium: Medium, block_hashes: Sequence[BlockHash]
                    ) -> None:
         """Records blocks directly, without events (the approximate, history-fed index)."""
-        rep = self._replicas.get(replica_id) or self._add_replica(replica_id)
-        self._add(rep.slot, rep.held, medium, block_hashes)
+        self._add(self._replica(replica_id), medium, block_hashes)
 
     def remove_blocks(self, replica_id: str, medium: Medium,
                       block_hashes: Iterable[BlockHash]) -> None:
         rep = self._replicas.get(replica_id)
         if rep is not None:
-            self._remove(rep.slot, rep.held, medium, block_hashes)
+            self._remove(rep, medium, block_hashes)
 
-    def _add(self, slot: int, held: dict[Medium, dict[BlockHash, None]], medium: Medium,
-             block_hashes: Sequence[BlockHash]) -> None:
-        bit = 1 << slot
-        masks, mine = self._masks[medium], held[medium]
+    def _medium_bits(self, rep: _Replica, medium: Medium) -> tuple[int, int]:
+        """(the replica's bit for the medium, the bits of every replica for it)."""
+        if medium == "device":
+            return rep.device_bit, self._device_bits
+        return rep.device_bit << 1, self._device_bits << 1
+
+    def _add(self, rep: _Replica, medium: Medium, block_hashes: Sequence[BlockHash]) -> None:
+        bit, medium_bits = self._medium_bits(rep, medium)
+        masks, mine = self._masks, rep.held[medium]
+        masks_get = masks.get
+        num_new = 0
         for h in block_hashes:
             if h not in mine:
                 mine[h] = None
-                masks[h] = masks.get(h, 0) | bit
+                m = masks_get(h, 0)
+                if not m & medium_bits:
+                    num_new += 1
+                masks[h] = m | bit
+        self._num_blocks[medium] += num_new
         if medium == "device":
-            self.pending.confirm(slot, block_hashes)
+            self.pending.confirm(rep.device_bit, block_hashes)
 
-    def _remove(self, slot: int, held: dict[Medium, dict[BlockHash, None]], medium: Medium,
-                block_hashes: Iterable[BlockHash]) -> None:
-        keep = ~(1 << slot)
-        masks, mine = self._masks[medium], held[medium]
+    def _remove(self, rep: _Replica, medium: Medium, block_hashes: Iterable[BlockHash]) -> None:
+        bit, medium_bits = self._medium_bits(rep, medium)
+        keep = ~bit
+        masks, mine = self._masks, rep.held[medium]
+        num_gone = 0
         for h in block_hashes:
             if h in mine:
                 del mine[h]
                 m = masks[h] & keep
+                if not m & medium_bits:
+                    num_gone += 1
                 if m:
                     masks[h] = m
                 else:
                     del masks[h]
+        self._num_blocks[medium] -= num_gone
 
     # -- pending marks ---------------------------------------------------------------------
 
@@ -174,7 +183,16 @@ class PrefixIndex:
         """Marks blocks as about to be computed on the replica (see router.pending)."""
         now = self.clock()
         self.pending.expire(now)
-        self.pending.mark(self.slot_of(replica_id), block_hashes, now)
+        self.pending.mark(self._replica(replica_id).device_bit, block_hashes, now)
+
+    def has_pending(self, replica_id: str) -> bool:
+        """True when the replica has pending marks (its device runs may include some)."""
+        rep = self._replicas.get(replica_id)
+        return rep is not None and bool(self.pending.bits_mask & rep.device_bit)
+
+    def pending_blocks(self, replica_id: str) -> frozenset[BlockHash]:
+        rep = self._replicas.get(replica_id)
+        return self.pending.marked(rep.device_bit) if rep else frozenset()
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -187,73 +205,48 @@ class PrefixIndex:
         """
         self.pending.expire(self.clock())
         replicas = self._replicas
-        alive_dev = 0  # slots whose prefix so far is all on the device (or pending there)
+        alive = 0  # device bits of runs on the device, host bits of runs on the host after it
         for rid in replica_ids:
             rep = replicas.get(rid)
             if rep is not None:
-                alive_dev |= 1 << rep.slot
-        alive_host = 0  # slots past their device run, still in their host run
-        dev_get, host_get = self._masks["device"].get, self._masks["host"].get
-        pend_by_bit, pend_slots = self.pending.by_bit, self.pending.slots_mask
-        device_ends: list[tuple[int, int]] = []  # (slots bitmask, device run length)
-        total_ends: list[tuple[int, int]] = []  # (slots bitmask, cached prefix length)
-        if not alive_dev:
+                alive |= rep.device_bit
+        if not alive:
             return {}
+        device_bits = self._device_bits
+        masks_get = self._masks.get
+        pend_by_bit, pend_bits = self.pending.by_bit, self.pending.bits_mask
+        device_ends: list[tuple[int, int]] = []  # (device bits, device run length)
+        total_ends: list[tuple[int, int]] = []  # (device bits, cached prefix length)
         for i, h in enumerate(block_hashes):
-            m = dev_get(h, 0)
-            if alive_host:
-                hm = host_get(h, 0)
-                if (alive_dev & m) == alive_dev and (alive_host & hm) == alive_host:
-                    continue  # every run, device and host, goes on
-            elif (alive_dev & m) == alive_dev:
-                continue  # the common step: every device run goes on, no host run open
-            else:
-                hm = None  # looked up below only if a device run ends here
-            still = alive_dev & m
-            lacking = (alive_dev ^ still) & pend_slots
-            while lacking:  # runs about to end: does a pending mark carry them on?
-                bit = lacking & -lacking
+            m = masks_get(h, 0)
+            if alive & m == alive:
+                continue  # the common step: every run, device or host, goes on
+            ending = alive & ~m
+            host_ending = ending & ~device_bits
+            device_ending = ending ^ host_ending
+            rescued = device_ending & pend_bits
+            while rescued:  # device runs about to end: does a pending mark carry them on?
+                bit = rescued & -rescued
                 if h in pend_by_bit[bit]:
-                    still |= bit
-                lacking ^= bit
-            dropped = alive_dev ^ still
-            if dropped:
-                device_ends.append((dropped, i))
-            in_host_run = alive_host | dropped
-            if in_host_run:
-                if hm is None:
-                    hm = host_get(h, 0)
-                staying_host = in_host_run & hm
-                ended = in_host_run ^ staying_host
-                if ended:
-                    total_ends.append((ended, i))
-                alive_host = staying_host
-            alive_dev = still
-            if not alive_dev and not alive_host:
+                    device_ending ^= bit
+                rescued ^= bit
+            if device_ending:
+                device_ends.append((device_ending, i))
+                into_host = (device_ending << 1) & m  # a host run starts right here
+                no_host_run = device_ending ^ (into_host >> 1)
+                if no_host_run:
+                    total_ends.append((no_host_run, i))
+                alive ^= device_ending | into_host  # device bit off, host bit on
+            if host_ending:
+                total_ends.append((host_ending >> 1, i))
+                alive ^= host_ending
+            if not alive:
                 break
         else:  # walked the whole prompt: whoever is left holds all of it
             n = len(block_hashes)
-            if alive_dev:
-                device_ends.append((alive_dev, n))
-            if alive_host or alive_dev:
-                total_ends.append((alive_host | alive_dev, n))
-        return self._collect(device_ends, total_ends)
-
-    def _collect(self, device_ends: list[tuple[int, int]],
-                 total_ends: list[tuple[int, int]]) -> dict[str, PrefixMatch]:
-        device_len: dict[int, int] = {}
-        for bits, n in device_ends:
-            if n:
-                for slot in _slots(bits):
-                    device_len[slot] = n
-        out: dict[str, PrefixMatch] = {}
-        of_slot = self._replica_of_slot
-        for bits, n in total_ends:
-            if n:
-                for slot in _slots(bits):
-                    d = device_len.get(slot, 0)
-                    out[of_slot[slot]] = PrefixMatch(d, n - d)
-        return out
+            device_ends.append((alive & device_bits, n))
+            total_ends.append(((alive & device_bits) | ((alive >> 1) & device_bits), n))
+        return collect_matches(device_ends, total_ends, self._replica_of_slot)
 
     def num_confirmed_device_blocks(self, replica_id: str,
                                     block_hashes: Sequence[BlockHash]) -> int:
@@ -271,7 +264,9 @@ class PrefixIndex:
 
     def holders(self, block_hash: BlockHash, medium: Medium = "device") -> set[str]:
         """Replicas holding the block on the medium (confirmed by events)."""
-        return {self._replica_of_slot[s] for s in _slots(self._masks[medium].get(block_hash, 0))}
+        m = self._masks.get(block_hash, 0)
+        return {rid for rid, rep in self._replicas.items()
+                if m & self._medium_bits(rep, medium)[0]}
 
     def blocks_of(self, replica_id: str, medium: Medium = "device") -> frozenset[BlockHash]:
         rep = self._replicas.get(replica_id)
@@ -279,30 +274,28 @@ class PrefixIndex:
 
     def num_blocks(self, medium: Medium = "device") -> int:
         """Distinct block hashes indexed on the medium, over all replicas."""
-        return len(self._masks[medium])
+        return self._num_blocks[medium]
 
     def check_invariants(self) -> None:
         assert set(self._replica_of_slot.values()) == set(self._replicas), "slot map drifted"
         assert not set(self._free_slots) & set(self._replica_of_slot), "a slot is used and free"
+        used = 0
         for rid, rep in self._replicas.items():
             assert self._replica_of_slot[rep.slot] == rid, f"{rid} slot {rep.slot} mismapped"
-        for medium in MEDIA:
-            expected: dict[BlockHash, int] = {}
-            for rep in self._replicas.values():
+            assert rep.device_bit == 1 << (2 * rep.slot)
+            used |= rep.device_bit
+        assert used & ~self._device_bits == 0, "a slot's bit is missing from device bits"
+        expected: dict[BlockHash, int] = {}
+        for rep in self._replicas.values():
+            for medium in MEDIA:
+                bit = self._medium_bits(rep, medium)[0]
                 for h in rep.held[medium]:
-                    expected[h] = expected.get(h, 0) | (1 << rep.slot)
-            masks = self._masks[medium]
-            assert all(masks.values()), f"an empty {medium} entry"
-            assert masks == expected, f"{medium} bitmasks != per-replica sets"
+                    expected[h] = expected.get(h, 0) | bit
+        assert all(self._masks.values()), "an empty index entry"
+        assert self._masks == expected, "bitmasks != per-replica contents"
+        for medium, medium_bits in (("device", self._device_bits),
+                                    ("host", self._device_bits << 1)):
+            n = sum(1 for m in self._masks.values() if m & medium_bits)
+            assert self._num_blocks[medium] == n, f"{medium} block count drifted"
         self.pending.check_invariants()
-        used = 0
-        for slot in self._replica_of_slot:
-            used |= 1 << slot
-        assert self.pending.slots_mask & ~used == 0, "pending marks on a free slot"
-
-
-def _slots(bits: int) -> Iterable[int]:
-    while bits:
-        low = bits & -bits
-        yield low.bit_length() - 1
-        bits ^= low
+        assert self.pending.bits_mask & ~used == 0, "pending marks of a removed replica"

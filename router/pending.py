@@ -15,42 +15,41 @@ from kv.hashing import BlockHash
 
 
 class PendingMarks:
-    """Per replica slot, the block hashes pending there and when each mark expires.
+    """Per replica, the block hashes pending there and when each mark expires.
 
-    Marks are kept per slot (keyed by the slot's bit), not in one hash -> bitmask dict: the
-    walk asks about them only when a replica's confirmed device run is about to end, while
-    marking and expiring (every decision, hundreds of hashes) become bulk updates of small
-    per-slot dicts. Marks expire in the order they were set (one TTL for all), so expiry
-    pops a FIFO.
+    A replica is named by its device bit in the index's bitmasks. Marks are kept per
+    replica, not in one hash -> bitmask dict: the walk asks about them only when a replica's
+    confirmed device run is about to end, while marking and expiring (every decision,
+    hundreds of hashes) become bulk updates of small per-replica dicts. Marks expire in the
+    order they were set (one TTL for all), so expiry pops a FIFO.
     """
 
     def __init__(self, ttl_s: float):
         if not ttl_s > 0:
             raise ValueError(f"pending ttl_s must be positive, got {ttl_s}")
         self.ttl_s = ttl_s
-        # slot bit -> {hash: expires_at}; a slot's latest mark of a hash wins, queue entries
-        # of earlier marks of it are stale and skipped
+        # replica bit -> {hash: expires_at}; a replica's latest mark of a hash wins, queue
+        # entries of earlier marks of it are stale and skipped
         self.by_bit: dict[int, dict[BlockHash, float]] = {}
-        self.slots_mask = 0  # bits of the slots with at least one mark
+        self.bits_mask = 0  # bits of the replicas with at least one mark
         self._queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
 
     def __len__(self) -> int:
-        """Number of (block hash, slot) marks."""
+        """Number of (block hash, replica) marks."""
         return sum(len(d) for d in self.by_bit.values())
 
-    def marked(self, slot: int) -> frozenset[BlockHash]:
-        return frozenset(self.by_bit.get(1 << slot, ()))
+    def marked(self, bit: int) -> frozenset[BlockHash]:
+        return frozenset(self.by_bit.get(bit, ()))
 
-    def mark(self, slot: int, block_hashes: Sequence[BlockHash], now: float) -> None:
+    def mark(self, bit: int, block_hashes: Sequence[BlockHash], now: float) -> None:
         if not block_hashes:
             return
-        bit = 1 << slot
         hashes = tuple(block_hashes)
         expires_at = now + self.ttl_s
         mine = self.by_bit.get(bit)
         if mine is None:
             mine = self.by_bit[bit] = {}
-            self.slots_mask |= bit
+            self.bits_mask |= bit
         mine.update(dict.fromkeys(hashes, expires_at))
         self._queue.append((expires_at, bit, hashes))
 
@@ -67,11 +66,10 @@ class PendingMarks:
                 if mine_get(h) == expires_at:  # not refreshed or confirmed since
                     del mine[h]
             if not mine:
-                self._drop_slot(bit)
+                self._drop(bit)
 
-    def confirm(self, slot: int, block_hashes: Sequence[BlockHash]) -> None:
-        """The replica in `slot` now holds these blocks on the device: their marks are done."""
-        bit = 1 << slot
+    def confirm(self, bit: int, block_hashes: Sequence[BlockHash]) -> None:
+        """The replica now holds these blocks on the device: their marks are done."""
         mine = self.by_bit.get(bit)
         if mine is None:
             return
@@ -79,27 +77,26 @@ class PendingMarks:
         for h in block_hashes:
             pop(h, None)
         if not mine:
-            self._drop_slot(bit)
+            self._drop(bit)
 
-    def forget_slot(self, slot: int) -> None:
-        """Drops all marks of a slot (its replica is gone; the slot may be reused)."""
-        bit = 1 << slot
+    def forget(self, bit: int) -> None:
+        """Drops all marks of a replica (it is gone; its bit may be reused)."""
         if bit in self.by_bit:
-            self._drop_slot(bit)
+            self._drop(bit)
         self._queue = deque(entry for entry in self._queue if entry[1] != bit)
 
-    def _drop_slot(self, bit: int) -> None:
+    def _drop(self, bit: int) -> None:
         del self.by_bit[bit]
-        self.slots_mask &= ~bit
+        self.bits_mask &= ~bit
 
     def check_invariants(self) -> None:
         queued = {(h, bit, t) for t, bit, hashes in self._queue for h in hashes}
         bits = 0
         for bit, mine in self.by_bit.items():
-            assert mine, f"empty pending entry for slot bit {bit:#x}"
+            assert mine, f"empty pending entry for bit {bit:#x}"
             bits |= bit
             for h, expires_at in mine.items():
                 assert (h, bit, expires_at) in queued, f"mark {h.hex()} never expires"
-        assert self.slots_mask == bits, "pending slots mask != slots with marks"
+        assert self.bits_mask == bits, "pending bits mask != replicas with marks"
         times = [t for t, _, _ in self._queue]
         assert times == sorted(times), "pending queue out of expiry order"

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, NamedTuple, Protocol
 
 from kv.hashing import BlockHash
-from router.index import PrefixMatch
+from router.prefix_match import PrefixMatch
 
 
 class RouteQuery(NamedTuple):

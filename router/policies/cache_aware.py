@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from router.index import PrefixMatch
 from router.policies.base import ReplicaView, RouteQuery
+from router.prefix_match import PrefixMatch
 
 if TYPE_CHECKING:
     from router.config import RouterConfig

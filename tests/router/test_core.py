@@ -84,6 +84,19 @@ def test_events_confirm_pending_marks():
     assert router.index.match(prompt(0, 1, 2), REPLICAS) == {"r0": (2, 0)}
 
 
+def test_marks_cover_only_unconfirmed_blocks_and_followers_refresh_them():
+    router, clock = make_router(pending_ttl_s=2.0)
+    snapshot(router, "r2", device=prompt(0, 1, 2, 3))
+    assert route(router, "q0", prompt(0, 1, 2, 3, 4, 5)).replica_id == "r2"
+    assert router.index.pending_blocks("r2") == set(prompt(4, 5))
+    clock.advance(1.5)
+    assert route(router, "q1", prompt(0, 1, 2, 3, 4, 5)) == RoutingDecision("r2", 96, 0, False)
+    clock.advance(1.0)  # q0's marks are 2.5 s old; q1 refreshed them
+    assert router.index.match(prompt(0, 1, 2, 3, 4, 5), REPLICAS) == {"r2": (6, 0)}
+    clock.advance(1.0)
+    assert router.index.match(prompt(0, 1, 2, 3, 4, 5), REPLICAS) == {"r2": (4, 0)}
+
+
 def test_shared_first_block_spreads_under_cache_aware_and_piles_up_under_longest_match():
     replicas = [f"r{i}" for i in range(8)]
     requests = [prompt(0, *range(1000 * i + 1, 1000 * i + 32)) for i in range(1, 65)]

@@ -35,6 +35,7 @@ def collect_matches(device_ends: list[tuple[int, int]], total_ends: list[tuple[i
     Returns:
         replica id -> PrefixMatch, for replicas with at least one cached block.
     """
+    new = tuple.__new__  # skips NamedTuple's Python-level __new__: this runs per replica
     device_len: dict[int, int] = {}
     for bits, n in device_ends:
         if n:
@@ -45,7 +46,7 @@ def collect_matches(device_ends: list[tuple[int, int]], total_ends: list[tuple[i
         if n:
             for slot in _slots(bits):
                 d = device_len.get(slot, 0)
-                out[replica_of_slot[slot]] = PrefixMatch(d, n - d)
+                out[replica_of_slot[slot]] = new(PrefixMatch, (d, n - d))
     return out
 
 

@@ -17,6 +17,7 @@ building a queue that the discount would tolerate.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from router.policies.base import ReplicaView, RouteQuery
@@ -46,21 +47,21 @@ class CacheAwarePolicy:
 
     def choose(self, query: RouteQuery, view: ReplicaView) -> str:
         matches, load_of, w = view.matches, view.load, self.load_weight
-        num_prompt_tokens = query.num_prompt_tokens
-        best = least = None  # (sort key, replica id, load, prefill cost)
-        for rid in query.replica_ids:
+        num_prompt_tokens = float(query.num_prompt_tokens)
+        best_id = least_id = query.replica_ids[0]
+        best_cost = best_load = best_prefill = math.inf
+        least_load = least_prefill = math.inf
+        for rid in query.replica_ids:  # hot loop (64 replicas): plain floats, no tuples
             load = load_of(rid)
             match = matches.get(rid)
-            prefill = (self.prefill_cost_tokens(match, num_prompt_tokens) if match
-                       else float(num_prompt_tokens))
-            cost_key = (prefill + w * load, load)
-            if best is None or cost_key < best[0]:
-                best = (cost_key, rid, load, prefill)
-            load_key = (load, prefill)
-            if least is None or load_key < least[0]:
-                least = (load_key, rid, load, prefill)
-        assert best is not None and least is not None, "no candidates"
-        load_gap = best[2] - least[2]
-        if load_gap > self.imbalance_threshold and least[3] - best[3] < load_gap:
-            return least[1]
-        return best[1]
+            prefill = (self.prefill_cost_tokens(match, query.num_prompt_tokens) if match
+                       else num_prompt_tokens)
+            cost = prefill + w * load
+            if cost < best_cost or (cost == best_cost and load < best_load):
+                best_id, best_cost, best_load, best_prefill = rid, cost, load, prefill
+            if load < least_load or (load == least_load and prefill < least_prefill):
+                least_id, least_load, least_prefill = rid, load, prefill
+        load_gap = best_load - least_load
+        if load_gap > self.imbalance_threshold and least_prefill - best_prefill < load_gap:
+            return least_id
+        return best_id

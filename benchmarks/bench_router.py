@@ -1,0 +1,247 @@
+"""Router decision latency: 64 replicas, 1,000,000 indexed blocks, 8,192-token prompts.
+
+The index is built the way a router builds it: per replica a snapshot, then event batches
+(stores, a few evictions). Contents are a forest of shared prefixes: chains of up to 512
+blocks, most branching off an earlier chain at a random depth, each held by a few replicas
+(a heavy-tailed number, so popular prefixes sit on many), the deeper part of some on the
+host tier. Then `Router.route()` is timed for 512-hash prompts (8,192 tokens, block size
+16): deep hits, partial hits at random depths and misses, with finished requests released
+so load stays bounded. Decisions run on a simulated clock advancing 5 ms per request (200
+requests/s into one router), so pending marks live their full 2 s TTL without events.
+
+    python benchmarks/bench_router.py [--quick] [--decisions N] [--policy NAME]
+
+Prints a table, then as the last line one JSON object. Memory is the RSS growth while the
+index is built (the prompt corpus is generated before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kv.events import BlockRemoved, BlockStored, EventLog  # noqa: E402
+from router.core import Router, RouterConfig  # noqa: E402
+
+BLOCK_SIZE = 16
+PROMPT_BLOCKS = 512  # 8,192 tokens
+KINDS = ("deep_hit", "partial_hit", "miss")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def make_chains(rng: random.Random, target_blocks: int) -> list[list[bytes]]:
+    """Prefix chains totalling `target_blocks` distinct hashes; most share an earlier
+    chain's prefix (slices share the hash objects, as one deserialized event stream would
+    not, but the index keeps its own references either way)."""
+    chains: list[list[bytes]] = []
+    total = 0
+    while total < target_blocks:
+        prefix: list[bytes] = []
+        if chains and rng.random() < 0.7:
+            parent = rng.choice(chains)
+            prefix = parent[: rng.randint(1, len(parent))]
+        room = PROMPT_BLOCKS - len(prefix)
+        if room <= 0:
+            continue
+        own = min(room, int(8 * 64 ** rng.random()), target_blocks - total)  # 8..512
+        own = max(own, 1)
+        chains.append(prefix + [rng.randbytes(16) for _ in range(own)])
+        total += own
+    return chains
+
+
+def assign(rng: random.Random, chains: list[list[bytes]], replica_ids: list[str]
+           ) -> dict[str, list[tuple[list[bytes], int]]]:
+    """Per replica, (chain, number of its leading blocks on the device; the rest on host)."""
+    held: dict[str, list[tuple[list[bytes], int]]] = {r: [] for r in replica_ids}
+    for chain in chains:
+        k = min(len(replica_ids), int(rng.paretovariate(1.3)))  # 1, sometimes many
+        for rid in rng.sample(replica_ids, k):
+            on_device = len(chain) if rng.random() < 0.7 else rng.randint(1, len(chain))
+            held[rid].append((chain, on_device))
+    return held
+
+
+def build(router: Router, held: dict[str, list[tuple[list[bytes], int]]],
+          rng: random.Random) -> int:
+    """Feeds each replica: a snapshot of half its chains, then the rest as event batches
+    of stores and some evictions. Returns the number of events applied."""
+    num_events = 0
+    for rid, items in held.items():
+        log = EventLog(rid, epoch=f"{rid}-e0")
+        half = len(items) // 2
+        device: set[bytes] = set()
+        host: set[bytes] = set()
+        for chain, on_device in items[:half]:
+            device.update(chain[:on_device])
+            host.update(chain[on_device:])
+        assert router.apply_batch(log.drain())  # unknown replica: asks for a snapshot
+        router.apply_snapshot(log.snapshot(device, host))
+        seq0 = log.next_seq
+        for n, (chain, on_device) in enumerate(items[half:]):
+            log.append(BlockStored(tuple(chain[:on_device]), None, "device"))
+            if on_device < len(chain):
+                log.append(BlockStored(tuple(chain[on_device:]), chain[on_device - 1], "host"))
+            if rng.random() < 0.05:  # an eviction, then the tail comes back
+                log.append(BlockRemoved(tuple(chain[-4:]), "device"))
+                log.append(BlockStored(tuple(chain[-4:]), None, "device"))
+            if n % 64 == 63:
+                assert not router.apply_batch(log.drain())
+        assert not router.apply_batch(log.drain())
+        num_events += log.next_seq - seq0
+    return num_events
+
+
+def make_prompts(rng: random.Random, chains: list[list[bytes]], n: int
+                 ) -> list[tuple[str, list[bytes]]]:
+    deep = [c for c in chains if len(c) >= 384]
+    out = []
+    for _ in range(n):
+        kind = rng.choices(KINDS, weights=(0.3, 0.4, 0.3))[0]
+        if kind == "deep_hit":
+            prefix = rng.choice(deep)
+        elif kind == "partial_hit":
+            chain = rng.choice(chains)
+            prefix = chain[: rng.randint(1, len(chain))]
+        else:
+            prefix = []
+        fresh = [rng.randbytes(16) for _ in range(PROMPT_BLOCKS - len(prefix))]
+        out.append((kind, prefix + fresh))
+    return out
+
+
+def pct(sorted_ns: list[int], q: float) -> float:
+    return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1000.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="100k blocks, 2,000 decisions")
+    ap.add_argument("--decisions", type=int, default=None)
+    ap.add_argument("--replicas", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=None, help="distinct indexed blocks")
+    ap.add_argument("--policy", default="cache_aware")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    target_blocks = args.blocks or (100_000 if args.quick else 1_000_000)
+    num_decisions = args.decisions or (2_000 if args.quick else 20_000)
+    rng = random.Random(args.seed)
+    replica_ids = [f"replica-{i:02d}" for i in range(args.replicas)]
+
+    chains = make_chains(rng, target_blocks)
+    held = assign(rng, chains, replica_ids)
+    prompts = make_prompts(rng, chains, num_decisions + 500)
+    gc.collect()
+
+    sim_now = [0.0]
+    router = Router(RouterConfig(policy=args.policy, block_size=BLOCK_SIZE),
+                    clock=lambda: sim_now[0])
+    rss0 = rss_bytes()
+    t0 = time.perf_counter()
+    num_events = build(router, held, rng)
+    build_s = time.perf_counter() - t0
+    gc.collect()
+    index_mb = (rss_bytes() - rss0) / 2**20
+    blocks = router.index_blocks()
+    per_replica = [router.index.blocks_of(r, m) for r in replica_ids for m in ("device", "host")]
+    holdings = sum(len(x) for x in per_replica)
+    distinct = len(frozenset().union(*per_replica))
+    del per_replica
+
+    wall_ns: dict[str, list[int]] = {k: [] for k in KINDS}
+    cpu_ns: dict[str, list[int]] = {k: [] for k in KINDS}  # immune to being descheduled
+    hit_tokens: dict[str, int] = {k: 0 for k in KINDS}
+    in_flight: list[str] = []
+    perf, cpu = time.perf_counter_ns, time.thread_time_ns
+    load_before = os.getloadavg()[0]
+    gc_pauses_ns: list[int] = []  # full (generation 2) collections during the timed loop
+    gc_start = [0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                gc_start[0] = perf()
+            else:
+                gc_pauses_ns.append(perf() - gc_start[0])
+
+    gc.callbacks.append(on_gc)
+    for i, (kind, hashes) in enumerate(prompts):
+        sim_now[0] += 0.005
+        rid = f"q{i}"
+        cpu_start = cpu()
+        start = perf()
+        decision = router.route(rid, hashes, PROMPT_BLOCKS * BLOCK_SIZE, replica_ids, 256)
+        elapsed = perf() - start
+        cpu_elapsed = cpu() - cpu_start
+        in_flight.append(rid)
+        if len(in_flight) > 256:  # ~256 requests outstanding at any time
+            router.on_finished(in_flight.pop(0))
+        if i >= 500:  # warm-up excluded
+            wall_ns[kind].append(elapsed)
+            cpu_ns[kind].append(cpu_elapsed)
+            hit_tokens[kind] += decision.predicted_device_hit_tokens
+    load_after = os.getloadavg()[0]
+    gc.callbacks.remove(on_gc)
+    max_gc_us = max(gc_pauses_ns, default=0) / 1000
+    for v in (*wall_ns.values(), *cpu_ns.values()):
+        v.sort()
+    all_wall = sorted(ns for v in wall_ns.values() for ns in v)
+    all_cpu = sorted(ns for v in cpu_ns.values() for ns in v)
+
+    print(f"router: {args.policy}, {args.replicas} replicas, {distinct:,} distinct blocks "
+          f"indexed ({blocks['device']:,} on some device, {blocks['host']:,} on some host; "
+          f"{holdings:,} replica holdings) from {num_events:,} events + {args.replicas} "
+          f"snapshots: built in {build_s:.2f} s, +{index_mb:.0f} MiB RSS")
+    print(f"load average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs; "
+          "wall = perf_counter_ns, cpu = thread_time_ns")
+    print(f"{'prompts (512 blocks)':<16}{'n':>6}{'wall p50':>10}{'p90':>9}{'p99':>9}{'max':>9}"
+          f"{'cpu p50':>9}{'p99':>9}{'hit tok':>9}  (us)")
+
+    def row(name: str, wall: list[int], cpus: list[int], hit: str) -> None:
+        print(f"{name:<16}{len(wall):>6}{pct(wall, .5):>10.1f}{pct(wall, .9):>9.1f}"
+              f"{pct(wall, .99):>9.1f}{wall[-1] / 1000:>9.1f}{pct(cpus, .5):>9.1f}"
+              f"{pct(cpus, .99):>9.1f}{hit:>9}")
+
+    for kind in KINDS:
+        row(kind, wall_ns[kind], cpu_ns[kind], f"{hit_tokens[kind] / len(wall_ns[kind]):.0f}")
+    row("all", all_wall, all_cpu, "")
+    print(f"full GC collections during the loop: {len(gc_pauses_ns)}, longest {max_gc_us:.0f} us")
+    print(json.dumps({
+        "policy": args.policy,
+        "replicas": args.replicas,
+        "indexed_blocks": distinct,
+        "indexed_blocks_device": blocks["device"],
+        "indexed_blocks_host": blocks["host"],
+        "replica_holdings": holdings,
+        "decisions": len(all_wall),
+        "decision_p50_us": round(pct(all_wall, .5), 1),
+        "decision_p90_us": round(pct(all_wall, .9), 1),
+        "decision_p99_us": round(pct(all_wall, .99), 1),
+        "decision_max_us": round(all_wall[-1] / 1000, 1),
+        "decision_cpu_p50_us": round(pct(all_cpu, .5), 1),
+        "decision_cpu_p99_us": round(pct(all_cpu, .99), 1),
+        "decision_cpu_max_us": round(all_cpu[-1] / 1000, 1),
+        "full_gc_count": len(gc_pauses_ns),
+        "full_gc_max_us": round(max_gc_us, 1),
+        "p99_target_us": 1000,
+        "index_build_s": round(build_s, 2),
+        "index_rss_mib": round(index_mb, 1),
+        "pending_marks_at_end": len(router.index.pending),
+        "load_average_1m": round(load_after, 2),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+{{/* The port the Ray Serve proxy (the gateway) listens on: the OpenAI API and /metrics. */}}
+{{- define "kvroute.gatewayPort" -}}8000{{- end }}
+
+{{/* A Ray custom resource only the head offers, so gateway replicas run there. */}}
+{{- define "kvroute.gatewayResource" -}}kvroute_gateway{{- end }}
+
+{{/* Where the API keys Secret is mounted in every pod. */}}
+{{- define "kvroute.apiKeysDir" -}}/etc/kvroute/api-keys{{- end }}
+
+{{/* The name the API serves the model under: the checkpoint directory's name, or tiny. */}}
+{{- define "kvroute.servedModelName" -}}
+{{- base (include "kvroute.modelArg" .) }}
+{{- end }}
+
+{{/*
+Ray Serve config (serveConfigV2) of the kvroute application. `args` are router.app's
+ServeArgs. The HTTP proxy runs on the head only, so the head pod is the one gateway endpoint
+and the one metrics target; `deployments` pins the Gateway deployment (named in
+router/gateway.py) to the head and, with autoscaling, lets Serve scale EngineReplica
+(worker/deployment.py).
+*/}}
+{{- define "kvroute.serveConfig" -}}
+{{- $engine := .Values.engine }}
+{{- $routing := .Values.routing }}
+{{- $args := dict
+  "model" (include "kvroute.modelArg" .)
+  "engine" $engine.mode
+  "replicas" $engine.replicas
+  "tp" $engine.tensorParallelSize
+  "block_size" $engine.blockSizeTokens
+  "num_blocks" $engine.numBlocks
+  "num_host_blocks" (ternary $engine.hostTier.numBlocks 0 $engine.hostTier.enabled)
+  "cpus_per_rank" $engine.cpusPerRank
+  "gpus_per_rank" (ternary 1 0 (eq $engine.mode "real"))
+  "policy" $routing.policy
+  "approximate" $routing.approximate
+  "load_weight" $routing.weights.load
+  "host_cost_fraction" $routing.weights.hostCostFraction
+  "gateways" .Values.gateway.replicas
+}}
+{{- if .Values.apiKeys.enabled }}
+{{- $_ := set $args "api_keys_file" (printf "%s/%s" (include "kvroute.apiKeysDir" .) .Values.apiKeys.secretKey) }}
+{{- end }}
+{{- $gatewayResources := dict (include "kvroute.gatewayResource" .) 1 }}
+{{- $deployments := list (dict
+  "name" "Gateway"
+  "ray_actor_options" (dict "num_cpus" 0 "resources" $gatewayResources)) }}
+{{- if $engine.autoscaling.enabled }}
+{{- $deployments = append $deployments (dict
+  "name" "EngineReplica"
+  "num_replicas" "auto"
+  "autoscaling_config" (dict
+    "initial_replicas" $engine.replicas
+    "min_replicas" $engine.autoscaling.minReplicas
+    "max_replicas" $engine.autoscaling.maxReplicas
+    "target_ongoing_requests" $engine.autoscaling.targetOngoingRequests)) }}
+{{- end }}
+{{- $app := dict
+  "name" "kvroute"
+  "route_prefix" "/"
+  "import_path" "router.app:build_app"
+  "args" $args
+  "deployments" $deployments }}
+{{- $httpOptions := dict "host" "0.0.0.0" "port" (int (include "kvroute.gatewayPort" .)) }}
+{{- toYaml (dict "proxy_location" "HeadOnly" "http_options" $httpOptions "applications" (list $app)) }}
+{{- end }}

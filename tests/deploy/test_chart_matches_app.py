@@ -1,0 +1,40 @@
+"""The chart's Serve config against the application it deploys: every arg is one
+router.app.ServeArgs takes, every overridden deployment exists, the policy list is the
+router's, and NOTES.txt names the model the way the engine serves it."""
+
+import json
+
+import pytest
+
+from router.app import ServeArgs
+from router.gateway import Gateway
+from router.policies import POLICY_NAMES
+from worker.deployment import EngineReplica
+
+from .helm_chart import CHART, VALUE_SETS, notes, render, serve_config
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_serve_args_are_accepted_by_the_app(helm_bin, value_set):
+    (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
+    serve_args = ServeArgs.from_dict(app["args"])
+    assert serve_args.engine_config().executor == app["args"]["engine"]
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_overridden_deployments_exist(helm_bin, value_set):
+    (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
+    assert {d["name"] for d in app["deployments"]} <= {Gateway.name, EngineReplica.name}
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_notes_name_the_served_model(helm_bin, value_set):
+    (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
+    served = ServeArgs(model=app["args"]["model"]).engine_config().served_model_name
+    assert f'"model": "{served}"' in notes(helm_bin, VALUE_SETS[value_set])
+
+
+def test_schema_lists_the_router_policies():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert tuple(schema["properties"]["routing"]["properties"]["policy"]["enum"]) == (
+        POLICY_NAMES)

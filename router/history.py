@@ -5,17 +5,17 @@ keeps an LRU of at most `capacity_blocks` blocks whose entries expire `ttl_s` af
 last routed. It is a baseline on its own and the fallback when the index actor is
 unreachable or stale, so the router records into it on every decision to keep it warm.
 
-Recording is cheap (C-level dict updates); the bitmask index that `match` walks costs
-more to keep, so it is kept only while the history is `active` (approximate mode, or the
-fallback) and rebuilt from the LRU in one pass when it becomes active.
-
-The LRU is a dict hash -> serial number of its latest routing plus a FIFO of routed
-prompts (serial, expiry, hashes tail first). The oldest prompt's blocks that no later
-prompt refreshed are the least recently used, tail first, as the engine evicts them.
-Unlike an OrderedDict, neither holds per-block GC-tracked objects, so the cyclic collector
-never walks them. The FIFO is also bounded: once it holds more than twice `capacity_blocks`
-hashes, its oldest prompt goes, so a block not routed again within that many routed blocks
-is forgotten early.
+Per replica, a FIFO of routed prompts (serial, expiry, hashes tail first) is the record;
+it keeps at least the last 2 x `capacity_blocks` routed hashes and drops older prompts, so a
+block not routed again within that many routed blocks is forgotten even below capacity.
+While the history is `active` (approximate mode, or the fallback) it also keeps, per
+replica, a dict hash -> serial of its latest routing (the LRU: the oldest prompt's blocks
+that no later prompt refreshed are the least recently used, tail first, as the engine
+evicts them) and the bitmask index that `match` walks. While inactive (events are the
+truth) recording is O(1) per decision, and activation replays the FIFO once: an LRU's
+contents depend only on the order of use, so one pass then one eviction gives the state
+step-by-step recording would have. Neither structure holds per-block GC-tracked objects,
+so the cyclic collector never walks them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from kv.hashing import BlockHash
+from router.bulk import delete_keys, keys_stamped
 from router.index import PrefixIndex, PrefixMatch
 
 
@@ -34,7 +35,7 @@ class _Routed:
     __slots__ = ("last_serial", "queue", "num_queued", "next_serial")
 
     def __init__(self) -> None:
-        self.last_serial: dict[BlockHash, int] = {}  # hash -> serial of its latest routing
+        self.last_serial: dict[BlockHash, int] = {}  # only while active
         # [serial, expires_at, hashes tail first, next position]: oldest prompt first
         self.queue: deque[list] = deque()
         self.num_queued = 0  # hashes in the queue from their entries' positions on
@@ -60,13 +61,24 @@ class RoutedHistory:
         return self._active
 
     def set_active(self, active: bool) -> None:
-        """Starts (building it from the LRU, O(blocks held)) or stops keeping the index."""
+        """Starts keeping the LRU and index (replaying the FIFO: O(2 x capacity_blocks) per
+        replica) or stops (dropping them)."""
         if active and not self._active:
+            self._active = True
+            now = self.clock()
             for rid, routed in self._routed.items():
-                self.index.add_blocks(rid, "device", list(routed.last_serial))
+                self._expire(rid, routed, now)
+                seen = routed.last_serial
+                for serial, _, hashes, pos in routed.queue:
+                    seen.update(dict.fromkeys(hashes[pos:], serial))
+                self.index.add_blocks(rid, "device", list(seen))
+                if len(seen) > self.capacity_blocks:
+                    self._evict(rid, routed, len(seen) - self.capacity_blocks)
         elif not active and self._active:
+            self._active = False
             self.index = PrefixIndex(clock=self.clock)
-        self._active = active
+            for routed in self._routed.values():
+                routed.last_serial = {}
 
     def record(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
         """The prompt's blocks are now assumed cached on the replica."""
@@ -74,22 +86,25 @@ class RoutedHistory:
         routed = self._routed.get(replica_id)
         if routed is None:
             routed = self._routed[replica_id] = _Routed()
+            if self._active:
+                self.index.slot_of(replica_id)
         self._expire(replica_id, routed, now)
+        if not block_hashes:
+            return
         serial = routed.next_serial
         routed.next_serial += 1
-        seen = routed.last_serial
+        routed.queue.append([serial, now + self.ttl_s, tuple(reversed(block_hashes)), 0])
+        routed.num_queued += len(block_hashes)
         if self._active:
-            self.index.add_blocks(replica_id, "device", [h for h in block_hashes
-                                                          if h not in seen])
-        seen.update(dict.fromkeys(block_hashes, serial))
-        if block_hashes:
-            routed.queue.append([serial, now + self.ttl_s, tuple(reversed(block_hashes)), 0])
-            routed.num_queued += len(block_hashes)
-        over = len(seen) - self.capacity_blocks
-        if over > 0:
-            self._evict(replica_id, routed, over)
-        while routed.num_queued > 2 * self.capacity_blocks and len(routed.queue) > 1:
-            self._pop_oldest(replica_id, routed)
+            seen = routed.last_serial
+            self.index.add_blocks(replica_id, "device",
+                                  [h for h in block_hashes if h not in seen])
+            seen.update(dict.fromkeys(block_hashes, serial))
+            if len(seen) > self.capacity_blocks:
+                self._evict(replica_id, routed, len(seen) - self.capacity_blocks)
+        queue = routed.queue
+        while routed.num_queued - (len(queue[0][2]) - queue[0][3]) >= 2 * self.capacity_blocks:
+            self._pop_oldest(replica_id, routed)  # what is left still spans 2 x capacity
 
     def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str]
               ) -> dict[str, PrefixMatch]:
@@ -110,11 +125,9 @@ class RoutedHistory:
         """Forgets the oldest routed prompt's blocks that no later prompt refreshed."""
         serial, _, hashes, pos = routed.queue.popleft()
         routed.num_queued -= len(hashes) - pos
-        seen = routed.last_serial
-        gone = [h for h in hashes[pos:] if seen.get(h) == serial]
-        for h in gone:
-            del seen[h]
         if self._active:
+            gone = keys_stamped(routed.last_serial, hashes[pos:], serial)
+            delete_keys(routed.last_serial, gone)
             self.index.remove_blocks(replica_id, "device", gone)
 
     def _evict(self, replica_id: str, routed: _Routed, num_blocks: int) -> None:
@@ -124,19 +137,19 @@ class RoutedHistory:
         while len(gone) < num_blocks:
             entry = queue[0]
             serial, _, hashes, pos = entry
-            while pos < len(hashes) and len(gone) < num_blocks:
-                h = hashes[pos]
-                pos += 1
-                if seen.get(h) == serial:
-                    del seen[h]
-                    gone.append(h)
-            routed.num_queued -= pos - entry[3]
-            if pos == len(hashes):
+            live = keys_stamped(seen, hashes[pos:], serial)  # not refreshed since
+            need = num_blocks - len(gone)
+            if len(live) <= need:
+                gone += live
+                routed.num_queued -= len(hashes) - pos
                 queue.popleft()
-            else:
-                entry[3] = pos
-        if self._active:
-            self.index.remove_blocks(replica_id, "device", gone)
+            else:  # this prompt's tail goes, its head stays
+                gone += live[:need]
+                end = hashes.index(live[need - 1], pos) + 1
+                routed.num_queued -= end - pos
+                entry[3] = end
+        delete_keys(seen, gone)
+        self.index.remove_blocks(replica_id, "device", gone)
 
     def remove_replica(self, replica_id: str) -> None:
         self._routed.pop(replica_id, None)
@@ -147,15 +160,26 @@ class RoutedHistory:
         return list(self._routed)
 
     def blocks_of(self, replica_id: str) -> frozenset[BlockHash]:
-        """The blocks assumed cached on the replica."""
+        """The blocks assumed cached on the replica (active or not)."""
         routed = self._routed.get(replica_id)
-        return frozenset(routed.last_serial) if routed else frozenset()
+        if routed is None:
+            return frozenset()
+        self._expire(replica_id, routed, self.clock())
+        if self._active:
+            return frozenset(routed.last_serial)
+        order: dict[BlockHash, None] = {}  # least recent first, as an LRU would hold them
+        for _, _, hashes, pos in routed.queue:
+            for h in hashes[pos:]:
+                order.pop(h, None)
+                order[h] = None
+        keep = list(order)[max(0, len(order) - self.capacity_blocks):]
+        return frozenset(keep)
 
     def num_blocks(self) -> int:
-        """Distinct block hashes routed to any replica and still remembered."""
+        """Distinct block hashes assumed cached on any replica."""
         if self._active:
             return self.index.num_blocks("device")
-        return len(set().union(*(r.last_serial for r in self._routed.values())))
+        return len(frozenset().union(*(self.blocks_of(rid) for rid in self._routed)))
 
     def check_invariants(self) -> None:
         self.index.check_invariants()
@@ -168,8 +192,10 @@ class RoutedHistory:
             assert len(seen) <= self.capacity_blocks, f"{rid} over capacity"
             if self._active:
                 assert seen.keys() == self.index.blocks_of(rid, "device"), f"{rid} != index"
-            queued = {(h, e[0]) for e in routed.queue for h in e[2][e[3]:]}
-            assert all((h, s) in queued for h, s in seen.items()), f"{rid}: a block never ages"
+                queued = {(h, e[0]) for e in routed.queue for h in e[2][e[3]:]}
+                assert all((h, s) in queued for h, s in seen.items()), f"{rid}: a block never ages"
+            else:
+                assert not seen, f"{rid}: an inactive history keeps no LRU"
             assert routed.num_queued == sum(len(e[2]) - e[3] for e in routed.queue)
             serials = [e[0] for e in routed.queue]
             assert serials == sorted(serials), f"{rid} history out of order"

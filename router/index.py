@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from kv.events import MEDIA, EventBatch, Medium, ReplicaEventTracker, Snapshot
 from kv.hashing import BlockHash
+from router.bulk import num_leading_in
 from router.pending import PendingMarks
 from router.prefix_match import PrefixMatch, collect_matches
 
@@ -254,13 +255,7 @@ class PrefixIndex:
         rep = self._replicas.get(replica_id)
         if rep is None:
             return 0
-        held = rep.held["device"]
-        i = 0
-        for h in block_hashes:
-            if h not in held:
-                break
-            i += 1
-        return i
+        return num_leading_in(rep.held["device"], block_hashes)
 
     def holders(self, block_hash: BlockHash, medium: Medium = "device") -> set[str]:
         """Replicas holding the block on the medium (confirmed by events)."""

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from kv.hashing import BlockHash
+from router.bulk import delete_keys, keys_stamped
 
 
 class PendingMarks:
@@ -61,10 +62,8 @@ class PendingMarks:
             mine = self.by_bit.get(bit)
             if mine is None:
                 continue
-            mine_get = mine.get
-            for h in hashes:
-                if mine_get(h) == expires_at:  # not refreshed or confirmed since
-                    del mine[h]
+            # marks refreshed or confirmed since carry another expiry, or none: they stay
+            delete_keys(mine, keys_stamped(mine, hashes, expires_at))
             if not mine:
                 self._drop(bit)
 
@@ -73,9 +72,7 @@ class PendingMarks:
         mine = self.by_bit.get(bit)
         if mine is None:
             return
-        pop = mine.pop
-        for h in block_hashes:
-            pop(h, None)
+        delete_keys(mine, [h for h in block_hashes if h in mine])
         if not mine:
             self._drop(bit)
 

@@ -79,6 +79,27 @@ class EngineClient:
         finally:
             gen.cancel()
 
+    async def complete(self, request: EngineRequest) -> list[TokenDelta]:
+        """All of the request's deltas (non-streaming). Nothing has reached the client
+        until it returns, so a replica lost mid-way is retried from the start."""
+        base_id = request.request_id
+        last_error: ReplicaLost | None = None
+        for attempt in range(self._retry.max_attempts):
+            if attempt:
+                request = dataclasses.replace(request, request_id=f"{base_id}~r{attempt}")
+            deltas: list[TokenDelta] = []
+            stream = self.stream(request)
+            try:
+                async for delta in stream:
+                    deltas.append(delta)
+                return deltas
+            except ReplicaLost as err:
+                log.warning("request %s: %s; retrying from the start", request.request_id, err)
+                last_error = err
+            finally:
+                await stream.aclose()
+        raise unavailable(f"every replica serving the request died: {last_error}")
+
     async def _open(self, request: EngineRequest) -> tuple[Any, TokenDelta]:
         last_error: BaseException | None = None
         base_id = request.request_id

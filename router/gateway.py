@@ -7,6 +7,7 @@ and send ids + hashes to the engine replica the request router picks. Every bad 
 """
 
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -22,7 +23,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from router.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
 from router.gateway_metrics import GatewayMetrics
 from router.index_actor import get_index_actor
-from router.metrics_hub import MetricsHubConfig, MetricsPusher, get_metrics_hub
+from router.metrics_hub import (
+    MetricsHubConfig,
+    MetricsPusher,
+    flush_local_pushers,
+    get_metrics_hub,
+)
 from router.openai_schema import (
     DEFAULT_MAX_TOKENS,
     APIError,
@@ -89,7 +95,7 @@ async def _count_requests(request: Request, call_next):
 @serve.deployment(name="Gateway")
 @serve.ingress(app)
 class Gateway:
-    def __init__(self, engine_handle, config: GatewayConfig):
+    async def __init__(self, engine_handle, config: GatewayConfig):
         self.config = config
         self.model = config.served_model_name
         self.gateway_id = gateway_process_id()
@@ -103,6 +109,10 @@ class Gateway:
         self._pusher = MetricsPusher(f"gateway/{self.gateway_id}", self.metrics.registry,
                                      config.metrics)
         app.state.gateway_metrics = self.metrics
+        self._pusher.start()
+        # The first call creates this process's request router (its index mirror and its
+        # per-replica series, at 0 from the start); do it now rather than at the first request.
+        self._warmup = asyncio.get_running_loop().create_task(self._warm_up(engine_handle))
 
     # ---- OpenAI API ----
 
@@ -158,23 +168,26 @@ class Gateway:
 
     @app.get("/health")
     async def health(self) -> dict:
-        self._pusher.start()
         return {"status": "ok"}
 
     @app.get("/ready")
     async def ready(self) -> JSONResponse:
-        self._pusher.start()
         replica_ids = await self.index.replica_ids.remote()
         body = {"ready": bool(replica_ids), "replicas": replica_ids}
         return JSONResponse(body, status_code=200 if replica_ids else 503)
 
     @app.get("/metrics")
     async def metrics_endpoint(self) -> Response:
-        self._pusher.start()
-        await self._pusher.push_once()  # this process's own series are current
+        await flush_local_pushers()  # this process's series (gateway, router) are current
         return Response(await self.hub.exposition.remote(), media_type=CONTENT_TYPE_LATEST)
 
     # ---- internals ----
+
+    async def _warm_up(self, engine_handle) -> None:
+        try:
+            await engine_handle.replica_info.remote()
+        except Exception as err:  # the engines are not up yet: the first request does it
+            log.warning("gateway warm-up call failed: %r", err)
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model:
@@ -183,7 +196,6 @@ class Gateway:
 
     async def _generate(self, kind, id_prefix: str, body, token_ids: list[int],
                         max_tokens: int | None, tenant: str) -> Response:
-        self._pusher.start()
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
         if len(token_ids) + max_tokens > self.config.max_model_len:
             raise APIError(400, f"this model's maximum context length is "
@@ -202,28 +214,20 @@ class Gateway:
                                 block_hashes=self.prompts.block_hashes(token_ids, tenant),
                                 cache_salt=tenant)
         shape = ResponseShape.new(kind, response_id, self.model)
+        if not body.stream:
+            return JSONResponse(await self._collect(shape, request))
         stream = self.engine.stream(request)
-        if body.stream:
-            first = await anext(stream)  # errors before the first token are plain 4xx/503
-            return StreamingResponse(self._sse(shape, first, stream, body.include_usage()),
-                                     media_type="text/event-stream")
-        return JSONResponse(await self._collect(shape, stream))
+        first = await anext(stream)  # errors before the first token are plain 4xx/503
+        return StreamingResponse(self._sse(shape, first, stream, body.include_usage()),
+                                 media_type="text/event-stream")
 
-    async def _collect(self, shape: ResponseShape, stream: AsyncIterator[TokenDelta]) -> dict:
-        parts: list[str] = []
-        last: TokenDelta | None = None
-        try:
-            async for delta in stream:
-                parts.append(delta.text)
-                last = delta
-        except ReplicaLost as err:
-            raise unavailable(str(err)) from None
-        finally:
-            await stream.aclose()
-        if last is None or last.finish_reason == "error":
-            raise APIError(500, f"the engine failed: {last.error if last else 'no output'}",
-                           type_="server_error", code="engine_error")
-        return shape.full("".join(parts), last.finish_reason, last.usage)
+    async def _collect(self, shape: ResponseShape, request: EngineRequest) -> dict:
+        deltas = await self.engine.complete(request)
+        last = deltas[-1]
+        if last.finish_reason == "error":
+            raise APIError(500, f"the engine failed: {last.error}", type_="server_error",
+                           code="engine_error")
+        return shape.full("".join(d.text for d in deltas), last.finish_reason, last.usage)
 
     async def _sse(self, shape: ResponseShape, first: TokenDelta,
                    stream: AsyncIterator[TokenDelta], include_usage: bool

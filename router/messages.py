@@ -36,3 +36,10 @@ class UnpinRequest:
     target_replica_id: str
     prompt_token_ids: tuple[int, ...] = ()
     block_hashes: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReplicaQuery:
+    """An operator's question to one replica (routed there by id)."""
+
+    target_replica_id: str

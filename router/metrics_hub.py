@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -125,6 +126,19 @@ def get_metrics_hub(config: MetricsHubConfig | None = None) -> ray.actor.ActorHa
     return get_or_create_actor(MetricsHubActor, METRICS_HUB_NAME, config or MetricsHubConfig())
 
 
+# The pushers of this process, so that the process answering a scrape can push its own
+# series first (they are then current, not up to one interval old).
+_LOCAL_PUSHERS: weakref.WeakSet = weakref.WeakSet()
+
+
+async def flush_local_pushers() -> None:
+    for pusher in list(_LOCAL_PUSHERS):
+        try:
+            await pusher.push_once()
+        except ray.exceptions.RayError as err:
+            log.warning("metrics push from %s failed: %s", pusher.source_id, err)
+
+
 class MetricsPusher:
     """Pushes one registry to the hub every `push_interval_s` from an asyncio task."""
 
@@ -137,6 +151,7 @@ class MetricsPusher:
         self._config = config or MetricsHubConfig()
         self._task: asyncio.Task | None = None
         self._hub: ray.actor.ActorHandle | None = None
+        _LOCAL_PUSHERS.add(self)
 
     def start(self) -> None:
         if self._task is None:

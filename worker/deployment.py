@@ -20,7 +20,8 @@ from typing import Any
 from ray import serve
 
 from router.index_actor import get_index_actor
-from router.messages import PinRequest, PinResult, UnpinRequest
+from router.index_log import ContentsDigest, contents_digest
+from router.messages import PinRequest, PinResult, ReplicaQuery, UnpinRequest
 from router.metrics_hub import MetricsHubConfig, MetricsPusher
 from worker.api import EngineRequest, TokenDelta
 from worker.engine import Engine
@@ -86,6 +87,13 @@ class EngineReplica:
 
     async def unpin_prefix(self, request: UnpinRequest) -> bool:
         return self.engine.unpin_prefix(request.name)
+
+    def cache_digest(self, query: ReplicaQuery) -> ContentsDigest | None:
+        """What this replica holds, fingerprinted (None when asked of another replica)."""
+        if query.target_replica_id != self.replica_id:
+            return None
+        snap = self.engine.snapshot()
+        return contents_digest(snap.device_hashes, snap.host_hashes)
 
     def replica_info(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, "model": self.engine.model_name,

@@ -64,6 +64,7 @@ class Engine:
         self._closed = False
         self._idle = asyncio.Event()  # set while the loop has nothing to do
         self._roots: dict[tuple[str, str], bytes] = {}
+        self._update_metrics()  # every gauge exists from the start, not after a first step
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:

@@ -14,6 +14,7 @@ class EngineConfig:
     executor: str = "real"  # real | sim
     sim_preset: str = "h100-llama3-8b"
     tp: int = 1
+    tp_launcher: str = "local"  # ranks 1..tp-1: local processes | ray actors (Serve)
     block_size: int = 16
     num_blocks: int = 1024
     num_host_blocks: int = 0
@@ -34,6 +35,8 @@ class EngineConfig:
             object.__setattr__(self, "pin_budget_blocks", self.num_blocks // 4)
         if self.executor not in ("real", "sim"):
             raise ValueError(f"executor must be 'real' or 'sim', got {self.executor!r}")
+        if self.tp_launcher not in ("local", "ray"):
+            raise ValueError(f"tp_launcher must be 'local' or 'ray', got {self.tp_launcher!r}")
         for name in ("tp", "block_size", "num_blocks", "max_num_seqs",
                      "max_num_batched_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:

@@ -4,14 +4,17 @@
     logits = executor.execute(step)   # fp32 [seqs with sample=True, vocab], on rank 0's device
     executor.shutdown()
 
-TP 1 runs the runner in this process. TP > 1 spawns ranks 1..tp-1 as local processes and
-makes this process rank 0, which broadcasts each StepInput before computing its shard.
+TP 1 runs the runner in this process. TP > 1 starts ranks 1..tp-1, as local processes
+(launcher "local") or as Ray actors in this actor's placement group (launcher "ray", see
+worker.ray_tp), and makes this process rank 0, which broadcasts each StepInput before
+computing its shard.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +26,9 @@ from worker.step import StepInput
 from worker.tp import SingleProcessCommunicator
 from worker.tp_workers import RankSpec, TPWorkerGroup, build_runner, free_local_port
 
+if TYPE_CHECKING:
+    from worker.ray_tp import RayTPWorkerGroup
+
 
 @dataclass(frozen=True)
 class ModelExecutorConfig:
@@ -32,8 +38,9 @@ class ModelExecutorConfig:
     block_size: int = 16  # tokens per KV block
     num_host_blocks: int = 0  # host-memory KV slots per rank
     dtype: str = "float32"  # float32 | float16 | bfloat16
-    device: str = "cpu"  # cpu | cuda (rank r on cuda:r)
+    device: str = "cpu"  # cpu | cuda (local: rank r on cuda:r; ray: a GPU per rank actor)
     dist_timeout_s: float = 300.0  # how long a collective may wait for a peer rank
+    launcher: str = "local"  # ranks 1..tp-1: local | ray (actors in this placement group)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -45,7 +52,11 @@ class ModelExecutorConfig:
         parse_dtype(self.dtype)
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.device == "cuda" and self.tp_size > torch.cuda.device_count():
+        if self.launcher not in ("local", "ray"):
+            raise ValueError(f"launcher must be 'local' or 'ray', got {self.launcher!r}")
+        # Ray gives each rank actor its own GPU; only local ranks share this process's view.
+        local = self.launcher == "local"
+        if self.device == "cuda" and local and self.tp_size > torch.cuda.device_count():
             raise ValueError(
                 f"tp_size {self.tp_size} needs {self.tp_size} GPUs, "
                 f"{torch.cuda.device_count()} visible"
@@ -61,7 +72,7 @@ class ModelExecutor:
         # Validate the checkpoint here, before any process starts, for a clear error.
         self.model_config: ModelConfig = check_checkpoint(config.model_dir, config.tp_size)
         self.config = config
-        self._workers: TPWorkerGroup | None = None
+        self._workers: TPWorkerGroup | RayTPWorkerGroup | None = None
         spec = RankSpec(
             model_dir=config.model_dir,
             tp_size=config.tp_size,
@@ -86,7 +97,12 @@ class ModelExecutor:
                 spec.device(0),
             )
             return
-        workers = TPWorkerGroup(spec)
+        if config.launcher == "ray":
+            from worker.ray_tp import RayTPWorkerGroup  # Ray only when asked for
+
+            workers = RayTPWorkerGroup(spec)
+        else:
+            workers = TPWorkerGroup(spec)
         try:
             self.runner = build_runner(spec, 0, workers.comm)
         except BaseException:

@@ -23,13 +23,15 @@ def pick_device(device: str) -> str:
 
 
 class ModelStepExecutor:
-    """Executor (worker/executor.py) over a real model; TP > 1 spawns ranks 1..tp-1."""
+    """Executor (worker/executor.py) over a real model; TP > 1 starts ranks 1..tp-1
+    (config.tp_launcher)."""
 
     def __init__(self, model_dir: str | Path, config: EngineConfig):
         self._model = ModelExecutor(ModelExecutorConfig(
             model_dir=Path(model_dir), num_blocks=config.num_blocks, tp_size=config.tp,
             block_size=config.block_size, num_host_blocks=config.num_host_blocks,
-            dtype=config.dtype, device=pick_device(config.device)))
+            dtype=config.dtype, device=pick_device(config.device),
+            launcher=config.tp_launcher))
         self.vocab_size = self._model.vocab_size
         self.eos_token_ids = tuple(self._model.model_config.eos_token_ids)
         self.sampler = Sampler()

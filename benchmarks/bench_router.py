@@ -200,6 +200,21 @@ def main() -> None:
     all_wall = sorted(ns for v in wall_ns.values() for ns in v)
     all_cpu = sorted(ns for v in cpu_ns.values() for ns in v)
 
+    num_pending = len(router.index.pending)
+    # Fallback: the index actor is gone; the routed history becomes the index.
+    t0 = time.perf_counter()
+    router.set_fallback(True)
+    fallback_activation_ms = (time.perf_counter() - t0) * 1000
+    fallback_cpu: list[int] = []
+    for i, (_, hashes) in enumerate(prompts[:2000]):
+        sim_now[0] += 0.005
+        cpu_start = cpu()
+        router.route(f"f{i}", hashes, PROMPT_BLOCKS * BLOCK_SIZE, replica_ids, 256)
+        fallback_cpu.append(cpu() - cpu_start)
+        router.on_finished(f"f{i}")
+    fallback_cpu.sort()
+    history_blocks = router.history.num_blocks()
+
     print(f"router: {args.policy}, {args.replicas} replicas, {distinct:,} distinct blocks "
           f"indexed ({blocks['device']:,} on some device, {blocks['host']:,} on some host; "
           f"{holdings:,} replica holdings) from {num_events:,} events + {args.replicas} "
@@ -218,6 +233,9 @@ def main() -> None:
         row(kind, wall_ns[kind], cpu_ns[kind], f"{hit_tokens[kind] / len(wall_ns[kind]):.0f}")
     row("all", all_wall, all_cpu, "")
     print(f"full GC collections during the loop: {len(gc_pauses_ns)}, longest {max_gc_us:.0f} us")
+    print(f"fallback: activation (history replay, {history_blocks:,} blocks) "
+          f"{fallback_activation_ms:.0f} ms; then {len(fallback_cpu)} decisions cpu p50 "
+          f"{pct(fallback_cpu, .5):.1f} us, p99 {pct(fallback_cpu, .99):.1f} us")
     print(json.dumps({
         "policy": args.policy,
         "replicas": args.replicas,
@@ -238,7 +256,10 @@ def main() -> None:
         "p99_target_us": 1000,
         "index_build_s": round(build_s, 2),
         "index_rss_mib": round(index_mb, 1),
-        "pending_marks_at_end": len(router.index.pending),
+        "pending_marks_at_end": num_pending,
+        "fallback_activation_ms": round(fallback_activation_ms, 1),
+        "fallback_decision_cpu_p50_us": round(pct(fallback_cpu, .5), 1),
+        "fallback_decision_cpu_p99_us": round(pct(fallback_cpu, .99), 1),
         "load_average_1m": round(load_after, 2),
     }))
 

@@ -183,3 +183,13 @@ def test_index_converges_to_managers_after_drops_reorders_and_restarts():
         want = mgrs[r].match(prompt)
         got = index.match(prompt, [r]).get(r, PrefixMatch(0, 0))
         assert got == (want.num_device_blocks, want.num_host_blocks)
+
+
+def test_repeated_hashes_in_one_event_count_once():
+    index = PrefixIndex()
+    log = synced(index, "r0")
+    log.append(BlockStored((h(1), h(1), h(2)), None))
+    log.append(BlockStored((h(2), h(3), h(3)), None, "host"))
+    assert not index.apply_batch(log.drain())
+    assert (index.num_blocks("device"), index.num_blocks("host")) == (2, 2)
+    index.check_invariants()

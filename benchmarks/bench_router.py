@@ -11,8 +11,9 @@ requests/s into one router), so pending marks live their full 2 s TTL without ev
 
     python benchmarks/bench_router.py [--quick] [--decisions N] [--policy NAME]
 
-Prints a table, then as the last line one JSON object. Memory is the RSS growth while the
-index is built (the prompt corpus is generated before).
+Prints a table, then as the last line one JSON object. Memory is what a first, traced build
+leaves allocated (tracemalloc), the build time that of a second, untraced one. Each
+replica's snapshot and events carry their own hash objects, as deserialized ones do.
 """
 
 from __future__ import annotations
@@ -24,21 +25,17 @@ import os
 import random
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kv.events import BlockRemoved, BlockStored, EventLog  # noqa: E402
+from kv.events import BlockRemoved, BlockStored, EventBatch, EventLog, Snapshot  # noqa: E402
 from router.core import Router, RouterConfig  # noqa: E402
 
 BLOCK_SIZE = 16
 PROMPT_BLOCKS = 512  # 8,192 tokens
 KINDS = ("deep_hit", "partial_hit", "miss")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 def make_chains(rng: random.Random, target_blocks: int) -> list[list[bytes]]:
@@ -74,11 +71,16 @@ def assign(rng: random.Random, chains: list[list[bytes]], replica_ids: list[str]
     return held
 
 
-def build(router: Router, held: dict[str, list[tuple[list[bytes], int]]],
-          rng: random.Random) -> int:
-    """Feeds each replica: a snapshot of half its chains, then the rest as event batches
-    of stores and some evictions. Returns the number of events applied."""
-    num_events = 0
+def copied(hashes) -> tuple[bytes, ...]:
+    """Fresh objects, as each replica's deserialized events bring their own."""
+    return tuple(bytes(bytearray(x)) for x in hashes)
+
+
+def prepare(held: dict[str, list[tuple[list[bytes], int]]], rng: random.Random
+            ) -> list[tuple[Snapshot, list[EventBatch]]]:
+    """Per replica, a snapshot of half its chains, then the rest as event batches of stores
+    and some evictions (an eviction, then the tail comes back)."""
+    out = []
     for rid, items in held.items():
         log = EventLog(rid, epoch=f"{rid}-e0")
         half = len(items) // 2
@@ -87,20 +89,31 @@ def build(router: Router, held: dict[str, list[tuple[list[bytes], int]]],
         for chain, on_device in items[:half]:
             device.update(chain[:on_device])
             host.update(chain[on_device:])
-        assert router.apply_batch(log.drain())  # unknown replica: asks for a snapshot
-        router.apply_snapshot(log.snapshot(device, host))
-        seq0 = log.next_seq
+        snapshot = log.snapshot(copied(device), copied(host))
+        batches = []
         for n, (chain, on_device) in enumerate(items[half:]):
-            log.append(BlockStored(tuple(chain[:on_device]), None, "device"))
+            log.append(BlockStored(copied(chain[:on_device]), None, "device"))
             if on_device < len(chain):
-                log.append(BlockStored(tuple(chain[on_device:]), chain[on_device - 1], "host"))
-            if rng.random() < 0.05:  # an eviction, then the tail comes back
-                log.append(BlockRemoved(tuple(chain[-4:]), "device"))
-                log.append(BlockStored(tuple(chain[-4:]), None, "device"))
+                log.append(BlockStored(copied(chain[on_device:]), chain[on_device - 1], "host"))
+            if rng.random() < 0.05:
+                log.append(BlockRemoved(copied(chain[-4:]), "device"))
+                log.append(BlockStored(copied(chain[-4:]), None, "device"))
             if n % 64 == 63:
-                assert not router.apply_batch(log.drain())
-        assert not router.apply_batch(log.drain())
-        num_events += log.next_seq - seq0
+                batches.append(log.drain())
+        batches.append(log.drain())
+        out.append((snapshot, batches))
+    return out
+
+
+def feed(router: Router, prepared: list[tuple[Snapshot, list[EventBatch]]]) -> int:
+    """Applies each replica's snapshot then its batches; returns the number of events."""
+    num_events = 0
+    for snapshot, batches in prepared:
+        assert router.apply_batch(EventBatch(snapshot.replica_id, snapshot.epoch, 0, ()))
+        router.apply_snapshot(snapshot)
+        for batch in batches:
+            assert not router.apply_batch(batch)
+            num_events += len(batch.events)
     return num_events
 
 
@@ -118,7 +131,9 @@ def make_prompts(rng: random.Random, chains: list[list[bytes]], n: int
         else:
             prefix = []
         fresh = [rng.randbytes(16) for _ in range(PROMPT_BLOCKS - len(prefix))]
-        out.append((kind, prefix + fresh))
+        # New objects, as hashes deserialized from the gateway are: a dict lookup then
+        # compares key bytes instead of stopping at `is` (one more memory access per hit).
+        out.append((kind, [bytes(bytearray(x)) for x in prefix] + fresh))
     return out
 
 
@@ -146,14 +161,32 @@ def main() -> None:
     gc.collect()
 
     sim_now = [0.0]
-    router = Router(RouterConfig(policy=args.policy, block_size=BLOCK_SIZE),
-                    clock=lambda: sim_now[0])
-    rss0 = rss_bytes()
-    t0 = time.perf_counter()
-    num_events = build(router, held, rng)
-    build_s = time.perf_counter() - t0
+
+    def new_router() -> Router:
+        return Router(RouterConfig(policy=args.policy, block_size=BLOCK_SIZE),
+                      clock=lambda: sim_now[0])
+
+    # Memory: trace a first build; what stays allocated once the feed's snapshots and
+    # batches are gone is the index (with the one hash object per block it keeps).
+    tracemalloc.start()
+    traced0 = tracemalloc.get_traced_memory()[0]
+    prepared = prepare(held, random.Random(args.seed + 1))
+    router = new_router()
+    feed(router, prepared)
+    del prepared
     gc.collect()
-    index_mb = (rss_bytes() - rss0) / 2**20
+    index_mib = (tracemalloc.get_traced_memory()[0] - traced0) / 2**20
+    tracemalloc.stop()
+    del router
+    gc.collect()
+    # Time: the same feed again, untraced.
+    prepared = prepare(held, random.Random(args.seed + 1))
+    router = new_router()
+    t0 = time.perf_counter()
+    num_events = feed(router, prepared)
+    build_s = time.perf_counter() - t0
+    del prepared
+    gc.collect()
     blocks = router.index_blocks()
     per_replica = [router.index.blocks_of(r, m) for r in replica_ids for m in ("device", "host")]
     holdings = sum(len(x) for x in per_replica)
@@ -218,7 +251,7 @@ def main() -> None:
     print(f"router: {args.policy}, {args.replicas} replicas, {distinct:,} distinct blocks "
           f"indexed ({blocks['device']:,} on some device, {blocks['host']:,} on some host; "
           f"{holdings:,} replica holdings) from {num_events:,} events + {args.replicas} "
-          f"snapshots: built in {build_s:.2f} s, +{index_mb:.0f} MiB RSS")
+          f"snapshots: built in {build_s:.2f} s, {index_mib:.0f} MiB (tracemalloc)")
     print(f"load average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs; "
           "wall = perf_counter_ns, cpu = thread_time_ns")
     print(f"{'prompts (512 blocks)':<16}{'n':>6}{'wall p50':>10}{'p90':>9}{'p99':>9}{'max':>9}"
@@ -255,7 +288,7 @@ def main() -> None:
         "full_gc_max_us": round(max_gc_us, 1),
         "p99_target_us": 1000,
         "index_build_s": round(build_s, 2),
-        "index_rss_mib": round(index_mb, 1),
+        "index_mib": round(index_mib, 1),
         "pending_marks_at_end": num_pending,
         "fallback_activation_ms": round(fallback_activation_ms, 1),
         "fallback_decision_cpu_p50_us": round(pct(fallback_cpu, .5), 1),

@@ -32,6 +32,7 @@ class IndexActorConfig:
     replica_timeout_s: float = 10.0  # forget a replica silent this long
     max_logged_events: int = 8192  # per replica, for router deltas
     max_poll_wait_s: float = 1.0
+    router_timeout_s: float = 10.0  # a router silent this long leaves `router_views`
 
     def __post_init__(self):
         if not self.replica_timeout_s > 0:
@@ -140,6 +141,10 @@ class KVIndex:
         return reply
 
     def router_views(self) -> dict[str, dict[str, ContentsDigest]]:
+        """The index digests of the routers that polled in the last `router_timeout_s`."""
+        cutoff = time.monotonic() - self._config.router_timeout_s
+        for router_id in [r for r, (t, _) in self._router_views.items() if t < cutoff]:
+            del self._router_views[router_id]
         return {rid: view for rid, (_, view) in self._router_views.items()}
 
     def forget_router(self, router_id: str) -> None:

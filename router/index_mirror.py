@@ -103,16 +103,20 @@ class IndexMirror:
             self._set_fallback(None)
         return reply
 
+    async def sync_once(self, wait_s: float = 0.0) -> bool:
+        """One poll; on failure, approximate mode until a poll succeeds. True on success."""
+        try:
+            await self.poll_once(wait_s)
+            return True
+        except Exception as err:  # RayError, a timeout, or Ray itself going down
+            log.warning("router %s: index actor unreachable: %r", self.router_id, err)
+            self._index = None  # found again (or re-created) by name next time
+            self._set_fallback("index_unreachable")
+            return False
+
     async def _run(self) -> None:
         while True:
-            try:
-                await self.poll_once(self.config.poll_wait_s)
-            except asyncio.CancelledError:
-                raise
-            except (ray.exceptions.RayError, asyncio.TimeoutError) as err:
-                log.warning("router %s: index actor unreachable: %r", self.router_id, err)
-                self._index = None
-                self._set_fallback("index_unreachable")
+            if not await self.sync_once(self.config.poll_wait_s):
                 await asyncio.sleep(self.config.retry_interval_s)
 
     def _apply(self, reply: PollReply) -> None:

@@ -178,7 +178,7 @@ class MetricsPusher:
         while True:
             try:
                 await self.push_once()
-            except ray.exceptions.RayError as err:  # hub restarting: push again next tick
-                log.warning("metrics push from %s failed: %s", self.source_id, err)
+            except Exception as err:  # hub restarting (or Ray going down): retry next tick
+                log.warning("metrics push from %s failed: %r", self.source_id, err)
                 self._hub = None
             await asyncio.sleep(self._config.push_interval_s)

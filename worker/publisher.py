@@ -82,7 +82,7 @@ class ReplicaPublisher:
         while True:
             try:
                 await self.publish_once()
-            except ray.exceptions.RayError as err:  # the next tick finds the actor again
-                log.warning("publishing KV events failed: %s", err)
+            except Exception as err:  # RayError or Ray going down: the next tick retries
+                log.warning("publishing KV events failed: %r", err)
                 self._index = None
             await asyncio.sleep(self._config.publish_interval_s)

@@ -70,7 +70,12 @@ class Router:
         if len(set(replica_ids)) != len(replica_ids):
             replica_ids = list(dict.fromkeys(replica_ids))
         approximate = self.approximate
-        source = self.history if approximate else self.index
+        if approximate and self.history.warming:
+            self.history.warm_one()
+        # While the fallback's history is still warming up, the last event data (stale,
+        # but better than a half-built history) decides, pending marks included.
+        use_history = approximate and not self.history.warming
+        source = self.history if use_history else self.index
         policy = self.policy
         matches = source.match(block_hashes, replica_ids) if policy.uses_index else {}
         query = RouteQuery(request_id, block_hashes, num_prompt_tokens, max_tokens, replica_ids)
@@ -83,7 +88,7 @@ class Router:
         device_tokens, host_tokens = (match.hit_tokens(block_size, num_prompt_tokens)
                                       if match else (0, 0))
 
-        if not approximate:
+        if not use_history:
             # Mark from the end of the confirmed device run: the blocks this request computes
             # or copies in, and pending ones it refreshes. Without marks on the replica its
             # device run is all confirmed, so the walk already measured it.
@@ -123,8 +128,9 @@ class Router:
     def set_fallback(self, active: bool) -> None:
         """While active, decide in approximate mode (the index is unreachable or stale).
 
-        Turning it on builds the history's bitmask index from the routed history, in one
-        pass over the blocks it remembers (up to replicas x approx_capacity_blocks).
+        Turning it on starts building the history's LRU and index from what this router
+        routed, one replica per decision (a few ms each at 16k blocks per replica); until
+        every replica is replayed, decisions use the last event data (flagged approximate).
         """
         self._fallback = active
         self.history.set_active(active or self.config.approximate)

@@ -162,6 +162,25 @@ def test_fallback_switches_to_history_and_back_to_events():
     assert route(router, "q4", q) == RoutingDecision("r2", 32, 0, False)
 
 
+def test_fallback_decides_from_last_events_until_every_replica_is_replayed():
+    router, _ = make_router()
+    p, q, z, y = prompt(0, 1, 2), prompt(7, 8), prompt(50, 51), prompt(60, 61)
+    snapshot(router, "r1", device=p)
+    snapshot(router, "r2", device=q)
+    snapshot(router, "r3", device=z + y)
+    for request_id, hashes in (("a", p), ("b", q)):
+        route(router, request_id, hashes)
+        router.on_finished(request_id)
+    router.set_fallback(True)  # r1 and r2 have history to replay: one per decision
+    assert route(router, "c", z) == RoutingDecision("r3", 32, 0, True)  # events, stale
+    router.on_finished("c")
+    assert router.history.warming
+    assert route(router, "d", y) == RoutingDecision("r0", 0, 0, True)  # history only now
+    router.on_finished("d")
+    assert not router.history.warming
+    assert route(router, "e", q) == RoutingDecision("r2", 32, 0, True)
+
+
 def test_outstanding_work_and_published_stats_steer_least_load():
     router, _ = make_router(policy="least_load")
     chosen = [route(router, f"q{i}", prompt(i), max_tokens=10).replica_id for i in range(4)]

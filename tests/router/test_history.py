@@ -70,7 +70,13 @@ def test_an_inactive_history_keeps_no_index_and_builds_it_on_activation():
     with pytest.raises(RuntimeError, match="needs an active history"):
         history.match([h(0)], ["a"])
     history.set_active(True)
+    assert history.warming and history.index.replica_ids == []
+    history.warm_one()  # replica "a"
     history.check_invariants()
+    assert history.warming and history.match([h(0)], ["a", "b"]) == {"a": PrefixMatch(1, 0)}
+    history.warm_one()
+    history.check_invariants()
+    assert not history.warming
     assert history.match([h(0), h(2), h(3)], ["a", "b"]) == {"a": PrefixMatch(1, 0),
                                                             "b": PrefixMatch(3, 0)}
     history.set_active(False)
@@ -112,6 +118,10 @@ class HistoryMachine(RuleBasedStateMachine):
     @rule(active=st.booleans())
     def set_active(self, active):
         self.history.set_active(active)
+
+    @rule()
+    def warm_one(self):
+        self.history.warm_one()
 
     @rule(seconds=st.sampled_from([0.0, 1.0, 3.0]))
     def advance(self, seconds):

@@ -37,7 +37,7 @@ class IndexMachine(RuleBasedStateMachine):
         self.index = PrefixIndex(pending_ttl_s=TTL_S, clock=self.clock)
         self.truth = {r: empty() for r in REPLICAS}
         self.logs = {r: EventLog(r, epoch=f"{r}-0") for r in REPLICAS}
-        self.events = {r: [] for r in REPLICAS}  # this epoch's events, by sequence number
+        self.events = {f"{r}-0": [] for r in REPLICAS}  # epoch -> events by sequence number
         self.truth_at = {}  # (epoch, next_seq) -> true contents after that event
         self.view = {r: empty() for r in REPLICAS}  # what the index should hold
         self.pending = {}  # (hash, replica) -> expires_at
@@ -46,7 +46,7 @@ class IndexMachine(RuleBasedStateMachine):
 
     def _append(self, r, event):
         self.logs[r].append(event)
-        self.events[r].append(event)
+        self.events[self.logs[r].epoch].append(event)
 
     @rule(r=st.sampled_from(REPLICAS), medium=st.sampled_from(MEDIA), hashes=hash_lists)
     def store(self, r, medium, hashes):
@@ -67,7 +67,7 @@ class IndexMachine(RuleBasedStateMachine):
     def restart(self, r):
         self.logs[r] = EventLog(r, epoch=f"{r}-{self.num_epochs}")
         self.num_epochs += 1
-        self.events[r] = []
+        self.events[self.logs[r].epoch] = []
         self.truth[r] = empty()
 
     @rule(r=st.sampled_from(REPLICAS),
@@ -99,7 +99,7 @@ class IndexMachine(RuleBasedStateMachine):
         if new_seq == old_seq:
             return  # an old duplicate
         self.view[r] = copy.deepcopy(self.truth_at[(batch.epoch, new_seq)])
-        for event in self.events[r][old_seq:new_seq]:
+        for event in self.events[batch.epoch][old_seq:new_seq]:
             if isinstance(event, BlockStored) and event.medium == "device":
                 self._confirm(r, event.block_hashes)
 

@@ -11,6 +11,7 @@ Cost of a step (P = parameters, L = layers, d = hidden size, KV = KV bytes per t
         linear layers:  2P FLOPs x tokens / (peak FLOPs x MFU))
   + prefill attention:  4 L d FLOPs x sum over new tokens of their context / (peak x MFU)
   + decode KV read:     KV bytes x sum over decoding requests of context / (HBM x MBU)
+  + host tier copies:   KV bytes x block size x blocks copied / host link bandwidth
 """
 
 from __future__ import annotations
@@ -37,10 +38,13 @@ class SimPreset:
     mbu: float  # achieved fraction of HBM bandwidth in decode-heavy steps
     overhead_s: float  # per step: scheduling, launches, sampling
     source: str
+    host_copy_bytes_per_s: float = 50e9  # device <-> host KV copies (PCIe Gen5 x16)
 
     def __post_init__(self):
         if not (0 < self.mfu <= 1 and 0 < self.mbu <= 1):
             raise ValueError(f"{self.name}: mfu and mbu must be in (0, 1]")
+        if not self.host_copy_bytes_per_s > 0:
+            raise ValueError(f"{self.name}: host_copy_bytes_per_s must be > 0")
 
 
 PRESETS: dict[str, SimPreset] = {
@@ -49,11 +53,14 @@ PRESETS: dict[str, SimPreset] = {
     # (NVIDIA H100 datasheet). MFU 0.5 and MBU 0.7 are typical of vLLM/SGLang on H100:
     # they give ~31k prefill tokens/s and a ~7 ms decode step at small batch, in line with
     # published Llama 3 8B H100 serving benchmarks (vLLM v0.6 perf blog, Sept 2024).
+    # Host tier copies cross PCIe Gen5 x16 (64 GB/s a direction, ~50 GB/s achieved): a
+    # 16-token block of 2 MiB takes ~42 us.
     "h100-llama3-8b": SimPreset(
         name="h100-llama3-8b", num_params=8.03e9, num_layers=32, hidden_size=4096,
         kv_bytes_per_token=131072, peak_flops=989e12, hbm_bytes_per_s=3.35e12,
         mfu=0.5, mbu=0.7, overhead_s=1e-3,
-        source="NVIDIA H100 SXM datasheet; Llama 3 8B config; vLLM v0.6 perf blog"),
+        source="NVIDIA H100 SXM datasheet; Llama 3 8B config; vLLM v0.6 perf blog; "
+               "PCIe Gen5 x16 for host copies"),
     # A small, fast preset for tests and live demos on a CPU box.
     "tiny": SimPreset(
         name="tiny", num_params=2e8, num_layers=8, hidden_size=1024,
@@ -68,8 +75,9 @@ def get_preset(name: str) -> SimPreset:
     return PRESETS[name]
 
 
-def step_time_s(preset: SimPreset, step: StepInput) -> float:
-    """Modelled duration of one step (see the module docstring)."""
+def step_time_s(preset: SimPreset, step: StepInput, block_size: int = 16) -> float:
+    """Modelled duration of one step (see the module docstring); `block_size` (tokens per
+    KV block) sizes the step's host tier copies."""
     flops_per_s = preset.peak_flops * preset.mfu
     bytes_per_s = preset.hbm_bytes_per_s * preset.mbu
     num_tokens = 0
@@ -89,7 +97,9 @@ def step_time_s(preset: SimPreset, step: StepInput) -> float:
     attention = 4 * preset.num_layers * preset.hidden_size * prefill_token_context / flops_per_s
     kv_read = preset.kv_bytes_per_token * decode_context / bytes_per_s
     copies = len(step.copies.swap_in) + len(step.copies.swap_out)
-    return preset.overhead_s + linear + attention + kv_read + copies * 1e-5
+    copy = (copies * preset.kv_bytes_per_token * block_size / preset.host_copy_bytes_per_s
+            if copies else 0.0)
+    return preset.overhead_s + linear + attention + kv_read + copy
 
 
 class SimExecutor:
@@ -97,18 +107,19 @@ class SimExecutor:
 
     def __init__(self, preset: str | SimPreset = "h100-llama3-8b", vocab_size: int = 32000,
                  eos_token_ids: tuple[int, ...] = (), realtime: bool = True,
-                 first_token_id: int = 0):
+                 first_token_id: int = 0, block_size: int = 16):
         self.preset = get_preset(preset) if isinstance(preset, str) else preset
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.realtime = realtime
         self.first_token_id = first_token_id  # lowest id it samples (skip special tokens)
+        self.block_size = block_size  # the engine's, for the cost of host tier copies
         self.last_step_time_s = 0.0
         self.total_step_time_s = 0.0
 
     def execute(self, step: StepInput, sampling: Mapping[str, SamplingParams]
                 ) -> dict[str, int]:
-        self.last_step_time_s = step_time_s(self.preset, step)
+        self.last_step_time_s = step_time_s(self.preset, step, self.block_size)
         self.total_step_time_s += self.last_step_time_s
         if self.realtime:
             time.sleep(self.last_step_time_s)  # the modelled compute, not synchronisation

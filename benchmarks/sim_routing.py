@@ -1,0 +1,167 @@
+"""Routing at scale, simulated: the real router, scheduler and KV code on a virtual clock.
+
+    python benchmarks/sim_routing.py --workload generated_shared_prefix --replicas 8
+    python benchmarks/sim_routing.py --workload shared_prefix --replicas 8 --ladder
+    python benchmarks/sim_routing.py --workload mooncake --replicas 8 --time-scale 4
+
+Runs the policy under test (--policy, default cache_aware) and, in the same invocation, the
+round_robin and approximate (cache_aware without events) baselines, plus any --others.
+Prints a table per rate and, last, one JSON line: the policy's numbers and its ratios to
+the baselines (in a ladder, at the lowest rate where round_robin is saturated: its
+throughput grows less than 5% over the previous rate). With --ladder it also writes
+TTFT-vs-QPS plots (PNG) and all summaries (JSON) to --out-dir.
+Definitions: benchmarks/simlib/report.py and benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.simlib import experiment as ex  # noqa: E402
+from benchmarks.simlib.cluster import ClusterConfig  # noqa: E402
+from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
+from benchmarks.simlib.report import Summary, table  # noqa: E402
+from benchmarks.simlib.workloads import WORKLOAD_NAMES  # noqa: E402
+from router.config import RouterConfig  # noqa: E402
+from router.policies import POLICY_NAMES  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", required=True, choices=WORKLOAD_NAMES)
+    p.add_argument("--replicas", type=int, default=8)
+    p.add_argument("--policy", default="cache_aware", choices=POLICY_NAMES)
+    p.add_argument("--others", default="",
+                   help="more policies to compare, comma-separated, or 'all'")
+    p.add_argument("--qps", type=float, default=None,
+                   help="total request rate (inf: all at once); default: the workload's")
+    p.add_argument("--time-scale", type=float, default=None,
+                   help="mooncake: speed-up of the trace's arrivals (default 1)")
+    p.add_argument("--ladder", nargs="?", const="default", default=None,
+                   help="run a rate ladder: comma-separated total QPS (mooncake: time "
+                        "scales); no value: the workload's default ladder")
+    p.add_argument("--num-blocks", type=int, default=None, help="device KV blocks a replica")
+    p.add_argument("--host-blocks", type=int, default=0, help="host tier blocks a replica")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--preset", default="h100-llama3-8b")
+    p.add_argument("--event-delay-s", type=float, default=0.01)
+    p.add_argument("--publish-interval-s", type=float, default=0.05)
+    p.add_argument("--load-weight", type=float, default=None)
+    p.add_argument("--imbalance-threshold", type=float, default=None)
+    p.add_argument("--pending-ttl-s", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    p.add_argument("--trace", type=Path, default=ex.MOONCAKE_TRACE)
+    p.add_argument("--quick", action="store_true", help="a tiny workload, for smoke tests")
+    p.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--tag", default="", help="suffix of the files written to --out-dir")
+    return p.parse_args(argv)
+
+
+def router_base(args: argparse.Namespace, num_blocks: int) -> RouterConfig:
+    kw: dict = dict(block_size=args.block_size, seed=args.seed,
+                    approx_capacity_blocks=num_blocks + args.host_blocks)
+    for name in ("load_weight", "imbalance_threshold", "pending_ttl_s"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
+    return RouterConfig(**kw)
+
+
+def rates_per_replica(args: argparse.Namespace, d: ex.WorkloadDefaults) -> list[float]:
+    """The per-replica rates (mooncake: time scales) to run, in increasing order."""
+    n = args.replicas
+    if args.ladder is None:
+        if args.workload == "mooncake":
+            return [args.time_scale if args.time_scale is not None else d.rate_per_replica]
+        return [args.qps / n if args.qps is not None else d.rate_per_replica]
+    if args.ladder == "default":
+        return list(d.ladder_per_replica)
+    values = [float(v) for v in args.ladder.split(",")]
+    return sorted(values if args.workload == "mooncake" else [v / n for v in values])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    d = ex.DEFAULTS[args.workload]
+    num_blocks = args.num_blocks or d.num_blocks
+    replica = ReplicaConfig(num_blocks=num_blocks, num_host_blocks=args.host_blocks,
+                            block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                            max_num_batched_tokens=args.max_num_batched_tokens,
+                            preset=args.preset)
+    others = tuple(POLICY_NAMES) if args.others == "all" else tuple(
+        o for o in args.others.split(",") if o)
+    base = router_base(args, num_blocks)
+    entrants = ex.contenders(args.policy, base, others)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    by_label: dict[str, list[Summary]] = {c.label: [] for c in entrants}
+    tasks = [ex.Task(ClusterConfig(args.replicas, replica, c.router, args.event_delay_s,
+                                   args.publish_interval_s, seed=args.seed),
+                     ex.WorkloadSpec(args.workload, per_replica, args.replicas, args.seed,
+                                     args.quick, args.trace), c.label)
+             for per_replica in rates_per_replica(args, d) for c in entrants]
+    rows: list[Summary] = []
+    for s in ex.run_all(tasks, args.jobs):
+        by_label[s.label].append(s)
+        rows.append(s)
+        print(f"  {s.label} @ {s.rate_qps:.2f} req/s: {s.wall_s:.1f} s wall, {s.cpu_s:.1f} s "
+              "CPU", file=sys.stderr)
+        if len(rows) == len(entrants):
+            print(f"\n{args.workload}, {args.replicas} replicas, {num_blocks} blocks each, "
+                  f"{s.num_requests} requests at {s.rate_qps:.2f} req/s")
+            print(table(rows), flush=True)
+            rows = []
+
+    at = len(by_label[args.policy]) - 1
+    saturation_qps = None
+    if args.ladder is not None:
+        sat = ex.saturation_index([s.throughput_tok_s for s in by_label["round_robin"]]) \
+            if "round_robin" in by_label else None
+        if sat is not None:
+            at, saturation_qps = sat, by_label["round_robin"][sat].rate_qps
+    main_s = by_label[args.policy][at]
+    out = dict(workload=args.workload, replicas=args.replicas, policy=args.policy,
+               num_blocks=num_blocks, host_blocks=args.host_blocks, quick=args.quick,
+               rate_qps=main_s.rate_qps, saturation_rate_qps=saturation_qps,
+               hit_rate=main_s.hit_rate, pooled_bound_hit_rate=main_s.pooled_bound_hit_rate,
+               hit_rate_over_bound=main_s.hit_rate_over_bound, load_share=main_s.load_share,
+               ttft_p90_s=main_s.ttft_p90_s, throughput_tok_s=main_s.throughput_tok_s)
+    for base_label in ("round_robin", "approximate"):
+        if base_label in by_label and base_label != args.policy:
+            b = by_label[base_label][at]
+            out[f"ttft_p90_ratio_vs_{base_label}"] = _ratio(main_s.ttft_p90_s, b.ttft_p90_s)
+            out[f"throughput_ratio_vs_{base_label}"] = _ratio(main_s.throughput_tok_s,
+                                                              b.throughput_tok_s)
+    out["wall_s"] = time.perf_counter() - t0
+    out["cpu_s"] = time.process_time() - cpu0 + sum(  # worker processes' CPU too
+        s.cpu_s for v in by_label.values() for s in v) * (args.jobs > 1)
+    if args.ladder is not None:
+        from benchmarks.simlib.plots import plot_ladder  # matplotlib: only for ladders
+
+        stem = f"{args.workload}_r{args.replicas}{args.tag}"
+        png = plot_ladder(by_label, f"{args.workload}: {args.replicas} replicas x "
+                          f"{num_blocks} blocks, {args.preset}",
+                          args.out_dir / f"{stem}.png", saturation_qps)
+        dump = {"args": {k: str(v) for k, v in vars(args).items()}, "result": out,
+                "runs": {k: [s.as_dict() for s in v] for k, v in by_label.items()}}
+        (args.out_dir / f"{stem}.json").write_text(json.dumps(dump, indent=1) + "\n")
+        out["plot"] = str(png)
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
+                      for k, v in out.items()}))
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(b) else math.nan
+
+
+if __name__ == "__main__":
+    main()

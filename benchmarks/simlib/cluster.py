@@ -1,0 +1,234 @@
+"""A discrete-event simulation of a kvroute cluster: the real router in front of N simulated
+replicas (real scheduler, KV manager, host tier, events), on one virtual clock.
+
+Events, in time order (ties in the order they were scheduled, so a seed fixes the run):
+
+    arrival    the gateway routes the request (Router.route) and the replica queues it
+    step done  the replica applies its step; finished requests end (Router.on_finished);
+               a finished multi-turn round releases the next one
+    publish    every publish_interval_s a replica with news drains its event log and stats
+               (worker/publisher.py does the same), which reach the router after
+               event_delay_s: Router.apply_batch (a snapshot when it asks), update_stats
+
+In approximate mode the router gets neither events nor stats: that mode stands for "no
+index feed at all", so it decides from its routed history and its own load count.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+from benchmarks.simlib.pooled import PooledLRU
+from benchmarks.simlib.prompts import PromptBuilder, TokenSource
+from benchmarks.simlib.replica import ReplicaConfig, SimReplica
+from benchmarks.simlib.workloads import WorkItem, Workload
+from kv.hashing import namespace_root
+from router.core import Router, RouterConfig
+from worker.api import SamplingParams
+from worker.request import Request
+
+_ARRIVAL, _STEP_DONE, _PUBLISH, _DELIVER = range(4)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    num_replicas: int
+    replica: ReplicaConfig
+    router: RouterConfig
+    event_delay_s: float = 0.01  # a published batch reaches the router this much later
+    publish_interval_s: float = 0.05  # worker.publisher.PublisherConfig's default
+    model_name: str = "sim-llama3-8b"  # the hash namespace
+    seed: int = 0  # token ids of the workload's segments
+
+    def __post_init__(self):
+        if not 1 <= self.num_replicas <= 1024:
+            raise ValueError(f"num_replicas must be in [1, 1024], got {self.num_replicas}")
+        if self.router.block_size != self.replica.block_size:
+            raise ValueError(f"router block_size {self.router.block_size} != replica "
+                             f"block_size {self.replica.block_size}")
+        if not (math.isfinite(self.event_delay_s) and self.event_delay_s >= 0):
+            raise ValueError(f"event_delay_s must be finite and >= 0, got {self.event_delay_s}")
+        if not (math.isfinite(self.publish_interval_s) and self.publish_interval_s > 0):
+            raise ValueError(f"publish_interval_s must be finite and > 0, got "
+                             f"{self.publish_interval_s}")
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    replica_id: str | None  # None: rejected before routing
+    arrival_s: float
+    num_prompt_tokens: int
+    max_tokens: int
+    predicted_hit_tokens: int = 0  # what the router expected (device + host)
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    num_output_tokens: int = 0
+    cached_device_tokens: int = 0
+    cached_host_tokens: int = 0
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+
+@dataclass
+class RunResult:
+    config: ClusterConfig
+    workload: str
+    records: list[RequestRecord]  # in routing order
+    replicas: list[SimReplica]
+    pooled: PooledLRU
+    sim_duration_s: float
+    wall_s: float
+    num_events: int
+    num_snapshots: int
+    extra: dict = field(default_factory=dict)
+
+
+class ClusterSim:
+    def __init__(self, config: ClusterConfig, workload: Workload):
+        self.config = config
+        self.workload = workload
+        self.now = 0.0
+        rc = config.replica
+        self.replicas = [SimReplica(f"r{i}", rc) for i in range(config.num_replicas)]
+        self.replica_ids = [r.replica_id for r in self.replicas]
+        self._index_of = {rid: i for i, rid in enumerate(self.replica_ids)}
+        self.router = Router(config.router, clock=lambda: self.now)
+        self.feed_index = not config.router.approximate
+        self.root = namespace_root(config.model_name)
+        source = TokenSource(config.seed, 3, rc.vocab_size, workload.shared_keys())
+        self.prompts = PromptBuilder(source, rc.block_size, self.root)
+        self.pooled = PooledLRU(config.num_replicas * (rc.num_blocks + rc.num_host_blocks),
+                                rc.block_size)
+        self.records: dict[str, RequestRecord] = {}
+        self._children = {it.parent_id: it for it in workload.items if it.parent_id}
+        self._histories: dict[str, tuple[list[int], list[bytes]]] = {}
+        self._heap: list[tuple] = []
+        self._seq = 0
+        self._publish_due = [False] * config.num_replicas
+        self.num_events = 0
+        self.num_snapshots = 0
+
+    def _push(self, t: float, kind: int, arg) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, arg))
+
+    def run(self) -> RunResult:
+        wall0 = time.perf_counter()
+        if self.feed_index:
+            for rep in self.replicas:
+                self.router.apply_snapshot(rep.snapshot())
+        for item in self.workload.items:
+            if item.parent_id is None:
+                self._push(item.arrival_s, _ARRIVAL, item)
+        heap, pop = self._heap, heapq.heappop
+        handlers = (self._on_arrival, self._on_step_done, self._on_publish, self._on_deliver)
+        while heap:
+            t, _, kind, arg = pop(heap)
+            self.now = t
+            self.num_events += 1
+            handlers[kind](arg)
+        assert len(self.records) == self.workload.num_requests, "a request never arrived"
+        return RunResult(self.config, self.workload.name, list(self.records.values()),
+                         self.replicas, self.pooled, self.now, time.perf_counter() - wall0,
+                         self.num_events, self.num_snapshots)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _on_arrival(self, item: WorkItem) -> None:
+        history = self._histories.pop(item.parent_id, ([], [])) if item.parent_id else ([], [])
+        token_ids, hashes = self.prompts.build(item.segments, *history)
+        n = len(token_ids)
+        rec = RequestRecord(item.request_id, None, self.now, n, item.max_tokens)
+        self.records[item.request_id] = rec
+        if n >= self.config.replica.max_model_len:  # the engine would reject it
+            self._end(rec, "rejected", token_ids, hashes)
+            return
+        decision = self.router.route(item.request_id, hashes, n, self.replica_ids,
+                                     item.max_tokens)
+        rec.replica_id = decision.replica_id
+        rec.predicted_hit_tokens = (decision.predicted_device_hit_tokens
+                                    + decision.predicted_host_hit_tokens)
+        self.pooled.serve_prompt(hashes, n)
+        i = self._index_of[decision.replica_id]
+        rep = self.replicas[i]
+        rep.add(Request(item.request_id, token_ids, SamplingParams(max_tokens=item.max_tokens),
+                        rep.config.block_size, self.root, hashes, arrival_time=self.now))
+        if not rep.is_busy:
+            self._start_step(i)
+        self._mark_dirty(i)
+
+    def _start_step(self, i: int) -> None:
+        rep = self.replicas[i]
+        duration_s = rep.start_step()
+        for req in rep.failed:
+            self._finish(req)
+        rep.failed.clear()
+        if duration_s is not None:
+            self._push(self.now + duration_s, _STEP_DONE, i)
+
+    def _on_step_done(self, i: int) -> None:
+        rep = self.replicas[i]
+        for req in rep.finish_step():
+            rec = self.records[req.request_id]
+            if rec.first_token_s is None:
+                rec.first_token_s = self.now
+            if req.is_finished:
+                self._finish(req)
+        self._start_step(i)
+        self._mark_dirty(i)
+
+    def _finish(self, req: Request) -> None:
+        rec = self.records[req.request_id]
+        rec.num_output_tokens = req.num_output_tokens
+        rec.cached_device_tokens = req.num_cached_device_tokens
+        rec.cached_host_tokens = req.num_cached_host_tokens
+        rec.num_preemptions = req.num_preemptions
+        self.router.on_finished(req.request_id)
+        self.pooled.release(req.block_hashes)
+        self._end(rec, req.finish_reason or "error", req.token_ids, req.block_hashes)
+
+    def _end(self, rec: RequestRecord, reason: str, token_ids: list[int],
+             hashes: list[bytes]) -> None:
+        assert rec.finish_s is None, f"{rec.request_id} finished twice"
+        rec.finish_s = self.now
+        rec.finish_reason = reason
+        child = self._children.pop(rec.request_id, None)
+        if child is not None:
+            self._histories[rec.request_id] = (token_ids, hashes)
+            self._push(max(child.arrival_s, self.now), _ARRIVAL, child)
+
+    # -- the index feed --------------------------------------------------------------------
+
+    def _mark_dirty(self, i: int) -> None:
+        """Schedules replica i's next publish tick, strictly after now (replica i ticks at
+        phase i / N of the interval, so the replicas do not all publish at once)."""
+        if self._publish_due[i]:
+            return
+        self._publish_due[i] = True
+        interval = self.config.publish_interval_s
+        phase = interval * i / len(self.replicas)
+        tick = phase + interval * (math.floor((self.now - phase) / interval) + 1)
+        if tick <= self.now:  # rounding put it on now
+            tick += interval
+        self._push(tick, _PUBLISH, i)
+
+    def _on_publish(self, i: int) -> None:
+        self._publish_due[i] = False
+        rep = self.replicas[i]
+        batch = rep.drain_events()
+        if self.feed_index:
+            self._push(self.now + self.config.event_delay_s, _DELIVER, (i, batch, rep.stats()))
+        if rep.is_busy or rep.scheduler.has_work:
+            self._mark_dirty(i)
+
+    def _on_deliver(self, arg) -> None:
+        i, batch, stats = arg
+        rep = self.replicas[i]
+        if self.router.apply_batch(batch):
+            self.router.apply_snapshot(rep.snapshot())
+            self.num_snapshots += 1
+        self.router.update_stats(rep.replica_id, stats)

@@ -1,0 +1,116 @@
+"""One simulated engine replica: the production scheduler, KV manager, event log and host
+tier, with `worker.sim.SimExecutor` (modelled step time, deterministic tokens) in place of
+the forward pass. The discrete-event cluster (benchmarks/simlib/cluster.py) drives it:
+`start_step` schedules and costs a step, `finish_step` applies it when the virtual clock
+reaches its end, as the live engine loop (worker/engine.py) does around its worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kv.events import EventBatch, EventLog, Snapshot
+from kv.manager import KVCacheConfig, KVCacheManager
+from worker.api import EngineStats
+from worker.engine import Engine
+from worker.request import Request
+from worker.scheduler import Scheduler, SchedulerConfig
+from worker.sim import SimExecutor, get_preset
+from worker.step import StepInput
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    num_blocks: int  # device KV blocks
+    num_host_blocks: int = 0  # host tier blocks
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    preset: str = "h100-llama3-8b"  # worker.sim.PRESETS
+    vocab_size: int = 32000
+
+    def __post_init__(self):
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                     "vocab_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"ReplicaConfig: {name} must be a positive integer, got "
+                                 f"{getattr(self, name)!r}")
+        if self.num_host_blocks < 0:
+            raise ValueError(f"ReplicaConfig: num_host_blocks must be >= 0, got "
+                             f"{self.num_host_blocks}")
+        get_preset(self.preset)  # raises on an unknown preset
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt + output tokens at most: the engine caps it at its KV capacity."""
+        return self.num_blocks * self.block_size
+
+
+class SimReplica:
+    def __init__(self, replica_id: str, config: ReplicaConfig):
+        self.replica_id = replica_id
+        self.config = config
+        self.event_log = EventLog(replica_id, epoch=f"{replica_id}/sim")
+        self.kv = KVCacheManager(KVCacheConfig(
+            num_blocks=config.num_blocks, block_size=config.block_size,
+            num_host_blocks=config.num_host_blocks), self.event_log)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len), self.kv)
+        self.executor = SimExecutor(config.preset, vocab_size=config.vocab_size,
+                                    realtime=False, block_size=config.block_size)
+        self.failed: list[Request] = []  # could never be scheduled; the cluster drains it
+        self._step: StepInput | None = None
+        self._sampled: dict[str, int] = {}
+        self.num_steps = 0
+        self.num_tokens_computed = 0  # prefill (uncached, recomputed too) + decode tokens
+        self.busy_s = 0.0  # modelled time spent in steps
+
+    @property
+    def is_busy(self) -> bool:
+        """A step is in flight (between start_step and finish_step)."""
+        return self._step is not None
+
+    def add(self, req: Request) -> None:
+        self.scheduler.add(req)
+
+    def start_step(self) -> float | None:
+        """Schedules the next step and returns its modelled duration; None when there is
+        nothing to run. A request that can never fit fails, as in the live engine."""
+        assert self._step is None, "a step is already in flight"
+        scheduler = self.scheduler
+        while scheduler.has_work:
+            out = scheduler.schedule()
+            if out.is_empty:
+                req = scheduler.finish(scheduler.waiting[0].request_id, "error")
+                assert req is not None
+                self.failed.append(req)
+                continue
+            requests = scheduler.requests
+            sampling = {s.request_id: requests[s.request_id].sampling
+                        for s in out.step.seqs if s.sample}
+            self._sampled = self.executor.execute(out.step, sampling)
+            self._step = out.step
+            duration_s = self.executor.last_step_time_s
+            self.num_steps += 1
+            self.num_tokens_computed += out.step.num_tokens
+            self.busy_s += duration_s
+            return duration_s
+        return None
+
+    def finish_step(self) -> list[Request]:
+        """Applies the step in flight; returns the requests that got a token or finished."""
+        step, self._step = self._step, None
+        assert step is not None, "no step in flight"
+        return self.scheduler.update(step, self._sampled)
+
+    def stats(self) -> EngineStats:
+        # The live engine's own method: it reads only `scheduler` and `kv`, which we share.
+        return Engine.stats(self)  # type: ignore[arg-type]
+
+    def drain_events(self) -> EventBatch:
+        return self.event_log.drain()
+
+    def snapshot(self) -> Snapshot:
+        return self.kv.snapshot()

@@ -1,0 +1,83 @@
+"""bench_serving's client against a real engine (sim executor) behind a minimal OpenAI
+completions endpoint built from the gateway's own response shapes, in process (no Ray)."""
+
+import asyncio
+import json
+import uuid
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+from benchmarks import bench_serving
+from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator
+from benchmarks.simlib.prompts import TokenSource
+from benchmarks.simlib.workloads import multi_turn
+from router.responses import ResponseShape, sse
+from worker.api import EngineRequest, SamplingParams
+from worker.engine_config import EngineConfig
+from worker.engine_factory import build_engine
+
+
+def completions_app(engine):
+    async def completions(request: Request):
+        body = json.loads(await request.body())
+        prompt = body["prompt"]
+        token_ids = list(prompt.encode()) if isinstance(prompt, str) else prompt
+        req = EngineRequest(f"cmpl-{uuid.uuid4().hex}", token_ids, SamplingParams(
+            max_tokens=body["max_tokens"], ignore_eos=body["ignore_eos"]))
+        shape = ResponseShape.new("completion", req.request_id, "tiny")
+
+        async def stream():
+            usage = None
+            async for d in engine.generate(req):
+                yield sse(shape.chunk(d.text, d.finish_reason))
+                usage = d.usage or usage
+            yield sse(shape.usage_chunk(usage))
+            yield sse("[DONE]")
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+def engine():
+    return build_engine(EngineConfig(model="tiny", executor="sim", sim_preset="tiny",
+                                     num_blocks=256))
+
+
+def test_shared_prefix_groups_hit_their_prefix_after_the_first_request():
+    transport = httpx.ASGITransport(app=completions_app(engine()))
+    out = bench_serving.main(["--base-url", "http://test", "--workload",
+                              "generated_shared_prefix", "--set", "num_groups=2", "--set",
+                              "prompts_per_group=3", "--set", "system_prompt_len=64", "--set",
+                              "question_len=16", "--set", "output_len=4"], transport)
+    assert out["num_ok"] == out["num_requests"] == 6
+    assert out["prompt_tokens"] == 6 * 80 and out["completion_tokens"] == 6 * 4
+    # Per group, the first request computes the 4-block prefix; the other two hit it.
+    assert out["cached_tokens"] == 2 * 2 * 64
+
+
+def test_text_prompts_are_one_character_per_token():
+    transport = httpx.ASGITransport(app=completions_app(engine()))
+    out = bench_serving.main(["--base-url", "http://test", "--workload", "prefix_repetition",
+                              "--prompt-format", "text", "--max-requests", "3", "--set",
+                              "prefix_len=32", "--set", "suffix_len=8", "--set",
+                              "output_len=2"], transport)
+    assert out["num_ok"] == 3 and out["prompt_tokens"] == 3 * 40
+
+
+def test_a_round_is_sent_after_the_answer_to_the_previous_one_with_its_history():
+    workload = multi_turn(num_clients=2, num_rounds=2, request_len=32, output_len=3,
+                          rate_qps=float("inf"))
+    gen = LoadGenerator(LoadConfig("http://test", "tiny"), workload, TokenSource(0, 32, 127),
+                        httpx.ASGITransport(app=completions_app(engine())))
+    recs = {r.request_id: r for r in asyncio.run(gen.run())}
+    assert all(r.error is None for r in recs.values())
+    for c in range(2):
+        first, second = recs[f"mt-c{c}-r0"], recs[f"mt-c{c}-r1"]
+        assert second.sent_s >= first.done_s
+        assert second.prompt_tokens > first.prompt_tokens + 32  # history + answer + new
+        assert second.cached_tokens >= 32  # at least the first prompt's two full blocks

@@ -23,6 +23,8 @@ class RouterConfig:
     approximate: bool = False  # ignore events, use routed history only
     approx_capacity_blocks: int = 16384  # per replica, for approximate mode
     approx_ttl_s: float = 600.0  # a routed block is forgotten this long after its last use
+    # Routed hashes replayed into the history per decision while the fallback warms up.
+    fallback_warmup_blocks: int = 2048
     hash_prefix_blocks: int = 8  # consistent_hash keys on this many leading blocks
     seed: int = 0  # random policy
 
@@ -48,6 +50,9 @@ class RouterConfig:
                       f"{self.approx_capacity_blocks!r}")
         if not (math.isfinite(self.approx_ttl_s) and self.approx_ttl_s > 0):
             raise bad(f"approx_ttl_s must be finite and > 0, got {self.approx_ttl_s!r}")
+        if not isinstance(self.fallback_warmup_blocks, int) or self.fallback_warmup_blocks <= 0:
+            raise bad(f"fallback_warmup_blocks must be a positive integer, got "
+                      f"{self.fallback_warmup_blocks!r}")
         if not isinstance(self.hash_prefix_blocks, int) or self.hash_prefix_blocks <= 0:
             raise bad(f"hash_prefix_blocks must be a positive integer, got "
                       f"{self.hash_prefix_blocks!r}")

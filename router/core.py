@@ -71,7 +71,7 @@ class Router:
             replica_ids = list(dict.fromkeys(replica_ids))
         approximate = self.approximate
         if approximate and self.history.warming:
-            self.history.warm_one()
+            self.history.warm_step(self.config.fallback_warmup_blocks)
         # While the fallback's history is still warming up, the last event data (stale,
         # but better than a half-built history) decides, pending marks included.
         use_history = approximate and not self.history.warming
@@ -129,8 +129,8 @@ class Router:
         """While active, decide in approximate mode (the index is unreachable or stale).
 
         Turning it on starts building the history's LRU and index from what this router
-        routed, one replica per decision (a few ms each at 16k blocks per replica); until
-        every replica is replayed, decisions use the last event data (flagged approximate).
+        routed, `fallback_warmup_blocks` hashes per decision; until every replica is
+        replayed, decisions use the last event data (flagged approximate).
         """
         self._fallback = active
         self.history.set_active(active or self.config.approximate)

@@ -12,11 +12,11 @@ While the history is `active` (approximate mode, or the fallback) it also keeps,
 replica, a dict hash -> serial of its latest routing (the LRU: the oldest prompt's blocks
 that no later prompt refreshed are the least recently used, tail first, as the engine
 evicts them) and the bitmask index that `match` walks. While inactive (events are the
-truth) recording is O(1) per decision. Activation leaves every replica cold; `warm_one`
-replays one replica's FIFO (an LRU's contents depend only on the order of use, so one pass
-then one eviction gives the state step-by-step recording would have), so the cost of
-activation (about a second per million remembered blocks) is spread over as many calls as
-there are replicas. Neither structure holds per-block GC-tracked objects, so the cyclic
+truth) recording is O(1) per decision. Activation leaves every replica cold; `warm_step`
+replays about 2,048 routed hashes of cold replicas' FIFOs, oldest first (an LRU's contents
+depend only on the order of use, so a replay ends in the state step-by-step recording would
+have), so the cost of activation (about a second per million remembered blocks) is spread
+over many calls. Neither structure holds per-block GC-tracked objects, so the cyclic
 collector never walks them.
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
 
 from kv.hashing import BlockHash
 from router.bulk import delete_keys, keys_stamped
@@ -34,11 +35,14 @@ from router.index import PrefixIndex, PrefixMatch
 class _Routed:
     """One replica's routed blocks."""
 
-    __slots__ = ("warm", "last_serial", "queue", "num_queued", "next_serial")
+    __slots__ = ("warm", "replaying", "num_replayed", "last_serial", "queue", "num_queued",
+                 "next_serial")
 
     def __init__(self, warm: bool) -> None:
-        self.warm = warm  # LRU and index kept (history active, replica replayed)
-        self.last_serial: dict[BlockHash, int] = {}  # only while warm
+        self.warm = warm  # LRU and index kept for every entry (history active, replayed)
+        self.replaying = False  # being warmed: LRU and index kept for the first entries
+        self.num_replayed = 0  # while replaying: leading queue entries in the LRU and index
+        self.last_serial: dict[BlockHash, int] = {}  # only while warm or replaying
         # [serial, expires_at, hashes tail first, next position]: oldest prompt first
         self.queue: deque[list] = deque()
         self.num_queued = 0  # hashes in the queue from their entries' positions on
@@ -73,7 +77,7 @@ class RoutedHistory:
         return bool(cold)
 
     def set_active(self, active: bool) -> None:
-        """Starts keeping the LRU and index (replicas start cold: see `warm_one`) or stops
+        """Starts keeping the LRU and index (replicas start cold: see `warm_step`) or stops
         (dropping them)."""
         if active and not self._active:
             self._active = True
@@ -83,23 +87,35 @@ class RoutedHistory:
             self._cold.clear()
             self.index = PrefixIndex(clock=self.clock)
             for routed in self._routed.values():
-                routed.warm = False
+                routed.warm = routed.replaying = False
+                routed.num_replayed = 0
                 routed.last_serial = {}
 
-    def warm_one(self) -> None:
-        """Replays one cold replica's FIFO into its LRU and the index: O(2 x capacity)."""
-        if not self.warming:
-            return
-        rid = self._cold.popleft()
-        routed = self._routed[rid]
-        self._expire(rid, routed, self.clock())
-        routed.warm = True
-        seen = routed.last_serial
-        for serial, _, hashes, pos in routed.queue:
-            seen.update(dict.fromkeys(hashes[pos:], serial))
-        self.index.add_blocks(rid, "device", list(seen))
-        if len(seen) > self.capacity_blocks:
-            self._evict(rid, routed, len(seen) - self.capacity_blocks)
+    def warm_step(self, budget_blocks: int = 2048) -> None:
+        """Replays about `budget_blocks` routed hashes of cold replicas into their LRU and
+        the index, oldest first (whole prompts, so a little more)."""
+        now = self.clock()
+        while budget_blocks > 0 and self.warming:
+            rid = self._cold[0]
+            routed = self._routed[rid]
+            if not routed.replaying:
+                self._expire(rid, routed, now)
+                routed.replaying = True
+                self.index.slot_of(rid)
+            seen = routed.last_serial
+            for serial, _, hashes, pos in islice(routed.queue, routed.num_replayed, None):
+                part = hashes[pos:]
+                self.index.add_blocks(rid, "device", [h for h in part if h not in seen])
+                seen.update(dict.fromkeys(part, serial))
+                routed.num_replayed += 1
+                budget_blocks -= len(part)
+                if budget_blocks <= 0:
+                    break
+            if len(seen) > self.capacity_blocks:
+                self._evict(rid, routed, len(seen) - self.capacity_blocks)
+            if routed.num_replayed == len(routed.queue):
+                routed.warm, routed.replaying, routed.num_replayed = True, False, 0
+                self._cold.popleft()
 
     def record(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
         """The prompt's blocks are now assumed cached on the replica."""
@@ -147,10 +163,13 @@ class RoutedHistory:
         """Forgets the oldest routed prompt's blocks that no later prompt refreshed."""
         serial, _, hashes, pos = routed.queue.popleft()
         routed.num_queued -= len(hashes) - pos
-        if routed.warm:
-            gone = keys_stamped(routed.last_serial, hashes[pos:], serial)
-            delete_keys(routed.last_serial, gone)
-            self.index.remove_blocks(replica_id, "device", gone)
+        if routed.replaying and routed.num_replayed:
+            routed.num_replayed -= 1
+        elif not routed.warm:
+            return  # not in the LRU yet
+        gone = keys_stamped(routed.last_serial, hashes[pos:], serial)
+        delete_keys(routed.last_serial, gone)
+        self.index.remove_blocks(replica_id, "device", gone)
 
     def _evict(self, replica_id: str, routed: _Routed, num_blocks: int) -> None:
         """Evicts `num_blocks` least recently routed blocks, oldest prompt first, tail first."""
@@ -165,6 +184,8 @@ class RoutedHistory:
                 gone += live
                 routed.num_queued -= len(hashes) - pos
                 queue.popleft()
+                if routed.replaying:
+                    routed.num_replayed -= 1
             else:  # this prompt's tail goes, its head stays
                 gone += live[:need]
                 end = hashes.index(live[need - 1], pos) + 1
@@ -205,19 +226,25 @@ class RoutedHistory:
 
     def check_invariants(self) -> None:
         self.index.check_invariants()
-        warm = {rid for rid, routed in self._routed.items() if routed.warm}
-        assert set(self.index.replica_ids) == warm, "index replicas != warm replicas"
-        assert self._active or not warm, "an inactive history keeps no LRU"
+        kept = {rid for rid, routed in self._routed.items() if routed.warm or routed.replaying}
+        assert set(self.index.replica_ids) == kept, "index replicas != warm or replaying ones"
+        assert self._active or not kept, "an inactive history keeps no LRU"
         for rid, routed in self._routed.items():
             seen = routed.last_serial
             assert len(seen) <= self.capacity_blocks, f"{rid} over capacity"
-            if routed.warm:
+            assert not (routed.warm and routed.replaying), f"{rid} warm and replaying"
+            if routed.warm or routed.replaying:
                 assert seen.keys() == self.index.blocks_of(rid, "device"), f"{rid} != index"
-                queued = {(h, e[0]) for e in routed.queue for h in e[2][e[3]:]}
+                entries = list(routed.queue)
+                if routed.replaying:
+                    assert routed.num_replayed <= len(entries), f"{rid} replayed too far"
+                    entries = entries[: routed.num_replayed]
+                queued = {(h, e[0]) for e in entries for h in e[2][e[3]:]}
                 assert all((h, s) in queued for h, s in seen.items()), f"{rid}: a block never ages"
             else:
                 assert not seen, f"{rid}: a cold replica keeps no LRU"
-                assert not self._active or rid in self._cold, f"{rid} cold but not queued"
+            if self._active and not routed.warm:
+                assert rid in self._cold, f"{rid} cold but not queued for warming"
             assert routed.num_queued == sum(len(e[2]) - e[3] for e in routed.queue)
             serials = [e[0] for e in routed.queue]
             assert serials == sorted(serials), f"{rid} history out of order"

@@ -46,6 +46,7 @@ def snapshot(router: Router, replica_id: str, device=(), host=()) -> None:
     ({"approx_capacity_blocks": 0}, "approx_capacity_blocks must be a positive integer"),
     ({"approx_ttl_s": float("inf")}, "approx_ttl_s must be finite"),
     ({"hash_prefix_blocks": 0}, "hash_prefix_blocks must be a positive integer"),
+    ({"fallback_warmup_blocks": 0}, "fallback_warmup_blocks must be a positive integer"),
 ])
 def test_config_is_validated_with_clear_messages(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -163,7 +164,7 @@ def test_fallback_switches_to_history_and_back_to_events():
 
 
 def test_fallback_decides_from_last_events_until_every_replica_is_replayed():
-    router, _ = make_router()
+    router, _ = make_router(fallback_warmup_blocks=1)  # one routed prompt per decision
     p, q, z, y = prompt(0, 1, 2), prompt(7, 8), prompt(50, 51), prompt(60, 61)
     snapshot(router, "r1", device=p)
     snapshot(router, "r2", device=q)
@@ -171,7 +172,7 @@ def test_fallback_decides_from_last_events_until_every_replica_is_replayed():
     for request_id, hashes in (("a", p), ("b", q)):
         route(router, request_id, hashes)
         router.on_finished(request_id)
-    router.set_fallback(True)  # r1 and r2 have history to replay: one per decision
+    router.set_fallback(True)  # r1 and r2 have history to replay
     assert route(router, "c", z) == RoutingDecision("r3", 32, 0, True)  # events, stale
     router.on_finished("c")
     assert router.history.warming

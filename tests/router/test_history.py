@@ -71,10 +71,10 @@ def test_an_inactive_history_keeps_no_index_and_builds_it_on_activation():
         history.match([h(0)], ["a"])
     history.set_active(True)
     assert history.warming and history.index.replica_ids == []
-    history.warm_one()  # replica "a"
+    history.warm_step(budget_blocks=1)  # replica "a"
     history.check_invariants()
     assert history.warming and history.match([h(0)], ["a", "b"]) == {"a": PrefixMatch(1, 0)}
-    history.warm_one()
+    history.warm_step(budget_blocks=1)
     history.check_invariants()
     assert not history.warming
     assert history.match([h(0), h(2), h(3)], ["a", "b"]) == {"a": PrefixMatch(1, 0),
@@ -82,6 +82,28 @@ def test_an_inactive_history_keeps_no_index_and_builds_it_on_activation():
     history.set_active(False)
     history.check_invariants()
     assert history.index.replica_ids == []
+
+
+def test_warm_up_in_steps_survives_expiry_and_new_records_in_between():
+    clock = FakeClock()
+    history = RoutedHistory(capacity_blocks=100, ttl_s=10.0, clock=clock, active=False)
+    history.record("a", [h(1)])
+    clock.advance(5.0)
+    history.record("a", [h(2)])
+    clock.advance(1.0)
+    history.record("a", [h(3)])
+    history.set_active(True)
+    history.warm_step(budget_blocks=1)  # replays [h(1)] only
+    history.check_invariants()
+    clock.advance(4.0)  # t = 10: [h(1)] expires; a new prompt arrives mid-warm-up
+    history.record("a", [h(4)])
+    history.check_invariants()
+    assert history.warming
+    history.warm_step(budget_blocks=100)
+    history.check_invariants()
+    assert not history.warming
+    assert history.blocks_of("a") == {h(2), h(3), h(4)}
+    assert history.match([h(2)], ["a"]) == {"a": PrefixMatch(1, 0)}
 
 
 CAPACITY = 5
@@ -119,9 +141,9 @@ class HistoryMachine(RuleBasedStateMachine):
     def set_active(self, active):
         self.history.set_active(active)
 
-    @rule()
-    def warm_one(self):
-        self.history.warm_one()
+    @rule(budget=st.sampled_from([1, 3, 2048]))
+    def warm_step(self, budget):
+        self.history.warm_step(budget)
 
     @rule(seconds=st.sampled_from([0.0, 1.0, 3.0]))
     def advance(self, seconds):

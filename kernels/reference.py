@@ -117,10 +117,19 @@ def prefill_attention(
     out = torch.empty_like(q)
     starts = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
+    # Mixed batches are mostly decodes: one batched decode call serves every request with a
+    # single query, and only the real prefill chunks take the per-request loop below.
+    q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    single = (q_lens == 1).nonzero().squeeze(1)
+    if single.numel() > 1:
+        rows = cu_seqlens_q[:-1].long()[single]
+        out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[single],
+                                     seq_lens[single], scale)
+    batched = set(single.tolist()) if single.numel() > 1 else set()
     for i, seq_len in enumerate(lens):
         q_start, q_end = starts[i], starts[i + 1]
         q_len = q_end - q_start
-        if q_len == 0:
+        if q_len == 0 or i in batched:
             continue
         k = _gather_kv(k_cache, block_tables[i : i + 1], seq_len)
         v = _gather_kv(v_cache, block_tables[i : i + 1], seq_len)

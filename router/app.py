@@ -5,7 +5,7 @@ chart's RayService `serveConfigV2`) and what `kvroute serve` deploys. Args, all 
 
     model, replicas, tp, policy, block_size, engine, num_blocks, num_host_blocks,
     api_keys_file, approximate, max_model_len, gateways, cpus_per_rank, gpus_per_rank,
-    sim_preset, max_num_seqs, max_num_batched_tokens
+    sim_preset, max_num_seqs, max_num_batched_tokens, load_weight, pending_ttl_s
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class ServeArgs:
     sim_preset: str = "h100-llama3-8b"
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    load_weight: float | None = None  # RouterConfig's, when None
+    pending_ttl_s: float | None = None  # RouterConfig's, when None
 
     def __post_init__(self):
         for name in ("replicas", "tp", "block_size", "num_blocks", "gateways",
@@ -59,7 +61,15 @@ class ServeArgs:
             raise ValueError(f"engine must be 'real' or 'sim', got {self.engine!r}")
         if not isinstance(self.num_host_blocks, int) or self.num_host_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0, got {self.num_host_blocks!r}")
-        RouterConfig(policy=self.policy, block_size=self.block_size)  # validates the policy
+        RouterConfig(**self.router_args())  # validates the policy and its knobs
+
+    def router_args(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.policy, "block_size": self.block_size,
+                               "approximate": self.approximate}
+        for name in ("load_weight", "pending_ttl_s"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
     @classmethod
     def from_dict(cls, args: dict[str, Any]) -> ServeArgs:
@@ -76,7 +86,8 @@ class ServeArgs:
                             num_host_blocks=self.num_host_blocks,
                             max_model_len=self.max_model_len, sim_preset=self.sim_preset,
                             max_num_seqs=self.max_num_seqs,
-                            max_num_batched_tokens=self.max_num_batched_tokens)
+                            max_num_batched_tokens=self.max_num_batched_tokens,
+                            tp_launcher="ray")  # ranks 1..tp-1: actors in the replica's PG
 
 
 def served_max_model_len(args: ServeArgs, engine_config: EngineConfig) -> int:
@@ -101,8 +112,7 @@ def build_app(args: dict[str, Any]) -> Application:
         request_router_class=REQUEST_ROUTER_CLASS,
         request_router_kwargs={
             "model": engine_config.served_model_name,
-            "router": {"policy": serve_args.policy, "block_size": serve_args.block_size,
-                       "approximate": serve_args.approximate},
+            "router": serve_args.router_args(),
         },
     )
     resources = ReplicaResources(cpus_per_rank=serve_args.cpus_per_rank,

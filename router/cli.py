@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
                         "cache namespace. Without keys the server is open")
     p.add_argument("--approximate", action="store_true",
                    help="route on the router's own routing history instead of KV events")
+    p.add_argument("--load-weight", type=float, default=None,
+                   help="cache_aware: prefill tokens one token of queued work costs "
+                        "(default: the router's, 0.5)")
+    p.add_argument("--pending-ttl-s", type=float, default=None,
+                   help="how long a routed prompt's blocks count as cached on its replica "
+                        "before the replica's events confirm them (default: the router's, "
+                        "2 s; raise it when prefill queues are long, e.g. on CPU)")
     p.add_argument("--gateways", type=int, default=1, help="gateway (HTTP ingress) processes")
     p.add_argument("--host", default="127.0.0.1", help="HTTP listen address")
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
@@ -77,7 +84,8 @@ def serve_args_from(ns: argparse.Namespace, num_cpus: int | None) -> dict:
             "num_host_blocks": ns.host_blocks, "api_keys_file": ns.api_keys,
             "approximate": ns.approximate, "max_model_len": ns.max_model_len,
             "gateways": ns.gateways, "cpus_per_rank": cpus_per_rank,
-            "gpus_per_rank": ns.gpus_per_rank, "sim_preset": ns.sim_preset}
+            "gpus_per_rank": ns.gpus_per_rank, "sim_preset": ns.sim_preset,
+            "load_weight": ns.load_weight, "pending_ttl_s": ns.pending_ttl_s}
 
 
 def start_ray(address: str | None, num_cpus: int | None) -> None:

@@ -106,8 +106,8 @@ class CompletionRequest(_SamplingFields):
             if len(v) != 1:
                 raise ValueError("batched prompts are not supported; send one prompt")
             v = v[0]
-        if isinstance(v, list) and any(t < 0 for t in v):
-            raise ValueError("token ids must be >= 0")
+        if isinstance(v, list) and any(not 0 <= t < 2**32 for t in v):
+            raise ValueError("token ids must be in [0, 2**32)")
         if len(v) == 0:
             raise ValueError("the prompt is empty")
         return v
@@ -160,6 +160,13 @@ class PrefixRegisterRequest(BaseModel):
     model: StrictStr | None = None
     prompt: StrictStr | list[StrictInt] | None = None
     messages: list[ChatMessage] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _token_range(cls, v: str | list[int] | None) -> str | list[int] | None:
+        if isinstance(v, list) and any(not 0 <= t < 2**32 for t in v):
+            raise ValueError("token ids must be in [0, 2**32)")
+        return v
 
     @field_validator("messages")
     @classmethod

@@ -35,6 +35,9 @@ from router.router_metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 
+_SWEEP_AT_DECISIONS = 1024  # undispatched decisions kept before looking for abandoned ones
+_ABANDONED_AFTER_S = 60.0
+
 
 def gateway_process_id() -> str:
     """The Serve replica tag of this gateway process, else `pid-N` (a driver, a test)."""
@@ -58,7 +61,8 @@ class KVRouteRequestRouter(RequestRouter):
         self._pusher = MetricsPusher(f"router/{self.gateway_id}", self.metrics.registry,
                                      MetricsHubConfig(**(metrics or {})),
                                      before_push=self._refresh_gauges)
-        self._decisions: dict[str, tuple[Any, int, float]] = {}  # internal id -> decision
+        # internal request id -> (decision, prompt tokens, decision seconds, decided at)
+        self._decisions: dict[str, tuple[Any, int, float, float]] = {}
         self._routed: dict[str, str] = {}  # internal request id -> replica id
         self._started = False
 
@@ -90,7 +94,9 @@ class KVRouteRequestRouter(RequestRouter):
         elapsed_s = time.perf_counter() - start_s
         if reason is not None and not self.router.config.approximate:
             self.metrics.observe_fallback(reason)
-        self._decisions[request_id] = (decision, len(token_ids), elapsed_s)
+        self._decisions[request_id] = (decision, len(token_ids), elapsed_s, time.monotonic())
+        if len(self._decisions) > _SWEEP_AT_DECISIONS:
+            self._sweep_abandoned()
         return [[by_id[decision.replica_id]]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
@@ -99,7 +105,7 @@ class KVRouteRequestRouter(RequestRouter):
         entry = self._decisions.pop(request_id, None)
         if entry is None:
             return
-        decision, num_prompt_tokens, elapsed_s = entry
+        decision, num_prompt_tokens, elapsed_s, _ = entry
         self.metrics.observe_decision(decision, num_prompt_tokens, elapsed_s)
         self._routed[request_id] = replica_id.unique_id
         self._update_outstanding(replica_id.unique_id)
@@ -133,6 +139,15 @@ class KVRouteRequestRouter(RequestRouter):
             self._started = True
             self.mirror.start()
             self._pusher.start()
+
+    def _sweep_abandoned(self) -> None:
+        """Decisions never dispatched (the caller gave up while Serve was routing) get no
+        completion callback: release their load after a while."""
+        cutoff = time.monotonic() - _ABANDONED_AFTER_S
+        for request_id in [r for r, e in self._decisions.items() if e[3] < cutoff]:
+            del self._decisions[request_id]
+            with self._lock:
+                self.router.on_finished(request_id)
 
     def _drop_replica(self, replica_id: str, dead: bool) -> None:
         self.mirror.forget_replica(replica_id)

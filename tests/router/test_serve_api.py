@@ -180,6 +180,8 @@ BAD_REQUESTS = [
     ("/v1/completions", {}, b'{"model": "tiny", "prompt": ""}', 400, "invalid_value"),
     ("/v1/completions", {}, b'{"model": "tiny", "prompt": [1, 2, 99999]}', 400,
      "invalid_request"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": [1, 99999999999]}', 400,
+     "invalid_value"),
     ("/v1/completions", {}, json.dumps({"model": "tiny", "prompt": "y" * 5000}).encode(), 400,
      "context_length_exceeded"),
     ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "max_tokens": 100000}', 400,

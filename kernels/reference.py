@@ -14,6 +14,7 @@ clamps them so any padding value is safe to gather).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def write_kv(
@@ -44,20 +45,17 @@ def _gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int)
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """Masked softmax attention with GQA.
+    """Masked softmax attention with GQA, through torch's fused SDPA (no [.., M, S] score
+    tensor is materialized per head group by us; CPU and CUDA both have fused kernels).
 
     q [N, M, Hq, D], k/v [N, S, Hkv, D] fp32, mask [N, M, S] (True = attend).
     Returns [N, M, Hq, D] fp32.
     """
-    n, m, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[2]
-    group = num_heads // num_kv_heads
-    qg = q.reshape(n, m, num_kv_heads, group, head_dim)
-    scores = torch.einsum("nmhgd,nshd->nhgms", qg, k) * scale  # [N, Hkv, G, M, S]
-    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("nhgms,nshd->nmhgd", probs, v)
-    return out.reshape(n, m, num_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=mask[:, None], scale=scale, enable_gqa=True,
+    )  # [N, Hq, M, D]
+    return out.transpose(1, 2)
 
 
 def decode_attention(

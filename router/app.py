@@ -5,7 +5,8 @@ chart's RayService `serveConfigV2`) and what `kvroute serve` deploys. Args, all 
 
     model, replicas, tp, policy, block_size, engine, num_blocks, num_host_blocks,
     api_keys_file, approximate, max_model_len, gateways, cpus_per_rank, gpus_per_rank,
-    sim_preset, max_num_seqs, max_num_batched_tokens, load_weight, pending_ttl_s
+    sim_preset, max_num_seqs, max_num_batched_tokens, load_weight, pending_ttl_s,
+    host_cost_fraction
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class ServeArgs:
     max_num_batched_tokens: int = 2048
     load_weight: float | None = None  # RouterConfig's, when None
     pending_ttl_s: float | None = None  # RouterConfig's, when None
+    host_cost_fraction: float | None = None  # RouterConfig's, when None
 
     def __post_init__(self):
         for name in ("replicas", "tp", "block_size", "num_blocks", "gateways",
@@ -66,7 +68,7 @@ class ServeArgs:
     def router_args(self) -> dict[str, Any]:
         out: dict[str, Any] = {"policy": self.policy, "block_size": self.block_size,
                                "approximate": self.approximate}
-        for name in ("load_weight", "pending_ttl_s"):
+        for name in ("load_weight", "pending_ttl_s", "host_cost_fraction"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
@@ -93,7 +95,7 @@ class ServeArgs:
 def served_max_model_len(args: ServeArgs, engine_config: EngineConfig) -> int:
     """The engine's context limit, computed as the engine does (model, override, pool)."""
     model_config = load_model_config(resolve_model(args.model))
-    limit = engine_config.max_model_len or model_config.max_position_embeddings
+    limit = engine_config.max_model_len or model_config.max_model_len_tokens
     return min(limit, engine_config.num_blocks * engine_config.block_size)
 
 

@@ -56,6 +56,8 @@ class ReplicaRankZero:
 
 @pytest.fixture(scope="module")
 def ray_cpus():
+    if ray.is_initialized():  # another module's Ray: start our own, sized for this test
+        ray.shutdown()
     ray.init(num_cpus=4, include_dashboard=False)
     yield
     ray.shutdown()

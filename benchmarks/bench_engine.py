@@ -34,8 +34,9 @@ from worker.engine_config import EngineConfig  # noqa: E402
 from worker.engine_factory import build_engine  # noqa: E402
 from worker.random_checkpoint import write_random_checkpoint  # noqa: E402
 
-MODEL = dict(model_type="llama", vocab_size=4096, hidden_size=512, intermediate_size=1376,
-             num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+# Llama 3 proportions at a CPU-sized scale: MLP 3.5x hidden, GQA 4:1 (8B: 14336/4096, 32/8).
+MODEL = dict(model_type="llama", vocab_size=4096, hidden_size=512, intermediate_size=1792,
+             num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
              max_position_embeddings=8192, rms_norm_eps=1e-5, bos_token_id=None,
              eos_token_id=None)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import ray
@@ -82,6 +83,7 @@ class KVIndex:
 
     def __init__(self, config: IndexActorConfig | None = None):
         self._config = config or IndexActorConfig()
+        self.incarnation = uuid.uuid4().hex  # new after every (re)start of the actor
         self._replicas: dict[str, _Replica] = {}
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
         self._prefixes: dict[tuple[str, str], PrefixRecord] = {}
@@ -113,6 +115,9 @@ class KVIndex:
         if known:
             self._notify()
         return known
+
+    def get_incarnation(self) -> str:
+        return self.incarnation
 
     def replica_ids(self) -> list[str]:
         self._expire()

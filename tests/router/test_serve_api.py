@@ -1,4 +1,5 @@
-"""`kvroute serve` end to end on real Ray Serve: 2 replicas of the real `tiny` model.
+"""`kvroute serve` end to end on real Ray Serve: 2 replicas of the real `tiny` model, each
+tensor-parallel over 2 ranks (rank 1 a Ray actor in the replica's placement group, gloo).
 
 The official openai client, cache affinity and cached_tokens, tenants, pinned prefixes,
 client disconnects, and every kind of bad input (4xx, never 5xx, and the server goes on).
@@ -28,7 +29,7 @@ SHARED = "You are a meticulous assistant. Answer briefly and cite sources. " * 1
 def server(tmp_path_factory):
     keys_file = tmp_path_factory.mktemp("keys") / "keys.json"
     keys_file.write_text(json.dumps(KEYS))
-    args = {"model": "tiny", "replicas": 2, "engine": "real", "policy": "cache_aware",
+    args = {"model": "tiny", "replicas": 2, "tp": 2, "engine": "real", "policy": "cache_aware",
             "num_blocks": 256, "api_keys_file": str(keys_file), "cpus_per_rank": 0.5}
     with kvroute_server(args) as srv:
         yield srv

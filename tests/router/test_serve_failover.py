@@ -205,6 +205,14 @@ def _truth(replica_ids: list[str]) -> dict:
             for rid in replica_ids}
 
 
+def _call(method):
+    """An index actor call, or None while the actor restarts."""
+    try:
+        return ray.get(method.remote(), timeout=10)
+    except ray.exceptions.RayError:
+        return None
+
+
 def test_two_gateways_and_the_index_converge_to_the_replicas_contents(server):
     for i in range(6):
         assert _complete(server, SHARED + f"converge {i}")["status"] == 200
@@ -227,7 +235,10 @@ def test_two_gateways_and_the_index_converge_to_the_replicas_contents(server):
 
     # The index actor dies and is restarted by Ray: it rebuilds from the replicas'
     # snapshots, and the routers' mirrors converge again.
+    before = ray.get(index.get_incarnation.remote())
     ray.kill(index, no_restart=False)
+    wait_until(lambda: _call(index.get_incarnation) not in (None, before), 60,
+               "Ray to restart the index actor")
     wait_until(views_match, 60, "the mirrors to converge after an index actor restart")
 
 
@@ -268,9 +279,12 @@ def test_killed_replica_under_load(server):
     assert num_ok >= len(prompts) // 2  # the survivor's and the retried ones completed
 
     index = ray.get_actor(INDEX_ACTOR_NAME, namespace="kvroute")
-    wait_until(lambda: victim not in ray.get(index.replica_ids.remote())
-               and all(victim not in v for v in ray.get(index.router_views.remote()).values()),
-               30, "the index and every router to forget the dead replica")
+    def forgotten() -> bool:
+        replica_ids, views = _call(index.replica_ids), _call(index.router_views)
+        return (replica_ids is not None and views is not None and victim not in replica_ids
+                and all(victim not in view for view in views.values()))
+
+    wait_until(forgotten, 30, "the index and every router to forget the dead replica")
 
     new_ids = wait_until(lambda: (lambda ids: ids if len(ids) == 2 and victim not in ids
                                   else None)(server.replica_ids()),

@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--qps", type=float, default=None,
                    help="total request rate (inf: all at once); default: the workload's")
     p.add_argument("--time-scale", type=float, default=None,
-                   help="mooncake: speed-up of the trace's arrivals (default 1)")
+                   help="mooncake: speed-up of the trace's arrivals (default: replicas / 8, "
+                        "the published trace being the load of 8 replicas)")
     p.add_argument("--ladder", nargs="?", const="default", default=None,
                    help="run a rate ladder: comma-separated total QPS (mooncake: time "
                         "scales); no value: the workload's default ladder")
@@ -79,14 +80,13 @@ def router_base(args: argparse.Namespace, num_blocks: int) -> RouterConfig:
 def rates_per_replica(args: argparse.Namespace, d: ex.WorkloadDefaults) -> list[float]:
     """The per-replica rates (mooncake: time scales) to run, in increasing order."""
     n = args.replicas
+    per_total = 8 / n if args.workload == "mooncake" else 1 / n  # a time scale is per 8
     if args.ladder is None:
-        if args.workload == "mooncake":
-            return [args.time_scale if args.time_scale is not None else d.rate_per_replica]
-        return [args.qps / n if args.qps is not None else d.rate_per_replica]
+        total = args.time_scale if args.workload == "mooncake" else args.qps
+        return [total * per_total if total is not None else d.rate_per_replica]
     if args.ladder == "default":
         return list(d.ladder_per_replica)
-    values = [float(v) for v in args.ladder.split(",")]
-    return sorted(values if args.workload == "mooncake" else [v / n for v in values])
+    return sorted(float(v) * per_total for v in args.ladder.split(","))
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -28,8 +28,8 @@ MOONCAKE_TRACE = REPO_ROOT.parent / "shared" / "workloads" / "mooncake_synthetic
 @dataclass(frozen=True)
 class WorkloadDefaults:
     num_blocks: int  # device KV blocks per replica (16 tokens each)
-    rate_per_replica: float  # a single run's rate, req/s per replica (mooncake: time scale)
-    ladder_per_replica: tuple[float, ...]  # req/s per replica (mooncake: time scales)
+    rate_per_replica: float  # a single run's rate, req/s per replica (mooncake: see below)
+    ladder_per_replica: tuple[float, ...]  # req/s per replica (mooncake: see below)
     why: str
 
 
@@ -41,13 +41,13 @@ DEFAULTS: dict[str, WorkloadDefaults] = {
         16384, 1.0, (1.0, 1.25, 1.5, 1.75, 2.0, 2.5),
         "150 prefixes x 375 blocks = 56,250 blocks: 3.4 replicas' memory"),
     "multi_turn": WorkloadDefaults(
-        8192, 4.0, (1.0, 2.0, 4.0, 6.0, 8.0, 12.0),
+        8192, 8.0, (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0),
         "256 histories of up to 2,880 tokens = 46,080 blocks: 5.6 replicas' memory"),
     "prefix_repetition": WorkloadDefaults(
         2048, math.inf, (4.0, 8.0, 16.0, 32.0, math.inf),
         "10 prefixes of 256 tokens: small, any capacity holds them"),
     "mooncake": WorkloadDefaults(
-        25000, 1.0, (1.0, 2.0, 4.0, 6.0, 8.0),
+        25000, 1.0, (1.0, 2.0, 4.0, 8.0),
         "an H100 80 GB serving Llama 3 8B holds ~400k tokens of KV; the trace's shared "
         "blocks (9.3M tokens) need 23 replicas' memory"),
 }
@@ -55,8 +55,9 @@ DEFAULTS: dict[str, WorkloadDefaults] = {
 
 def build_workload(name: str, rate_per_replica: float, num_replicas: int, seed: int = 0,
                    quick: bool = False, trace: Path = MOONCAKE_TRACE) -> wl.Workload:
-    """The workload at `rate_per_replica` x `num_replicas` req/s (mooncake: the trace's own
-    arrivals sped up `rate_per_replica` times). `quick` shrinks it for smoke tests only."""
+    """The workload at `rate_per_replica` x `num_replicas` req/s. The Mooncake trace as
+    published counts as the load of 8 replicas: its arrivals are sped up
+    `rate_per_replica x num_replicas / 8` times. `quick` shrinks it for smoke tests only."""
     rate = rate_per_replica * num_replicas
     if name == "generated_shared_prefix":
         kw = dict(num_groups=8, prompts_per_group=4, output_len=16) if quick else {}
@@ -71,7 +72,7 @@ def build_workload(name: str, rate_per_replica: float, num_replicas: int, seed: 
         kw = dict(num_prompts=40, output_len=8) if quick else {}
         return wl.prefix_repetition(rate_qps=rate, seed=seed, **kw)
     if name == "mooncake":
-        return wl.mooncake(trace, time_scale=rate_per_replica,
+        return wl.mooncake(trace, time_scale=rate_per_replica * num_replicas / 8,
                            max_requests=60 if quick else None)
     raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(wl.WORKLOAD_NAMES)}")
 

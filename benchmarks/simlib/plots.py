@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib
@@ -24,11 +25,14 @@ def plot_ladder(by_label: dict[str, list[Summary]], title: str, path: Path,
         return edge if s.rate_qps == float("inf") else s.rate_qps
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for label, rows in by_label.items():
+    styles = [("o", "-"), ("s", "-"), ("x", "--"), ("^", ":"), ("v", ":"), ("D", "-."),
+              ("+", "-.")]  # overlapping lines stay visible
+    for k, (label, rows) in enumerate(by_label.items()):
         xs = [x_of(s) for s in rows]
-        axes[0].plot(xs, [s.ttft_p50_s for s in rows], marker="o", label=label)
-        axes[1].plot(xs, [s.ttft_p90_s for s in rows], marker="o", label=label)
-        axes[2].plot(xs, [s.throughput_tok_s for s in rows], marker="o", label=label)
+        marker, line = styles[k % len(styles)]
+        for ax, ys in zip(axes, ([s.ttft_p50_s for s in rows], [s.ttft_p90_s for s in rows],
+                                 [s.throughput_tok_s for s in rows])):
+            ax.plot(xs, ys, marker=marker, linestyle=line, label=label)
     for ax, name in zip(axes, ("TTFT p50 (s)", "TTFT p90 (s)", "output tokens/s")):
         ax.set_xlabel("offered load (req/s)" + (" ; right edge: all at once"
                                                 if edge in [x_of(s) for rows in
@@ -47,3 +51,15 @@ def plot_ladder(by_label: dict[str, list[Summary]], title: str, path: Path,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def replot(dump_path: Path) -> Path:
+    """Redraws a ladder's PNG (next to it) from the JSON that sim_routing wrote with it."""
+    dump = json.loads(dump_path.read_text())
+    by_label = {label: [Summary(**{"cpu_s": float("nan"), **row}) for row in rows]
+                for label, rows in dump["runs"].items()}  # cpu_s: absent from older dumps
+    a = dump["args"]
+    title = (f"{a['workload']}: {a['replicas']} replicas x {dump['result']['num_blocks']} "
+             f"blocks, {a['preset']}")
+    return plot_ladder(by_label, title, dump_path.with_suffix(".png"),
+                       dump["result"].get("saturation_rate_qps"))

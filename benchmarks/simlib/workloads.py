@@ -136,14 +136,17 @@ def prefix_repetition(num_prompts: int = 1000, num_prefixes: int = 10, prefix_le
 
 def multi_turn(num_clients: int = 256, num_rounds: int = 5, request_len: int = 512,
                output_len: int = 64, rate_qps: float = 16.0, seed: int = 0) -> Workload:
-    """Round r of client c is the (r * num_clients + c)-th Poisson tick, released no earlier
-    than round r - 1 of the same client finished."""
+    """Round r takes the Poisson ticks r * num_clients ... (r + 1) * num_clients - 1, its
+    clients in a random order (a fixed order would let round robin keep every client on
+    one replica whenever the replica count divides the client count); a round is released
+    no earlier than the same client's previous round finished."""
     arrivals = poisson_arrivals_s(num_clients * num_rounds, rate_qps, seed)
+    rng = np.random.default_rng([seed, 2])
     items = []
     for r in range(num_rounds):
-        for c in range(num_clients):
+        for k, c in enumerate(rng.permutation(num_clients)):
             items.append(WorkItem(
-                f"mt-c{c}-r{r}", float(arrivals[r * num_clients + c]),
+                f"mt-c{c}-r{r}", float(arrivals[r * num_clients + k]),
                 (Segment(f"multi_turn/c{c}.r{r}", request_len),), output_len,
                 parent_id=f"mt-c{c}-r{r - 1}" if r else None))
     return Workload("multi_turn", tuple(items))

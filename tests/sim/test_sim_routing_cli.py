@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import sim_routing
+from benchmarks.simlib.plots import replot
 
 SCRIPT = Path(sim_routing.__file__)
 KEYS = {"hit_rate", "pooled_bound_hit_rate", "hit_rate_over_bound", "load_share", "ttft_p90_s",
@@ -29,8 +30,11 @@ def test_a_ladder_writes_its_plot_and_summaries(tmp_path):
     dump = json.loads((tmp_path / "multi_turn_r2.json").read_text())
     assert set(dump["runs"]) == {"cache_aware", "round_robin", "approximate"}
     assert [len(v) for v in dump["runs"].values()] == [2, 2, 2]
-    assert (tmp_path / "multi_turn_r2.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert out["plot"] == str(tmp_path / "multi_turn_r2.png")
+    png = tmp_path / "multi_turn_r2.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out["plot"] == str(png)
+    png.unlink()
+    assert replot(tmp_path / "multi_turn_r2.json") == png and png.stat().st_size > 10_000
 
 
 def test_runs_repeat_exactly_across_processes_and_hash_seeds():

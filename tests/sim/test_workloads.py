@@ -37,7 +37,12 @@ def test_shared_prefix_defaults_are_llm_ds_with_poisson_arrivals():
 def test_multi_turn_rounds_continue_their_client():
     w = wl.multi_turn()
     assert w.num_requests == 256 * 5
-    assert w.items[0].parent_id is None and w.items[256].parent_id == "mt-c0-r0"
+    for it in w.items:
+        c, r = it.request_id.split("-")[1:]
+        assert it.parent_id == (f"mt-{c}-r{int(r[1:]) - 1}" if r != "r0" else None)
+    first_round = [it.request_id for it in w.items[:256]]
+    assert sorted(first_round) == sorted(f"mt-c{c}-r0" for c in range(256))
+    assert first_round != [f"mt-c{c}-r0" for c in range(256)]  # clients in random order
     assert {it.num_new_prompt_tokens for it in w.items} == {512}
     assert {it.max_tokens for it in w.items} == {64}
 

@@ -115,7 +115,7 @@ class IndexMirror:
             return False
 
     async def _run(self) -> None:
-        while True:
+        while ray.is_initialized():  # a driver that shut Ray down leaves this loop running
             if not await self.sync_once(self.config.poll_wait_s):
                 await asyncio.sleep(self.config.retry_interval_s)
 

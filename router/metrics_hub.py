@@ -175,7 +175,7 @@ class MetricsPusher:
                 pass
 
     async def _run(self) -> None:
-        while True:
+        while ray.is_initialized():  # a driver that shut Ray down leaves this loop running
             try:
                 await self.push_once()
             except Exception as err:  # hub restarting (or Ray going down): retry next tick

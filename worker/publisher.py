@@ -79,7 +79,7 @@ class ReplicaPublisher:
             log.warning("goodbye to the index actor failed: %s", err)
 
     async def _run(self) -> None:
-        while True:
+        while ray.is_initialized():
             try:
                 await self.publish_once()
             except Exception as err:  # RayError or Ray going down: the next tick retries

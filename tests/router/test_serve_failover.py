@@ -284,12 +284,17 @@ def test_killed_replica_under_load(server):
         return (replica_ids is not None and views is not None and victim not in replica_ids
                 and all(victim not in view for view in views.values()))
 
-    wait_until(forgotten, 30, "the index and every router to forget the dead replica")
+    wait_until(forgotten, 30, f"the index and every router to forget {victim}")
 
     new_ids = wait_until(lambda: (lambda ids: ids if len(ids) == 2 and victim not in ids
                                   else None)(server.replica_ids()),
                          120, "Serve to start a replacement replica")
     (newcomer,) = set(new_ids) - set(replica_ids)
+    # It publishes from its constructor; Serve routes to it once it is running, which both
+    # gateways' routers show by exporting its series.
+    wait_until(lambda: len(server.by_label("kvroute_router_replica_up", "gateway",
+                                           replica=newcomer)) == 2,
+               60, "both gateways to route to the replacement replica")
     for i in range(6):
         assert _complete(server, SHARED + f"after {i}")["status"] == 200
     wait_until(lambda: any(v > 0 for (g, r), v in _router_counts(server).items()

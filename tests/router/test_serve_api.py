@@ -8,6 +8,7 @@ client disconnects, and every kind of bad input (4xx, never 5xx, and the server 
 import json
 import math
 
+import httpx
 import openai
 import pytest
 
@@ -245,12 +246,25 @@ def test_prometheus_hit_rate_queries_return_what_the_engine_reports(server, prom
 
     now = wait_until(scraped_is_current, 30, "Prometheus to scrape the final counters")
 
+    def first_samples(name: str) -> dict[tuple, float]:
+        """Each series' oldest sample in the 5m window: rate() counts from there."""
+        resp = httpx.get(f"{prometheus}/api/v1/query", params={"query": f"{name}[5m]"},
+                         timeout=10)
+        return {tuple(sorted((k, v) for k, v in r["metric"].items()
+                             if k in ("replica", "medium"))): float(r["values"][0][1])
+                for r in resp.json()["data"]["result"]}
+
     def ratio(num: str, den: str) -> dict[str, float]:
+        """Per replica, what the counters grew by over the window: increase(num) /
+        increase(den), from the engine's own final values and the window's first sample."""
+        first = {name: first_samples(name) for name in (num, den)}
         sums: dict[str, list[float]] = {}
         for (name, labels), value in now.items():
             replica = dict(labels).get("replica")
             if name in (num, den) and replica:
-                sums.setdefault(replica, [0.0, 0.0])[name == den] += value
+                key = tuple(sorted((k, v) for k, v in labels if k in ("replica", "medium")))
+                grown = value - first[name].get(key, 0.0)
+                sums.setdefault(replica, [0.0, 0.0])[name == den] += grown
         return {r: n / d for r, (n, d) in sums.items() if d}
 
     engine = ratio("kvroute_engine_prefix_cache_hit_tokens_total",

@@ -294,7 +294,7 @@ def test_killed_replica_under_load(server):
     # gateways' routers show by exporting its series.
     wait_until(lambda: len(server.by_label("kvroute_router_replica_up", "gateway",
                                            replica=newcomer)) == 2,
-               60, "both gateways to route to the replacement replica")
+               180, "both gateways to route to the replacement replica")  # it loads first
     for i in range(6):
         assert _complete(server, SHARED + f"after {i}")["status"] == 200
     wait_until(lambda: any(v > 0 for (g, r), v in _router_counts(server).items()

@@ -144,7 +144,9 @@ def test_approximate_mode_predicts_from_routed_history_with_lru_and_ttl():
     router.on_finished("q4")
     assert router.index_blocks() == {"device": 8, "host": 0}
     clock.advance(10.0)
-    assert route(router, "q5", a) == RoutingDecision("r0", 0, 0, True)
+    # Nothing remembered: a tie at cost 128, load 0; it goes to the replica with the least
+    # work routed so far (r0 had q1..q4).
+    assert route(router, "q5", a) == RoutingDecision("r1", 0, 0, True)
 
 
 def test_fallback_switches_to_history_and_back_to_events():

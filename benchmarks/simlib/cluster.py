@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from benchmarks.simlib.pooled import PooledLRU
 from benchmarks.simlib.prompts import PromptBuilder, TokenSource
@@ -84,7 +84,6 @@ class RunResult:
     wall_s: float
     num_events: int
     num_snapshots: int
-    extra: dict = field(default_factory=dict)
 
 
 class ClusterSim:

@@ -11,7 +11,7 @@ question (1 block).
     1.001   C        S + c      100   B still runs (100 decode steps)
     1.002   D        T + d      100
 
-cache_aware: A ties everywhere (load 0, no match) -> r0, the first candidate. B: r0 holds
+cache_aware: A ties everywhere (load 0, no match, no work routed yet) -> r0. B: r0 holds
 S, cost 16 + 0.5 x 0 < 80 -> r0, 64 hit tokens. C: r0 load = B's 16 + 100 = 116 tokens,
 cost 16 + 58 = 74 < 80 on r1 -> r0, 64 hit tokens. D: nobody holds T; r0 load 232 -> cost
 80 + 116 = 196 > 80 on r1 -> r1, no hit. Approximate mode decides the same from its routed

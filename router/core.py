@@ -77,27 +77,23 @@ class Router:
         use_history = approximate and not self.history.warming
         source = self.history if use_history else self.index
         policy = self.policy
-        matches = source.match(block_hashes, replica_ids) if policy.uses_index else {}
+        confirmed: dict[str, int] = {}  # device runs that pending marks carried on
+        matches = (source.match(block_hashes, replica_ids, confirmed) if policy.uses_index
+                   else {})
         query = RouteQuery(request_id, block_hashes, num_prompt_tokens, max_tokens, replica_ids)
         replica_id = policy.choose(query, ReplicaView(matches, self.loads.load))
         if replica_id not in replica_ids:
             raise RuntimeError(f"policy {policy.name} chose {replica_id!r}, not a candidate")
         if not policy.uses_index:
-            matches = source.match(block_hashes, (replica_id,))
+            matches = source.match(block_hashes, (replica_id,), confirmed)
         match = matches.get(replica_id)
         device_tokens, host_tokens = (match.hit_tokens(block_size, num_prompt_tokens)
                                       if match else (0, 0))
 
         if not use_history:
             # Mark from the end of the confirmed device run: the blocks this request computes
-            # or copies in, and pending ones it refreshes. Without marks on the replica its
-            # device run is all confirmed, so the walk already measured it.
-            if match is None:
-                num_confirmed = 0
-            elif self.index.has_pending(replica_id):
-                num_confirmed = self.index.num_confirmed_device_blocks(replica_id, block_hashes)
-            else:
-                num_confirmed = match.num_device_blocks
+            # or copies in, and pending ones it refreshes. The walk measured that run.
+            num_confirmed = confirmed.get(replica_id, match.num_device_blocks if match else 0)
             self.index.mark_pending(replica_id, block_hashes[num_confirmed:])
         self.history.record(replica_id, block_hashes)
         prefill_tokens = (num_prompt_tokens - device_tokens - host_tokens

@@ -143,10 +143,11 @@ class RoutedHistory:
         while routed.num_queued - (len(queue[0][2]) - queue[0][3]) >= 2 * self.capacity_blocks:
             self._pop_oldest(replica_id, routed)  # what is left still spans 2 x capacity
 
-    def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str]
-              ) -> dict[str, PrefixMatch]:
+    def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str],
+              confirmed: dict[str, int] | None = None) -> dict[str, PrefixMatch]:
         """Like `PrefixIndex.match`, from the routed history; needs `active` (while
-        `warming`, cold replicas have no match)."""
+        `warming`, cold replicas have no match). There are no pending marks here, so
+        `confirmed` stays as given."""
         if not self._active:
             raise RuntimeError("RoutedHistory.match needs an active history")
         now = self.clock()

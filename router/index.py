@@ -203,12 +203,15 @@ class PrefixIndex:
 
     # -- lookups ---------------------------------------------------------------------------
 
-    def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str]
-              ) -> dict[str, PrefixMatch]:
+    def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str],
+              confirmed: dict[str, int] | None = None) -> dict[str, PrefixMatch]:
         """Every candidate replica's cached prefix of the prompt, in one walk.
 
         Returns only replicas with at least one cached block; a candidate the index has
-        never heard of has none.
+        never heard of has none. When `confirmed` is given, it receives, for each replica
+        whose device run a pending mark carried on, how many leading blocks events confirm
+        there (`num_confirmed_device_blocks` without a second walk); for the others that
+        number is their `num_device_blocks`.
         """
         self.pending.expire(self.clock())
         replicas = self._replicas
@@ -224,6 +227,8 @@ class PrefixIndex:
         pend_by_bit, pend_bits = self.pending.by_bit, self.pending.bits_mask
         device_ends: list[tuple[int, int]] = []  # (device bits, device run length)
         total_ends: list[tuple[int, int]] = []  # (device bits, cached prefix length)
+        carried = 0  # device bits whose run a pending mark has carried on
+        confirmed_ends: list[tuple[int, int]] = []  # (device bit, its confirmed run length)
         for i, h in enumerate(block_hashes):
             m = masks_get(h, 0)
             if alive & m == alive:
@@ -236,6 +241,9 @@ class PrefixIndex:
                 bit = rescued & -rescued
                 if h in pend_by_bit[bit]:
                     device_ending ^= bit
+                    if not carried & bit:
+                        carried |= bit
+                        confirmed_ends.append((bit, i))
                 rescued ^= bit
             if device_ending:
                 device_ends.append((device_ending, i))
@@ -253,6 +261,9 @@ class PrefixIndex:
             n = len(block_hashes)
             device_ends.append((alive & device_bits, n))
             total_ends.append(((alive & device_bits) | ((alive >> 1) & device_bits), n))
+        if confirmed is not None:
+            for bit, n in confirmed_ends:
+                confirmed[self._replica_of_slot[(bit.bit_length() - 1) >> 1]] = n
         return collect_matches(device_ends, total_ends, self._replica_of_slot)
 
     def num_confirmed_device_blocks(self, replica_id: str,

@@ -144,7 +144,16 @@ class IndexMachine(RuleBasedStateMachine):
         for prompt in PROMPTS:
             want = {r: m for r in REPLICAS
                     if (m := self._naive_match(prompt, r)).num_cached_blocks}
-            assert self.index.match(prompt, REPLICAS) == want
+            confirmed: dict[str, int] = {}
+            assert self.index.match(prompt, REPLICAS, confirmed) == want
+            for r, m in want.items():  # the walk's confirmed runs equal a walk of events only
+                got = confirmed.get(r, m.num_device_blocks)
+                assert got == self.index.num_confirmed_device_blocks(r, prompt), (r, prompt)
+                num_events_only = 0
+                while (num_events_only < len(prompt)
+                       and prompt[num_events_only] in self.view[r]["device"]):
+                    num_events_only += 1
+                assert got == min(num_events_only, m.num_device_blocks), (r, prompt)
         alive = sum(1 for t in self.pending.values() if t > self.clock.now)
         assert len(self.index.pending) == alive
 

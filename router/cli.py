@@ -52,9 +52,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="cache_aware: prefill tokens one token of queued work costs "
                         "(default: the router's, 0.5)")
     p.add_argument("--pending-ttl-s", type=float, default=None,
-                   help="how long a routed prompt's blocks count as cached on its replica "
-                        "before the replica's events confirm them (default: the router's, "
-                        "2 s; raise it when prefill queues are long, e.g. on CPU)")
+                   help="a routed prompt's blocks count as cached on its replica until "
+                        "the replica's events confirm them, while the request is "
+                        "outstanding and this long after it finished (default: the "
+                        "router's, 2 s)")
     p.add_argument("--gateways", type=int, default=1, help="gateway (HTTP ingress) processes")
     p.add_argument("--host", default="127.0.0.1", help="HTTP listen address")
     p.add_argument("--port", type=int, default=8000, help="HTTP port")

@@ -19,7 +19,9 @@ class RouterConfig:
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded
     # before the cache gain must pay for the gap in full (cache_aware); inf turns it off.
     imbalance_threshold: float = 16384.0
-    pending_ttl_s: float = 2.0  # how long a routed, unconfirmed block counts as cached
+    # A routed block counts as cached on its replica until an event confirms it, while its
+    # request is outstanding and this long after it finished.
+    pending_ttl_s: float = 2.0
     approximate: bool = False  # ignore events, use routed history only
     approx_capacity_blocks: int = 16384  # per replica, for approximate mode
     approx_ttl_s: float = 600.0  # a routed block is forgotten this long after its last use

@@ -48,6 +48,8 @@ class Router:
                                      active=config.approximate)
         self.loads = LoadTracker()
         self._fallback = False
+        # request id -> (replica, the blocks it holds pending there), until `on_finished`
+        self._held: dict[str, tuple[str, Sequence[BlockHash]]] = {}
 
     @property
     def approximate(self) -> bool:
@@ -94,7 +96,10 @@ class Router:
             # Mark from the end of the confirmed device run: the blocks this request computes
             # or copies in, and pending ones it refreshes. The walk measured that run.
             num_confirmed = confirmed.get(replica_id, match.num_device_blocks if match else 0)
-            self.index.mark_pending(replica_id, block_hashes[num_confirmed:])
+            held = block_hashes[num_confirmed:]
+            self._release_held(request_id)
+            self.index.mark_pending(replica_id, held, held=True)
+            self._held[request_id] = (replica_id, held)
         self.history.record(replica_id, block_hashes)
         prefill_tokens = (num_prompt_tokens - device_tokens - host_tokens
                           + self.config.host_cost_fraction * host_tokens)
@@ -102,8 +107,15 @@ class Router:
         return RoutingDecision(replica_id, device_tokens, host_tokens, approximate)
 
     def on_finished(self, request_id: str) -> None:
-        """Drops the request's outstanding work (unknown ids are ignored)."""
+        """Drops the request's outstanding work, and starts the TTL of its pending marks
+        (unknown ids are ignored)."""
         self.loads.finish(request_id)
+        self._release_held(request_id)
+
+    def _release_held(self, request_id: str) -> None:
+        entry = self._held.pop(request_id, None)
+        if entry is not None:
+            self.index.release_pending(*entry)
 
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
         self.loads.update_stats(replica_id, stats)
@@ -120,6 +132,8 @@ class Router:
         self.index.remove_replica(replica_id)
         self.history.remove_replica(replica_id)
         self.loads.remove_replica(replica_id)
+        for request_id in [r for r, (rep, _) in self._held.items() if rep == replica_id]:
+            del self._held[request_id]  # its marks went with the replica
 
     def set_fallback(self, active: bool) -> None:
         """While active, decide in approximate mode (the index is unreachable or stale).

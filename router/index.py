@@ -186,11 +186,23 @@ class PrefixIndex:
 
     # -- pending marks ---------------------------------------------------------------------
 
-    def mark_pending(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
-        """Marks blocks as about to be computed on the replica (see router.pending)."""
+    def mark_pending(self, replica_id: str, block_hashes: Sequence[BlockHash],
+                     held: bool = False) -> None:
+        """Marks blocks as about to be computed on the replica (see router.pending): held
+        until `release_pending` with the same blocks, or for the TTL."""
         now = self.clock()
         self.pending.expire(now)
-        self.pending.mark(self._replica(replica_id).device_bit, block_hashes, now)
+        bit = self._replica(replica_id).device_bit
+        if held:
+            self.pending.hold(bit, block_hashes)
+        else:
+            self.pending.mark(bit, block_hashes, now)
+
+    def release_pending(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+        """The request that held these marks finished: their TTL starts now."""
+        rep = self._replicas.get(replica_id)
+        if rep is not None:
+            self.pending.release(rep.device_bit, block_hashes, self.clock())
 
     def has_pending(self, replica_id: str) -> bool:
         """True when the replica has pending marks (its device runs may include some)."""

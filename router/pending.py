@@ -2,14 +2,20 @@
 
 A request routed to replica slot s marks its blocks pending on s at once, so the requests of
 a burst that share its prefix follow it before the replica has published anything. A mark
-ends when an event confirms the block on s (device) or when it expires `ttl_s` after it was
-last set, so a request that never ran (failed, aborted) stops attracting traffic.
+is held while its request is outstanding: a request can wait in a long queue before its
+prefill runs and its events arrive, and a mark that expired meanwhile would scatter the
+requests that share its prefix. A mark ends when an event confirms the block on s (device),
+or `ttl_s` after the last request holding it finished (its events may still be on their
+way), so a request that never ran (failed, aborted) stops attracting traffic. Marks set
+with `mark` are held by no request and expire `ttl_s` after they were set.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import ge, sub
 
 from kv.hashing import BlockHash
 from router.bulk import delete_keys, keys_stamped
@@ -21,16 +27,17 @@ class PendingMarks:
     A replica is named by its device bit in the index's bitmasks. Marks are kept per
     replica, not in one hash -> bitmask dict: the walk asks about them only when a replica's
     confirmed device run is about to end, while marking and expiring (every decision,
-    hundreds of hashes) become bulk updates of small per-replica dicts. Marks expire in the
-    order they were set (one TTL for all), so expiry pops a FIFO.
+    hundreds of hashes) become bulk updates of small per-replica dicts. A mark's value is
+    its expiry time (> 0), or minus the number of outstanding requests holding it. Timed
+    marks expire in the order they were set (one TTL for all), so expiry pops a FIFO.
     """
 
     def __init__(self, ttl_s: float):
         if not ttl_s > 0:
             raise ValueError(f"pending ttl_s must be positive, got {ttl_s}")
         self.ttl_s = ttl_s
-        # replica bit -> {hash: expires_at}; a replica's latest mark of a hash wins, queue
-        # entries of earlier marks of it are stale and skipped
+        # replica bit -> {hash: expires_at > 0, or -holders}; a replica's latest timed mark
+        # of a hash wins, queue entries of earlier ones are stale and skipped
         self.by_bit: dict[int, dict[BlockHash, float]] = {}
         self.bits_mask = 0  # bits of the replicas with at least one mark
         self._queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
@@ -43,26 +50,66 @@ class PendingMarks:
         return frozenset(self.by_bit.get(bit, ()))
 
     def mark(self, bit: int, block_hashes: Sequence[BlockHash], now: float) -> None:
+        """Marks blocks for `ttl_s` from now (blocks held by a request stay held)."""
+        mine = self.by_bit.get(bit)
+        hashes = (tuple(compress(block_hashes, map(ge, map(mine.get, block_hashes,
+                                                           repeat(0.0)), repeat(0.0))))
+                  if mine else tuple(block_hashes))
+        self._stamp(bit, hashes, now + self.ttl_s)
+
+    def hold(self, bit: int, block_hashes: Sequence[BlockHash]) -> None:
+        """Marks blocks for a request until it `release`s them (no expiry meanwhile)."""
         if not block_hashes:
             return
-        hashes = tuple(block_hashes)
-        expires_at = now + self.ttl_s
+        mine = self._mine(bit)
+        # -1 for a new or timed mark, one more holder for a held one
+        mine.update(zip(block_hashes, map(sub, map(min, map(mine.get, block_hashes,
+                                                            repeat(0.0)), repeat(0.0)),
+                                          repeat(1.0))))
+
+    def release(self, bit: int, block_hashes: Sequence[BlockHash], now: float) -> None:
+        """The request that `hold`s these blocks finished: the marks no other request holds
+        expire `ttl_s` from now. Marks confirmed (or forgotten) meanwhile are gone already.
+        Holders are counted, not named: if a block was confirmed, evicted and held again
+        by a newer request meanwhile, this release starts its TTL early (rare, and only
+        shortens a mark).
+        """
+        mine = self.by_bit.get(bit)
+        if mine is None:
+            return
+        ended = []
+        for h in block_hashes:
+            n = mine.get(h)
+            if n is None or n > 0:
+                continue  # confirmed, or held no more
+            if n < -1.0:
+                mine[h] = n + 1.0
+            else:
+                ended.append(h)
+        self._stamp(bit, ended, now + self.ttl_s)
+
+    def _mine(self, bit: int) -> dict[BlockHash, float]:
         mine = self.by_bit.get(bit)
         if mine is None:
             mine = self.by_bit[bit] = {}
             self.bits_mask |= bit
-        mine.update(dict.fromkeys(hashes, expires_at))
-        self._queue.append((expires_at, bit, hashes))
+        return mine
+
+    def _stamp(self, bit: int, hashes: Sequence[BlockHash], expires_at: float) -> None:
+        if hashes:
+            hashes = tuple(hashes)
+            self._mine(bit).update(dict.fromkeys(hashes, expires_at))
+            self._queue.append((expires_at, bit, hashes))
 
     def expire(self, now: float) -> None:
-        """Drops every mark whose TTL has run out (`expires_at <= now`)."""
+        """Drops every timed mark whose TTL has run out (`expires_at <= now`)."""
         queue = self._queue
         while queue and queue[0][0] <= now:
             expires_at, bit, hashes = queue.popleft()
             mine = self.by_bit.get(bit)
             if mine is None:
                 continue
-            # marks refreshed or confirmed since carry another expiry, or none: they stay
+            # marks refreshed, held or confirmed since carry another value, or none: they stay
             delete_keys(mine, keys_stamped(mine, hashes, expires_at))
             if not mine:
                 self._drop(bit)
@@ -92,8 +139,12 @@ class PendingMarks:
         for bit, mine in self.by_bit.items():
             assert mine, f"empty pending entry for bit {bit:#x}"
             bits |= bit
-            for h, expires_at in mine.items():
-                assert (h, bit, expires_at) in queued, f"mark {h.hex()} never expires"
+            for h, value in mine.items():
+                assert value != 0, f"mark {h.hex()} neither timed nor held"
+                if value > 0:
+                    assert (h, bit, value) in queued, f"mark {h.hex()} never expires"
+                else:
+                    assert value == int(value), f"mark {h.hex()}: {value} holders"
         assert self.bits_mask == bits, "pending bits mask != replicas with marks"
         times = [t for t, _, _ in self._queue]
         assert times == sorted(times), "pending queue out of expiry order"

@@ -70,9 +70,41 @@ def test_burst_of_same_prefix_requests_lands_on_one_replica_before_any_event():
     assert [d.replica_id for d in decisions] == ["r0"] * 8
     assert [d.predicted_device_hit_tokens for d in decisions] == [0] + [512] * 7
     assert router.index.match(burst, REPLICAS) == {"r0": (32, 0)}
-    clock.advance(2.0)  # no event came: the marks expire
+    clock.advance(60.0)  # queued for a minute, no event yet: the marks are held
+    assert router.index.match(burst, REPLICAS) == {"r0": (32, 0)}
+    for i in range(7):
+        router.on_finished(f"q{i}")
+    clock.advance(60.0)  # one request still holds them
+    assert router.index.match(burst, REPLICAS) == {"r0": (32, 0)}
+    router.on_finished("q7")
+    clock.advance(1.9)  # its events may still be on their way
+    assert router.index.match(burst, REPLICAS) == {"r0": (32, 0)}
+    clock.advance(0.1)  # no event came within the TTL: the marks expire
     assert router.index.match(burst, REPLICAS) == {}
+    router.check_invariants()
     assert route(router, "q8", burst, max_tokens=16) == RoutingDecision("r1", 0, 0, False)
+
+
+def test_a_held_mark_confirmed_by_an_event_ends_with_the_event():
+    router, clock = make_router(pending_ttl_s=2.0)
+    route(router, "q0", prompt(0, 1, 2))
+    snapshot(router, "r0", device=prompt(0, 1))  # block 2 not computed yet
+    assert len(router.index.pending) == 1
+    router.on_finished("q0")  # e.g. aborted before its last block was computed
+    clock.advance(2.0)
+    assert router.index.match(prompt(0, 1, 2), REPLICAS) == {"r0": (2, 0)}
+    assert len(router.index.pending) == 0
+    router.check_invariants()
+
+
+def test_a_removed_replica_takes_its_held_marks_along():
+    router, clock = make_router()
+    route(router, "q0", prompt(0, 1))
+    router.remove_replica("r0")
+    router.on_finished("q0")  # a no-op: the replica (and its slot's marks) are gone
+    assert router.index.match(prompt(0, 1), REPLICAS) == {}
+    assert len(router.index.pending) == 0
+    router.check_invariants()
 
 
 def test_events_confirm_pending_marks():
@@ -81,6 +113,7 @@ def test_events_confirm_pending_marks():
     assert len(router.index.pending) == 3
     snapshot(router, "r0", device=prompt(0, 1))
     assert len(router.index.pending) == 1  # block 2 is still being computed
+    router.on_finished("q0")
     clock.advance(5.0)
     assert router.index.match(prompt(0, 1, 2), REPLICAS) == {"r0": (2, 0)}
 
@@ -92,9 +125,11 @@ def test_marks_cover_only_unconfirmed_blocks_and_followers_refresh_them():
     assert router.index.pending_blocks("r2") == set(prompt(4, 5))
     clock.advance(1.5)
     assert route(router, "q1", prompt(0, 1, 2, 3, 4, 5)) == RoutingDecision("r2", 96, 0, False)
-    clock.advance(1.0)  # q0's marks are 2.5 s old; q1 refreshed them
+    router.on_finished("q0")
+    clock.advance(2.5)  # q0 is done and its TTL has run out; q1 still holds the marks
     assert router.index.match(prompt(0, 1, 2, 3, 4, 5), REPLICAS) == {"r2": (6, 0)}
-    clock.advance(1.0)
+    router.on_finished("q1")
+    clock.advance(2.0)
     assert router.index.match(prompt(0, 1, 2, 3, 4, 5), REPLICAS) == {"r2": (4, 0)}
 
 

@@ -3,8 +3,9 @@
 The model keeps, per replica, the dict-of-sets contents the index should mirror: the
 producer's true contents as of the last event the index applied (the test records the true
 contents at every drained batch's end). Pending marks are a dict (hash, replica) ->
-expiry. After every step the index's invariants hold and its prefix matches equal the
-model's, computed the slow way.
+expiry, or minus the number of outstanding requests holding the mark. After every step
+the index's invariants hold and its prefix matches equal the model's, computed the slow
+way.
 """
 
 import copy
@@ -41,6 +42,7 @@ class IndexMachine(RuleBasedStateMachine):
         self.truth_at = {}  # (epoch, next_seq) -> true contents after that event
         self.view = {r: empty() for r in REPLICAS}  # what the index should hold
         self.pending = {}  # (hash, replica) -> expires_at
+        self.requests = []  # outstanding (replica, held hashes)
         self.held = []  # drained batches not delivered yet
         self.num_epochs = 1
 
@@ -112,7 +114,28 @@ class IndexMachine(RuleBasedStateMachine):
     def mark_pending(self, r, prompt, start):
         self.index.mark_pending(r, prompt[start:])
         for x in prompt[start:]:
-            self.pending[(x, r)] = self.clock.now + TTL_S
+            if self.pending.get((x, r), 0) >= 0:  # a held mark stays held
+                self.pending[(x, r)] = self.clock.now + TTL_S
+
+    @rule(r=st.sampled_from(REPLICAS), prompt=st.sampled_from(PROMPTS),
+          start=st.integers(0, 3))
+    def hold_pending(self, r, prompt, start):
+        hashes = prompt[start:]
+        self.index.mark_pending(r, hashes, held=True)
+        self.requests.append((r, hashes))
+        for x in hashes:
+            self.pending[(x, r)] = min(self.pending.get((x, r), 0), 0) - 1
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def release_pending(self, data):
+        r, hashes = self.requests.pop(data.draw(st.integers(0, len(self.requests) - 1)))
+        self.index.release_pending(r, hashes)
+        for x in hashes:
+            holders = self.pending.get((x, r))
+            if holders is None or holders > 0:
+                continue  # confirmed since, or timed again after the last holder left
+            self.pending[(x, r)] = holders + 1 if holders < -1 else self.clock.now + TTL_S
 
     @rule(seconds=st.sampled_from([1.0, 4.0]))
     def advance(self, seconds):
@@ -123,10 +146,11 @@ class IndexMachine(RuleBasedStateMachine):
         self.index.remove_replica(r)
         self.view[r] = empty()
         self.pending = {k: t for k, t in self.pending.items() if k[1] != r}
+        self.requests = [(rr, hashes) for rr, hashes in self.requests if rr != r]
 
     def _naive_match(self, prompt, r):
         device = self.view[r]["device"] | {
-            x for (x, rr), t in self.pending.items() if rr == r and t > self.clock.now}
+            x for (x, rr), t in self.pending.items() if rr == r and (t > self.clock.now or t < 0)}
         num_device = 0
         while num_device < len(prompt) and prompt[num_device] in device:
             num_device += 1
@@ -154,7 +178,7 @@ class IndexMachine(RuleBasedStateMachine):
                        and prompt[num_events_only] in self.view[r]["device"]):
                     num_events_only += 1
                 assert got == min(num_events_only, m.num_device_blocks), (r, prompt)
-        alive = sum(1 for t in self.pending.values() if t > self.clock.now)
+        alive = sum(1 for t in self.pending.values() if t > self.clock.now or t < 0)
         assert len(self.index.pending) == alive
 
 

@@ -1,9 +1,9 @@
 """The gateway's calls to engine replicas: routed streams, retries, clear errors.
 
-A call that fails because its replica died (or is unreachable) before anything was streamed
-is retried on another replica (the request router has dropped the dead one by then); once a
-delta has reached the caller it cannot be retried, and the caller gets `ReplicaLost`. Bad
-input from the engine (`EngineInputError`) becomes a 400.
+A call that fails because its replica died, is unreachable or is shutting down before
+anything was streamed is retried on another replica (the request router has dropped a dead
+one by then); once a delta has reached the caller it cannot be retried, and the caller gets
+`ReplicaLost`. Bad input from the engine (`EngineInputError`) becomes a 400.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import ray
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from router.openai_schema import APIError
-from worker.api import EngineInputError, EngineRequest, TokenDelta
+from worker.api import EngineInputError, EngineRequest, EngineUnavailableError, TokenDelta
 
 log = logging.getLogger(__name__)
 
-# Errors that mean "this replica is gone or unreachable", not "the request is bad".
+# Errors that mean "this replica is gone, unreachable or closing", not "the request is bad".
 REPLICA_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
-                  DeploymentUnavailableError, BackPressureError)
+                  DeploymentUnavailableError, BackPressureError, EngineUnavailableError)
 
 
 class ReplicaLost(Exception):

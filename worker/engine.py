@@ -21,6 +21,7 @@ from worker.api import (
     EngineInputError,
     EngineRequest,
     EngineStats,
+    EngineUnavailableError,
     SamplingParams,
     TokenDelta,
     Usage,
@@ -146,7 +147,7 @@ class Engine:
 
     def _admit(self, request: EngineRequest) -> Request:
         if self._closed:
-            raise EngineInputError("the engine is shutting down")
+            raise EngineUnavailableError("the engine is shutting down")
         self._validate(request)
         root = self._root(request.adapter, request.cache_salt)
         req = Request(request.request_id, request.prompt_token_ids, request.sampling,

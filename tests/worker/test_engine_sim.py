@@ -6,7 +6,7 @@ import pytest
 
 from kv.events import SetIndex
 from kv.hashing import block_hashes, namespace_root
-from worker.api import EngineInputError, EngineRequest, SamplingParams
+from worker.api import EngineInputError, EngineRequest, EngineUnavailableError, SamplingParams
 from worker.engine_config import EngineConfig
 from worker.engine_factory import build_engine
 
@@ -125,3 +125,11 @@ def test_unknown_checkpoint_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="config.json"):
         make_engine(model=str(tmp_path / "empty"))
+
+
+async def test_a_closed_engine_refuses_new_requests_as_unavailable_not_as_bad_input():
+    engine = make_engine()
+    await engine.shutdown()
+    with pytest.raises(EngineUnavailableError, match="shutting down") as info:
+        await collect(engine, EngineRequest("late", prompt(5), SamplingParams(max_tokens=2)))
+    assert not isinstance(info.value, EngineInputError)  # the gateway retries it elsewhere

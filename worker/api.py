@@ -13,6 +13,10 @@ class EngineInputError(ValueError):
     """A request the engine cannot serve as asked (the gateway maps it to HTTP 400)."""
 
 
+class EngineUnhealthyError(RuntimeError):
+    """The engine cannot serve any request (its health check fails; Serve replaces it)."""
+
+
 class EngineUnavailableError(RuntimeError):
     """The engine takes no new requests (it is shutting down): the request was not accepted
     and may go to another replica (the gateway retries, then answers HTTP 503)."""

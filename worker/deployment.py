@@ -95,6 +95,10 @@ class EngineReplica:
         snap = self.engine.snapshot()
         return contents_digest(snap.device_hashes, snap.host_hashes)
 
+    def check_health(self) -> None:
+        """Serve's periodic health check: a failing engine gets this replica replaced."""
+        self.engine.check_health()
+
     def replica_info(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, "model": self.engine.model_name,
                 "max_model_len": self.engine.max_model_len}

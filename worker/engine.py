@@ -22,6 +22,7 @@ from worker.api import (
     EngineRequest,
     EngineStats,
     EngineUnavailableError,
+    EngineUnhealthyError,
     SamplingParams,
     TokenDelta,
     Usage,
@@ -65,6 +66,8 @@ class Engine:
         self._closed = False
         self._idle = asyncio.Event()  # set while the loop has nothing to do
         self._roots: dict[tuple[str, str], bytes] = {}
+        self._num_failed_steps = 0  # consecutive; any step that succeeds resets it
+        self._last_step_error = ""
         self._update_metrics()  # every gauge exists from the start, not after a first step
 
     @classmethod
@@ -131,6 +134,17 @@ class Engine:
 
     def snapshot(self) -> Snapshot:
         return self.kv.snapshot()
+
+    def check_health(self, max_failed_steps: int = 3) -> None:
+        """Raises EngineUnhealthyError when the engine cannot serve: its step loop died, or
+        its last `max_failed_steps` steps all failed (a lost TP rank fails every step). A
+        single failed step only fails that step's requests."""
+        task = self._loop_task
+        if task is not None and task.done() and not task.cancelled() and task.exception():
+            raise EngineUnhealthyError(f"the engine step loop died: {task.exception()!r}")
+        if self._num_failed_steps >= max_failed_steps:
+            raise EngineUnhealthyError(f"the last {self._num_failed_steps} engine steps "
+                                       f"failed, the last with {self._last_step_error}")
 
     async def shutdown(self) -> None:
         """Finishes what was accepted, then stops the loop and the executor."""
@@ -229,9 +243,12 @@ class Engine:
                                                      out.step, sampling)
             except Exception as exc:  # the step failed: fail its requests, keep serving
                 log.exception("step failed")
+                self._num_failed_steps += 1
+                self._last_step_error = repr(exc)
                 for seq in out.step.seqs:
                     self._fail(seq.request_id, f"engine step failed: {exc}")
                 continue
+            self._num_failed_steps = 0
             for req in self.scheduler.update(out.step, sampled):
                 self._on_token(req)
             self._update_metrics()

@@ -6,7 +6,13 @@ import pytest
 
 from kv.events import SetIndex
 from kv.hashing import block_hashes, namespace_root
-from worker.api import EngineInputError, EngineRequest, EngineUnavailableError, SamplingParams
+from worker.api import (
+    EngineInputError,
+    EngineRequest,
+    EngineUnavailableError,
+    EngineUnhealthyError,
+    SamplingParams,
+)
 from worker.engine_config import EngineConfig
 from worker.engine_factory import build_engine
 
@@ -133,3 +139,38 @@ async def test_a_closed_engine_refuses_new_requests_as_unavailable_not_as_bad_in
     with pytest.raises(EngineUnavailableError, match="shutting down") as info:
         await collect(engine, EngineRequest("late", prompt(5), SamplingParams(max_tokens=2)))
     assert not isinstance(info.value, EngineInputError)  # the gateway retries it elsewhere
+
+
+class _FailingSteps:
+    """The engine's executor with its next `n` steps failing (a fault the simulated
+    executor cannot have by itself, like a lost TP rank)."""
+
+    def __init__(self, executor, n):
+        self._executor, self.n = executor, n
+
+    def __getattr__(self, name):
+        return getattr(self._executor, name)
+
+    def execute(self, step, sampling):
+        if self.n:
+            self.n -= 1
+            raise RuntimeError("rank 1 is gone")
+        return self._executor.execute(step, sampling)
+
+
+async def test_health_check_fails_after_consecutive_failed_steps_and_recovers_after_one_ok():
+    engine = make_engine()
+    engine.executor = faulty = _FailingSteps(engine.executor, 3)
+    for i in range(2):
+        out = await collect(engine, EngineRequest(f"f{i}", prompt(5), SamplingParams(max_tokens=2)))
+        assert out[-1].finish_reason == "error" and "rank 1 is gone" in out[-1].error
+        engine.check_health()  # one or two failed steps: their requests fail, nothing else
+    out = await collect(engine, EngineRequest("f2", prompt(5), SamplingParams(max_tokens=2)))
+    assert out[-1].finish_reason == "error"
+    with pytest.raises(EngineUnhealthyError, match="last 3 engine steps failed.*rank 1 is gone"):
+        engine.check_health()
+    assert faulty.n == 0
+    out = await collect(engine, EngineRequest("ok", prompt(5), SamplingParams(max_tokens=2)))
+    assert out[-1].finish_reason == "length"
+    engine.check_health()
+    await engine.shutdown()

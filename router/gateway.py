@@ -113,6 +113,8 @@ class Gateway:
         # The first call creates this process's request router (its index mirror and its
         # per-replica series, at 0 from the start); do it now rather than at the first request.
         self._warmup = asyncio.get_running_loop().create_task(self._warm_up(engine_handle))
+        # Pinned prefixes whose replica died are pinned again (by one gateway at a time).
+        self._rewarm = asyncio.get_running_loop().create_task(self.prefixes.rewarm_orphans())
 
     # ---- OpenAI API ----
 

@@ -7,13 +7,15 @@ too new or of another epoch (a new or restarted router, a restarted actor). A re
 stops publishing for `replica_timeout_s`, says goodbye, or is reported dead is forgotten,
 and every router is told.
 
-The actor also keeps the named pinned prefixes (shared by all gateway processes) and the
+The actor also keeps the named pinned prefixes (shared by all gateway processes; a prefix
+whose replica is gone is offered to one gateway at a time to warm again elsewhere) and the
 index digests routers report, so tests and operators can check that views converge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -62,13 +64,19 @@ class PollReply:
 
 @dataclass(frozen=True)
 class PrefixRecord:
-    """A named pinned prefix and where it is warmed."""
+    """A named pinned prefix and where it is warmed ("" while no replica holds it: its
+    replica is gone and a gateway is to warm it again elsewhere)."""
 
     name: str
     tenant: str
     num_prompt_tokens: int
     num_pinned_blocks: int
     replica_id: str
+    prompt_token_ids: tuple[int, ...] = ()  # what to compute again when its replica is gone
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.tenant, self.name
 
 
 @dataclass
@@ -88,6 +96,9 @@ class KVIndex:
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
         self._prefixes: dict[tuple[str, str], PrefixRecord] = {}
         self._waiters: set[asyncio.Future] = set()  # long polls waiting for news
+        # orphaned prefixes handed to a gateway to warm again: key -> claim expiry
+        self._claims: dict[tuple[str, str], float] = {}
+        self._orphans = asyncio.Event()  # set while some record has no replica
 
     # ---- replicas ----
 
@@ -110,8 +121,11 @@ class KVIndex:
     def forget_replica(self, replica_id: str) -> bool:
         """Drops a replica (goodbye, or reported dead); True when it was known."""
         known = self._replicas.pop(replica_id, None) is not None
-        for key in [k for k, p in self._prefixes.items() if p.replica_id == replica_id]:
-            del self._prefixes[key]
+        for key, record in list(self._prefixes.items()):
+            if record.replica_id == replica_id:  # to be warmed again on another replica
+                self._prefixes[key] = dataclasses.replace(record, replica_id="",
+                                                          num_pinned_blocks=0)
+                self._orphans.set()
         if known:
             self._notify()
         return known
@@ -159,13 +173,58 @@ class KVIndex:
 
     def put_prefix(self, record: PrefixRecord) -> PrefixRecord | None:
         """Stores a record; returns the one it replaces (to unpin), if any."""
-        key = (record.tenant, record.name)
-        old = self._prefixes.get(key)
-        self._prefixes[key] = record
+        old = self._prefixes.get(record.key)
+        self._prefixes[record.key] = record
+        self._claims.pop(record.key, None)
         return old
 
     def pop_prefix(self, tenant: str, name: str) -> PrefixRecord | None:
+        self._claims.pop((tenant, name), None)
         return self._prefixes.pop((tenant, name), None)
+
+    async def claim_orphaned_prefixes(self, wait_s: float, lease_s: float = 60.0
+                                      ) -> list[PrefixRecord]:
+        """Records whose replica is gone, for the caller to warm again; each is claimed by
+        one caller for `lease_s` (then offered again, if that caller died). Waits up to
+        `wait_s` for one to appear."""
+        try:
+            await asyncio.wait_for(self._orphans.wait(), timeout=wait_s)
+        except asyncio.TimeoutError:
+            return []
+        now = time.monotonic()
+        out = [r for r in self._prefixes.values()
+               if not r.replica_id and self._claims.get(r.key, 0.0) <= now]
+        for record in out:
+            self._claims[record.key] = now + lease_s
+        self._orphans.clear()
+        if self._claims:  # wake a caller again when the earliest lease runs out
+            asyncio.get_running_loop().call_later(
+                max(0.0, min(self._claims.values()) - now), self._offer_orphans_again)
+        return out
+
+    def place_prefix(self, orphan: PrefixRecord, placed: PrefixRecord) -> bool:
+        """Records where an orphan was warmed again, unless it changed meanwhile (deleted
+        or registered again): False then, and the caller unpins what it warmed."""
+        key = orphan.key
+        self._claims.pop(key, None)
+        if self._prefixes.get(key) != orphan:
+            return False
+        self._prefixes[key] = placed
+        return True
+
+    def release_claim(self, orphan: PrefixRecord) -> None:
+        """The claimer could not warm the orphan: offer it again."""
+        if self._claims.pop(orphan.key, None) is not None and self._prefixes.get(
+                orphan.key) == orphan:
+            self._orphans.set()
+
+    def _offer_orphans_again(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, t in self._claims.items() if t <= now]:
+            del self._claims[key]
+            record = self._prefixes.get(key)
+            if record is not None and not record.replica_id:
+                self._orphans.set()
 
     def list_prefixes(self, tenant: str) -> list[PrefixRecord]:
         self._expire()

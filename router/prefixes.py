@@ -3,11 +3,15 @@ the replica the router picks for them and kept there while pinned.
 
 The records live in the KV index actor, so every gateway process lists and deletes the same
 ones. Names are per tenant; the engine pins under "tenant/name" with the tenant's salt, so
-a tenant's prefix only ever serves that tenant.
+a tenant's prefix only ever serves that tenant. When a prefix's replica dies, the index
+actor offers the record to one gateway, whose `rewarm_orphans` loop pins it again on the
+replica the router picks; meanwhile it lists with status "rewarming".
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +21,12 @@ from router.messages import PinRequest, PinResult, UnpinRequest
 from router.openai_schema import APIError, PrefixRegisterRequest, parse_body
 from router.prompt import PromptBuilder, PromptError
 
+log = logging.getLogger(__name__)
+
 
 def _body(record: PrefixRecord) -> dict[str, Any]:
-    return {"object": "prefix", "name": record.name, "replica": record.replica_id,
+    return {"object": "prefix", "name": record.name, "replica": record.replica_id or None,
+            "status": "pinned" if record.replica_id else "rewarming",
             "num_prompt_tokens": record.num_prompt_tokens,
             "num_pinned_blocks": record.num_pinned_blocks}
 
@@ -53,15 +60,47 @@ class PrefixService:
             token_ids = self._prompts.encode_text(body.prompt)
         else:
             token_ids = list(body.prompt)
-        pin_name = engine_pin_name(tenant, body.name)
-        result: PinResult = await self._engine.call("pin_prefix", PinRequest(
-            pin_name, token_ids, self._prompts.block_hashes(token_ids, tenant), tenant))
-        record = PrefixRecord(body.name, tenant, len(token_ids), result.num_pinned_blocks,
-                              result.replica_id)
+        record = await self._pin(body.name, tenant, token_ids)
         old = await self._index.put_prefix.remote(record)
-        if old is not None and old.replica_id != record.replica_id:
-            await self._engine.call("unpin_prefix", UnpinRequest(pin_name, old.replica_id))
+        if old is not None and old.replica_id and old.replica_id != record.replica_id:
+            await self._unpin(old)
         return _body(record)
+
+    async def rewarm_orphans(self, wait_s: float = 30.0) -> None:
+        """Forever: pins again the prefixes whose replica is gone, as the index actor offers
+        them (to one gateway at a time). A failure leaves the prefix offered again."""
+        while True:
+            try:
+                orphans = await self._index.claim_orphaned_prefixes.remote(wait_s)
+            except Exception:  # the actor is restarting: it keeps no records across that
+                log.exception("claiming orphaned prefixes failed")
+                await asyncio.sleep(1.0)  # back off, not a synchronisation
+                continue
+            for orphan in orphans:
+                try:
+                    placed = await self._pin(orphan.name, orphan.tenant,
+                                             list(orphan.prompt_token_ids))
+                except Exception:
+                    log.exception("warming prefix %s/%s again failed", orphan.tenant,
+                                  orphan.name)
+                    await self._index.release_claim.remote(orphan)
+                    continue
+                if not await self._index.place_prefix.remote(orphan, placed):
+                    await self._unpin(placed)  # deleted or registered again meanwhile
+                else:
+                    log.info("prefix %s/%s warmed again on %s", orphan.tenant, orphan.name,
+                             placed.replica_id)
+
+    async def _pin(self, name: str, tenant: str, token_ids: list[int]) -> PrefixRecord:
+        result: PinResult = await self._engine.call("pin_prefix", PinRequest(
+            engine_pin_name(tenant, name), token_ids,
+            self._prompts.block_hashes(token_ids, tenant), tenant))
+        return PrefixRecord(name, tenant, len(token_ids), result.num_pinned_blocks,
+                            result.replica_id, tuple(token_ids))
+
+    async def _unpin(self, record: PrefixRecord) -> None:
+        await self._engine.call("unpin_prefix", UnpinRequest(
+            engine_pin_name(record.tenant, record.name), record.replica_id))
 
     async def list(self, tenant: str) -> dict[str, Any]:
         records = await self._index.list_prefixes.remote(tenant)
@@ -72,6 +111,6 @@ class PrefixService:
         if record is None:
             raise APIError(404, f"no pinned prefix named {name!r}", param="name",
                            code="prefix_not_found")
-        await self._engine.call("unpin_prefix",
-                                UnpinRequest(engine_pin_name(tenant, name), record.replica_id))
+        if record.replica_id:  # a prefix being warmed again is unpinned by its warmer
+            await self._unpin(record)
         return {"object": "prefix.deleted", "name": name, "deleted": True}

@@ -117,7 +117,9 @@ class Engine:
         return await done
 
     def unpin_prefix(self, name: str) -> bool:
-        return self.kv.unpin(name)
+        unpinned = self.kv.unpin(name)
+        self._update_metrics()  # the block gauges move now, not at the next step
+        return unpinned
 
     def stats(self) -> EngineStats:
         usage = self.kv.usage()

@@ -300,3 +300,29 @@ def test_killed_replica_under_load(server):
     wait_until(lambda: any(v > 0 for (g, r), v in _router_counts(server).items()
                            if r == newcomer), 10, "traffic on the replacement replica")
     assert httpx.get(f"{server.base_url}/ready", timeout=10).json()["ready"] is True
+
+
+def test_a_pinned_prefix_is_warmed_again_when_its_replica_dies(server):
+    auth = {"Authorization": "Bearer key-a"}
+    system = "Pinned prompt that must outlive its replica. " * 4
+    with server.client(headers=auth) as http:
+        reg = http.post("/v1/prefixes", json={"name": "survivor", "prompt": system})
+        assert reg.status_code == 200, reg.text
+        victim, num_blocks = reg.json()["replica"], reg.json()["num_pinned_blocks"]
+        actor = ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#EngineReplica#{victim}",
+                              namespace="serve")
+        ray.kill(actor, no_restart=True)
+
+        def placed_elsewhere():
+            (p,) = http.get("/v1/prefixes").json()["data"]
+            return p if p["status"] == "pinned" and p["replica"] != victim else None
+
+        info = wait_until(placed_elsewhere, 120, "the prefix to be pinned on another replica")
+        assert info["num_pinned_blocks"] == num_blocks
+        wait_until(lambda: server.sum_metric("kvroute_engine_kv_blocks", replica=info["replica"],
+                                             state="pinned") == num_blocks,
+                   30, "the new replica to report the pinned blocks")
+        assert http.delete("/v1/prefixes/survivor").json()["deleted"] is True
+        wait_until(lambda: server.sum_metric("kvroute_engine_kv_blocks",
+                                             replica=info["replica"], state="pinned") == 0,
+                   30, "the new replica to unpin the deleted prefix")

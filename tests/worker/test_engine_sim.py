@@ -107,7 +107,10 @@ async def test_pinned_prefix_survives_pressure():
     assert out[-1].usage.cached_tokens == 32
     with pytest.raises(EngineInputError, match="pin budget"):
         await engine.pin_prefix("big", prompt(64, 200))
+    m = engine.metrics
+    assert m.l(m.kv_blocks, state="pinned")._value.get() == 2
     assert engine.unpin_prefix("sys") and not engine.unpin_prefix("sys")
+    assert m.l(m.kv_blocks, state="pinned")._value.get() == 0  # at once, not after a step
     await engine.shutdown()
 
 

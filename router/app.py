@@ -5,8 +5,8 @@ chart's RayService `serveConfigV2`) and what `kvroute serve` deploys. Args, all 
 
     model, replicas, tp, policy, block_size, engine, num_blocks, num_host_blocks,
     api_keys_file, approximate, max_model_len, gateways, cpus_per_rank, gpus_per_rank,
-    sim_preset, max_num_seqs, max_num_batched_tokens, load_weight, pending_ttl_s,
-    host_cost_fraction
+    sim_preset, max_num_seqs, max_num_batched_tokens, load_weight, imbalance_threshold,
+    pending_ttl_s, host_cost_fraction
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class ServeArgs:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     load_weight: float | None = None  # RouterConfig's, when None
+    imbalance_threshold: float | None = None  # RouterConfig's, when None
     pending_ttl_s: float | None = None  # RouterConfig's, when None
     host_cost_fraction: float | None = None  # RouterConfig's, when None
 
@@ -66,9 +67,12 @@ class ServeArgs:
         RouterConfig(**self.router_args())  # validates the policy and its knobs
 
     def router_args(self) -> dict[str, Any]:
+        # Approximate mode assumes each replica caches as much as its pools hold.
         out: dict[str, Any] = {"policy": self.policy, "block_size": self.block_size,
-                               "approximate": self.approximate}
-        for name in ("load_weight", "pending_ttl_s", "host_cost_fraction"):
+                               "approximate": self.approximate,
+                               "approx_capacity_blocks": self.num_blocks + self.num_host_blocks}
+        for name in ("load_weight", "imbalance_threshold", "pending_ttl_s",
+                     "host_cost_fraction"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out

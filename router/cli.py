@@ -50,7 +50,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="route on the router's own routing history instead of KV events")
     p.add_argument("--load-weight", type=float, default=None,
                    help="cache_aware: prefill tokens one token of queued work costs "
-                        "(default: the router's, 0.5)")
+                        "(default: the router's, 0.2; on CPU, where prefill queues are "
+                        "long, 0.1 keeps groups on their replica)")
+    p.add_argument("--imbalance-threshold", type=float, default=None,
+                   help="cache_aware: tokens of queued work by which the chosen replica may "
+                        "exceed the least loaded before its cache gain must pay for the "
+                        "whole gap (default: the router's, inf = no guard)")
     p.add_argument("--pending-ttl-s", type=float, default=None,
                    help="a routed prompt's blocks count as cached on its replica until "
                         "the replica's events confirm them, while the request is "
@@ -86,7 +91,8 @@ def serve_args_from(ns: argparse.Namespace, num_cpus: int | None) -> dict:
             "approximate": ns.approximate, "max_model_len": ns.max_model_len,
             "gateways": ns.gateways, "cpus_per_rank": cpus_per_rank,
             "gpus_per_rank": ns.gpus_per_rank, "sim_preset": ns.sim_preset,
-            "load_weight": ns.load_weight, "pending_ttl_s": ns.pending_ttl_s}
+            "load_weight": ns.load_weight, "imbalance_threshold": ns.imbalance_threshold,
+            "pending_ttl_s": ns.pending_ttl_s}
 
 
 def start_ray(address: str | None, num_cpus: int | None) -> None:

@@ -62,6 +62,9 @@ class PendingMarks:
         if not block_hashes:
             return
         mine = self._mine(bit)
+        if mine.keys().isdisjoint(block_hashes):  # the common case: all new marks
+            mine.update(dict.fromkeys(block_hashes, -1.0))
+            return
         # -1 for a new or timed mark, one more holder for a held one
         mine.update(zip(block_hashes, map(sub, map(min, map(mine.get, block_hashes,
                                                             repeat(0.0)), repeat(0.0)),

@@ -1,4 +1,8 @@
-from kv.block_pool import BlockPool
+import random
+
+import pytest
+
+from kv.block_pool import Block, BlockPool, FreeBlockQueue
 from kv.events import BlockRemoved, BlockStored, EventLog
 from kv.hashing import block_hashes, namespace_root
 
@@ -54,3 +58,66 @@ def test_duplicate_hash_stays_uncached_and_event_runs_keep_parents():
     assert log.drain().events == (BlockStored((H[0],), None, "device"),
                                   BlockStored((H[2],), H[1], "device"))
     pool.check_invariants()
+
+
+def test_a_run_evicts_its_cached_blocks_in_lru_order_hook_first():
+    log = EventLog("r0", epoch="e")
+    seen = []
+    pool = BlockPool(6, log, on_evict=lambda b: seen.append(
+        (b.block_id, b.block_hash, pool.lookup(b.block_hash) is b)))
+    blocks = pool.take_new_blocks(4)
+    pool.cache_blocks(blocks[:3], H[:3], None)
+    log.drain()
+    pool.release(reversed(blocks))  # tail first
+    assert pool.free_queue.block_ids() == [4, 5, 3, 2, 1, 0]
+    got = pool.take_new_blocks(5)
+    assert [b.block_id for b in got] == [4, 5, 3, 2, 1]
+    assert [(b.ref_cnt, b.block_hash) for b in got] == [(1, None)] * 5
+    # The hook sees each evicted block while its hash is still findable, in LRU order.
+    assert seen == [(2, H[2], True), (1, H[1], True)]
+    assert log.drain().events == (BlockRemoved((H[2], H[1]), "device"),)
+    assert pool.free_queue.block_ids() == [0] and pool.lookup(H[0]) is blocks[0]
+    assert pool.num_cached_free_blocks == 1 and pool.num_evictions == 2
+    pool.check_invariants()
+
+
+def test_free_queue_matches_a_list_model_under_random_operations():
+    rng = random.Random(0)
+    blocks = [Block(i) for i in range(40)]
+    queue = FreeBlockQueue(blocks)
+    model = list(range(40))  # free block ids, LRU first
+    held: list[int] = []
+    for _ in range(3000):
+        op = rng.randrange(4)
+        if op == 0 and model:  # a run off the head
+            n = rng.randint(0, len(model))
+            assert [b.block_id for b in queue.popleft_blocks(n)] == model[:n]
+            held += model[:n]
+            del model[:n]
+        elif op == 1 and model:  # removal from the middle (a cache hit revives it)
+            i = rng.choice(model)
+            queue.remove(blocks[i])
+            model.remove(i)
+            held.append(i)
+        elif op == 2 and held:  # one block freed
+            i = held.pop(rng.randrange(len(held)))
+            queue.append(blocks[i])
+            model.append(i)
+        elif held:  # a request's blocks freed together
+            rng.shuffle(held)
+            n = rng.randint(0, len(held))
+            queue.extend([blocks[i] for i in held[:n]])
+            model += held[:n]
+            del held[:n]
+        assert queue.block_ids() == model
+        assert queue.num_free_blocks == len(model)
+        queue.check_invariants()
+
+
+def test_free_queue_rejects_misnumbered_blocks_and_overlong_runs():
+    with pytest.raises(ValueError, match="block_id"):
+        FreeBlockQueue([Block(1)])
+    queue = FreeBlockQueue([Block(0), Block(1)])
+    with pytest.raises(ValueError, match="cannot pop 3 of 2"):
+        queue.popleft_blocks(3)
+    assert queue.block_ids() == [0, 1]

@@ -77,9 +77,21 @@ class PrefixCacheStats:
 
 @dataclass
 class _RequestBlocks:
-    blocks: list[Block] = field(default_factory=list)
+    blocks: list[Block]
     num_hashed_blocks: int = 0  # leading blocks that carry their hash (or were duplicates)
     pending_hashes: list[BlockHash] = field(default_factory=list)  # ours in `_pending`
+    # [b.block_id for b in blocks], handed to callers every step. Never changed in place:
+    # growing the table builds a new list, so a list already handed out (a scheduled step's
+    # block table) stays what it was. Rebuilt only when blocks are added (once per
+    # block_size decoded tokens), not every step.
+    block_ids: list[int] = field(init=False)
+
+    def __post_init__(self):
+        self.block_ids = [b.block_id for b in self.blocks]
+
+    def extend(self, new_blocks: list[Block]) -> None:
+        self.blocks.extend(new_blocks)
+        self.block_ids = self.block_ids + [b.block_id for b in new_blocks]
 
 
 class KVCacheManager:
@@ -121,7 +133,8 @@ class KVCacheManager:
         return MatchResult(num_device, num_host, j - i)
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self._requests[request_id].blocks]
+        """The request's block table. Shared and never changed afterwards: do not mutate."""
+        return self._requests[request_id].block_ids
 
     def num_blocks_of(self, request_id: str) -> int:
         req = self._requests.get(request_id)
@@ -160,15 +173,17 @@ class KVCacheManager:
 
         On the first call the `match` (from `match(block_hashes)`, same step) reuses cached
         blocks. Returns the whole block table, or None (and no change) when short of blocks.
+        The table is shared (see `block_ids`): callers must not mutate it.
         """
         req = self._requests.get(request_id)
         if req is not None:
-            new_blocks = self.pool.take_new_blocks(
-                self.num_new_blocks_needed(request_id, num_tokens))
-            if new_blocks is None:
-                return None
-            req.blocks.extend(new_blocks)
-            return [b.block_id for b in req.blocks]
+            num_new = self.num_new_blocks_needed(request_id, num_tokens)
+            if num_new:  # a decode step fills its last block: most steps add none
+                new_blocks = self.pool.take_new_blocks(num_new)
+                if new_blocks is None:
+                    return None
+                req.extend(new_blocks)
+            return req.block_ids
 
         hits = [self.pool.cached[h] for h in block_hashes[: match.num_device_blocks]]
         host_hashes = list(block_hashes[len(hits) : len(hits) + match.num_host_blocks])
@@ -191,7 +206,7 @@ class KVCacheManager:
             self.pool.cache_blocks(copied, host_hashes, hits[-1].block_hash if hits else None)
             req.num_hashed_blocks += len(copied)
         self._mark_pending(request_id, req, block_hashes[req.num_hashed_blocks :])
-        return [b.block_id for b in req.blocks]
+        return req.block_ids
 
     def _mark_pending(self, request_id: str, req: _RequestBlocks,
                       block_hashes: Sequence[BlockHash]) -> None:
@@ -321,6 +336,7 @@ class KVCacheManager:
         for req in self._requests.values():
             assert 0 <= req.num_hashed_blocks <= len(req.blocks)
             ids = [b.block_id for b in req.blocks]
+            assert req.block_ids == ids, "cached block table differs from the blocks"
             assert len(set(ids)) == len(ids), "a request holds a block twice"
             for b in req.blocks:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1

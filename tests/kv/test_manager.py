@@ -160,3 +160,20 @@ def test_prefix_caching_off_never_matches():
 def test_config_validation(kw, msg):
     with pytest.raises(ValueError, match=msg):
         KVCacheConfig(**kw)
+
+
+def test_block_table_is_cached_and_a_handed_out_table_never_changes():
+    mgr = make_manager(8)
+    first, _ = admit(mgr, "a", [1, 2, 3, 4, 5])
+    assert first == [0, 1]
+    assert mgr.allocate("a", 8) is first  # no new block: the same list, nothing rebuilt
+    grown = mgr.allocate("a", 9)
+    assert grown == [0, 1, 2] and first == [0, 1]  # a step built earlier keeps its table
+    assert mgr.block_ids("a") is grown
+    assert mgr.allocate("a", 100) is None and mgr.block_ids("a") == [0, 1, 2]
+    mgr.cache_blocks("a", hashes([1, 2, 3, 4, 5, 6, 7, 8]), 8)
+    mgr.free("a")
+    ids, m = admit(mgr, "b", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert m.num_device_blocks == 2 and ids == [0, 1, 3]
+    assert mgr.allocate("b", 13) == [0, 1, 3, 4]
+    mgr.check_invariants()

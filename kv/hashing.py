@@ -68,10 +68,17 @@ def block_hashes(
         return []
     if start_block > 0 and parent_hash is None:
         raise ValueError("parent_hash is required when start_block > 0")
-    data = tokens_to_bytes(token_ids)  # whole: cheaper than slicing the list first
     block_bytes = block_size * 4
-    full = memoryview(data)[start_block * block_bytes : num_full_blocks * block_bytes]
-    prev = root if start_block == 0 else parent_hash
+    if start_block == 0:
+        data = tokens_to_bytes(token_ids)  # whole: cheaper than slicing the list first
+        full = memoryview(data)[: num_full_blocks * block_bytes]
+        prev = root
+    else:
+        # Extending a chain (a decode step filled a block): convert only the new blocks, so
+        # the cost is O(new tokens), not O(sequence).
+        full = memoryview(tokens_to_bytes(
+            token_ids[start_block * block_size : num_full_blocks * block_size]))
+        prev = parent_hash
     out: list[BlockHash] = []
     append = out.append
     digest = _xxh3_128_digest

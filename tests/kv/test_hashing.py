@@ -65,3 +65,23 @@ def test_kv_does_not_import_torch_or_ray():
     import subprocess
     code = "import sys, kv; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_extending_from_every_block_equals_full_hashing():
+    root = namespace_root("m")
+    tokens = np.random.default_rng(1).integers(0, 2**32 - 1, 16 * 20 + 5).tolist()
+    full = block_hashes(tokens, 16, root)
+    for start in range(1, 21):  # 20 full blocks; start 20 extends by none
+        tail = block_hashes(tokens, 16, root, start_block=start, parent_hash=full[start - 1])
+        assert tail == full[start:]
+        assert block_hashes(np.array(tokens), 16, root, start, full[start - 1]) == tail
+    # Token by token, as a decode loop extends its chain when a block fills up.
+    chain: list[bytes] = []
+    for n in range(1, len(tokens) + 1):
+        chain += block_hashes(tokens[:n], 16, root, len(chain), chain[-1] if chain else None)
+    assert chain == full
+    # Pinned known answer: block 1 of the design's example from block 0's hash alone.
+    known = namespace_root("tiny-llama")
+    b0 = bytes.fromhex("268d4743c6c8ed65aaace30ba1a4914a")
+    assert [h.hex() for h in block_hashes(TOKENS, 16, known, 1, b0)] == [
+        "cc65b57d7d4fc9f6428b741188963ef6"]

@@ -13,6 +13,8 @@ clamps them so any padding value is safe to gather).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -35,11 +37,20 @@ def write_kv(
 def _gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """[N, max_blocks] block ids -> [N, num_tokens, Hkv, D] contiguous fp32 K or V."""
     num_blocks = cache.shape[0]
+    n = block_tables.shape[0]
     ids = block_tables.long().clamp(0, num_blocks - 1)
-    gathered = cache[ids]  # [N, max_blocks, block_size, Hkv, D]
-    n = gathered.shape[0]
+    blocks_needed = -(-num_tokens // cache.shape[1])
+    gathered = gather_blocks(cache, ids[:, :blocks_needed])  # [N, blocks, block_size, Hkv, D]
     gathered = gathered.reshape(n, -1, cache.shape[2], cache.shape[3])
     return gathered[:, :num_tokens].float()
+
+
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, ...] rows at block_ids [...] (int64, in range): [*block_ids.shape,
+    ...]. index_select, not advanced indexing: on CPU it copies whole blocks and is several
+    times faster (advanced indexing walks element by element)."""
+    rows = cache.index_select(0, block_ids.reshape(-1))
+    return rows.view(*block_ids.shape, *cache.shape[1:])
 
 
 def _attend(
@@ -56,6 +67,12 @@ def _attend(
         attn_mask=mask[:, None], scale=scale, enable_gqa=True,
     )  # [N, Hq, M, D]
     return out.transpose(1, 2)
+
+
+# Plain decode gathers each request's K/V into one padded tensor; a chunk of requests at a
+# time keeps that tensor a few MB (one 100+ MB gather per layer costs more in fresh pages
+# than in copying).
+_DECODE_CHUNK_TOKENS = 16384
 
 
 def decode_attention(
@@ -76,12 +93,24 @@ def decode_attention(
         [N, Hq, D] in q.dtype.
     """
     max_len = int(seq_lens.max())
+    chunk = max(1, _DECODE_CHUNK_TOKENS // max_len)
+    if q.shape[0] > chunk:
+        return torch.cat([
+            decode_attention(q[i : i + chunk], k_cache, v_cache, block_tables[i : i + chunk],
+                             seq_lens[i : i + chunk], scale)
+            for i in range(0, q.shape[0], chunk)
+        ])
     k = _gather_kv(k_cache, block_tables, max_len)
     v = _gather_kv(v_cache, block_tables, max_len)
     positions = torch.arange(max_len, device=q.device)
     mask = (positions[None, :] < seq_lens.to(q.device)[:, None])[:, None, :]  # [N, 1, S]
     out = _attend(q.float()[:, None], k, v, mask, scale)
     return out[:, 0].to(q.dtype)
+
+
+DecodeFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
 
 
 def prefill_attention(
@@ -93,6 +122,7 @@ def prefill_attention(
     seq_lens: torch.Tensor,
     scale: float,
     max_query_len: int | None = None,
+    decode: DecodeFn = decode_attention,
 ) -> torch.Tensor:
     """Causal attention for the new tokens of each request over its cached context.
 
@@ -109,6 +139,8 @@ def prefill_attention(
         cu_seqlens_q: [N + 1] int32 prefix sums of query lengths.
         seq_lens: [N] int32 (>= q_len_i).
         max_query_len: a launch hint for the Triton kernel; unused here.
+        decode: serves the requests with a single query, all in one call, when there are
+            several (args as decode_attention's, over those requests in batch order).
     Returns:
         [T, Hq, D] in q.dtype.
     """
@@ -121,8 +153,8 @@ def prefill_attention(
     single = (q_lens == 1).nonzero().squeeze(1)
     if single.numel() > 1:
         rows = cu_seqlens_q[:-1].long()[single]
-        out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[single],
-                                     seq_lens[single], scale)
+        out[rows] = decode(q[rows], k_cache, v_cache, block_tables[single], seq_lens[single],
+                           scale)
     batched = set(single.tolist()) if single.numel() > 1 else set()
     for i, seq_len in enumerate(lens):
         q_start, q_end = starts[i], starts[i + 1]

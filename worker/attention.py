@@ -25,6 +25,9 @@ class AttentionMetadata:
     seq_lens: [N] int32 tokens per request after this step (cached + new).
     cu_seqlens_q: [N + 1] int32 prefix sums of new tokens per request.
     max_query_len: the longest request's new tokens (host int, sizes kernel grids).
+    decode_plan: on CPU, how the requests with one new token share KV blocks (the cascade
+        decode reads a shared prefix once per group); built once per step, used by every
+        layer. None: plain decode (CUDA, or fewer than two such requests).
     """
 
     slot_mapping: torch.Tensor
@@ -32,6 +35,7 @@ class AttentionMetadata:
     seq_lens: torch.Tensor
     cu_seqlens_q: torch.Tensor
     max_query_len: int
+    decode_plan: kernels.CascadePlan | None = None
 
     @property
     def decode_only(self) -> bool:
@@ -78,7 +82,8 @@ class Attention(nn.Module):
         kernels.write_kv(k, v, cache.k_cache, cache.v_cache, meta.slot_mapping)
         if meta.decode_only:
             out = kernels.decode_attention(
-                q, cache.k_cache, cache.v_cache, meta.block_tables, meta.seq_lens, self.scale
+                q, cache.k_cache, cache.v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                meta.decode_plan,
             )
         else:
             out = kernels.prefill_attention(
@@ -90,5 +95,6 @@ class Attention(nn.Module):
                 meta.seq_lens,
                 self.scale,
                 meta.max_query_len,
+                meta.decode_plan,
             )
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))

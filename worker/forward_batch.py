@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+import kernels
 from worker.attention import AttentionMetadata
 from worker.step import ScheduledSeq, StepInput
 
@@ -92,12 +93,21 @@ def build_forward_batch(
     def to_device(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(a).to(device=device, dtype=dtype)
 
+    block_tables_t = to_device(block_tables, torch.int32)
+    seq_lens_t = to_device(start_pos + q_lens, torch.int32)
+    # The cascade decode is the CPU reference's; the Triton decode kernel reads plain tables.
+    decode_plan = None
+    if device.type == "cpu":
+        decode_plan = kernels.plan_single_query_rows(
+            torch.from_numpy(q_lens), block_tables_t, seq_lens_t, block_size
+        )
     meta = AttentionMetadata(
         slot_mapping=to_device(slots, torch.int64),
-        block_tables=to_device(block_tables, torch.int32),
-        seq_lens=to_device(start_pos + q_lens, torch.int32),
+        block_tables=block_tables_t,
+        seq_lens=seq_lens_t,
         cu_seqlens_q=to_device(cu, torch.int32),
         max_query_len=int(q_lens.max()),
+        decode_plan=decode_plan,
     )
     return ForwardBatch(
         token_ids=to_device(token_ids, torch.int64),

@@ -15,6 +15,7 @@ from tests.worker.model_harness import (
     seq,
     step,
 )
+from worker.forward_batch import build_forward_batch
 from worker.random_checkpoint import write_random_checkpoint
 
 ATOL = 1e-4
@@ -133,6 +134,28 @@ def test_shared_prefix_blocks_computed_by_another_request(checkpoint):
     before = runner.kv.device_kv.clone()
     runner.execute(fully_cached)
     assert torch.equal(runner.kv.device_kv, before)
+
+
+def test_decodes_over_shared_prefix_blocks_match_hf(checkpoint):
+    path, hf = checkpoint("llama3")
+    runner = make_runner(path)
+    shared = prompt(8, seed=12)  # blocks 10 20, computed once by "a"
+    tails = {"a": [1, 2, 3], "b": [4, 5, 6, 7, 8], "c": [9]}
+    blocks = {"a": [10, 20, 30], "b": [10, 20, 31, 32], "c": [10, 20, 33]}
+    runner.execute(step(seq("a", shared + tails["a"], 0, blocks["a"])))
+    runner.execute(step(seq("b", tails["b"], 8, blocks["b"]), seq("c", tails["c"], 8,
+                                                                   blocks["c"])))
+    # One decode step: the three share blocks 10 20, read once for all (cascade on CPU).
+    nxt = {"a": 40, "b": 41, "c": 42}
+    decode = step(*(seq(r, [nxt[r]], 8 + len(tails[r]), blocks[r]) for r in tails))
+    batch = build_forward_batch(decode.seqs, BLOCK_SIZE, torch.device("cpu"))
+    plan = batch.meta.decode_plan
+    assert plan is not None
+    assert [(p.num_members, p.num_tokens) for p in plan.prefixes] == [(3, 8)]
+    logits = runner.execute(decode)
+    for row, r in enumerate(tails):
+        want = hf_logits(hf, shared + tails[r] + [nxt[r]])[-1]
+        torch.testing.assert_close(logits[row], want, atol=ATOL, rtol=0)
 
 
 def test_swapped_blocks_come_back_through_host_memory(checkpoint):

@@ -98,7 +98,7 @@ def test_shallow_sharing_of_many_beats_deep_sharing_of_two():
 
 def test_random_batches_match_plain_decode():
     gen = torch.Generator().manual_seed(7)
-    for trial in range(20):
+    for _ in range(20):
         heads = [[int(b) for b in torch.randperm(64, generator=gen)[:n]] for n in (1, 3, 5)]
         tables, seq_lens = [], []
         for i in range(int(torch.randint(1, 9, (1,), generator=gen))):

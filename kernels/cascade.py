@@ -189,8 +189,10 @@ def plan_cascade(
         member_rows[g, : prefix.num_members] += np.arange(prefix.num_members)
         member_valid[g, : prefix.num_members] = True
     first_block = starts // block_size
-    width = max([int(num_blocks[r] - f) for r, f in zip(suffix_rows, first_block,
-                                                          strict=True)], default=0)
+    # At least one (masked) column: when every member's prefix is its whole sequence (two
+    # fully cached copies of a prompt), the suffix level still has keys to reduce over.
+    width = max([1] + [int(num_blocks[r] - f) for r, f in zip(suffix_rows, first_block,
+                                                                strict=True)])
     suffix_tables = np.zeros((len(suffix_rows), width), dtype=np.int64)
     for m, (r, f) in enumerate(zip(suffix_rows, first_block, strict=True)):
         suffix_tables[m, : num_blocks[r] - f] = rows[r][f:]

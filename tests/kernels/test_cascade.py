@@ -72,6 +72,13 @@ def test_all_sharing_including_a_request_with_no_own_suffix():
     assert plan.own_rows.tolist() == []
 
 
+def test_identical_requests_have_no_own_suffix_at_all():
+    # Two fully cached copies of one prompt compute its last token in the same step.
+    plan = check_equal_to_plain([[3, 4, 5], [3, 4, 5], [6]], [12, 12, 3])
+    assert [(p.num_members, p.num_tokens) for p in plan.prefixes] == [(2, 12)]
+    assert plan.suffix_block_tables.tolist() == [[0], [0]]
+
+
 def test_prefix_is_cut_at_the_shortest_member_inside_a_shared_block():
     # Both tables hold block 2 at index 1, but row 1 ends 2 tokens into it: the group shares
     # 6 tokens, and row 0 reads the rest of block 2 as its own suffix.

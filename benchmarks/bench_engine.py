@@ -9,7 +9,13 @@ written to a temp dir; every figure below is measured in this run.
   SGLang generated-shared-prefix workload (16 groups x 8 prompts, 1,024-token system
   prompt, 64-token question, 32 output tokens), all submitted at once.
 - throughput_vs_hf: output tokens/s of 16 concurrent requests (256 in, 128 out) over
-  transformers' `generate` on the same batch (greedy, same weights, fp32).
+  transformers' `generate` on the same batch (greedy, same weights, fp32); the two run in
+  turn, `--rounds` times each, medians.
+
+Both sides use `--threads` torch threads (default 1). On a 2-core box shared with other
+work, 2 OpenMP threads collapse whenever a neighbour holds a core (a 16-request decode step
+took 874 ms on 2 threads and 54 ms on 1, minutes apart), and not equally for the engine and
+for transformers: a comparison is only fair with the same, uncontended thread count.
 
     python benchmarks/bench_engine.py [--quick]
 """
@@ -129,7 +135,7 @@ def hf_generate_tok_s(path: Path, prompts: list[list[int]], out_len: int) -> flo
 
 
 async def main_async(args) -> dict:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
@@ -140,12 +146,15 @@ async def main_async(args) -> dict:
         g = await bench_gsp(path, rng, 4 if q else 16, 4 if q else 8, 256 if q else 1024,
                             64, 8 if q else 32)
         batch = [tokens(rng, 256) for _ in range(n_batch)]
-        eng = engine(path)
-        await run_batch(eng, [tokens(rng, 32)], 2)
-        dt, n_out = await run_batch(eng, batch, out_len)
-        await eng.shutdown()
-        ours = n_out / dt
-        theirs = hf_generate_tok_s(path, batch, out_len)
+        ours_samples, theirs_samples = [], []
+        for _ in range(args.rounds):  # in turn, so a burst of load hits both alike
+            eng = engine(path)
+            await run_batch(eng, [tokens(rng, 32)], 2)
+            dt, n_out = await run_batch(eng, batch, out_len)
+            await eng.shutdown()
+            ours_samples.append(n_out / dt)
+            theirs_samples.append(hf_generate_tok_s(path, batch, out_len))
+        ours, theirs = statistics.median(ours_samples), statistics.median(theirs_samples)
     rows = [
         (f"TTFT cold {n_ttft}-token prompt, median of 3 (s)", t["cold_s"]),
         (f"TTFT 90%-cached {n_ttft}-token prompt, median of 3 (s)", t["cached_s"]),
@@ -166,6 +175,8 @@ async def main_async(args) -> dict:
         "ttft_hit_tokens": t["hit_tokens"],
         "gsp_rps_cache_on": round(g["cache_on"], 3), "gsp_rps_cache_off": round(g["cache_off"], 3),
         "engine_tok_s": round(ours, 1), "hf_tok_s": round(theirs, 1),
+        "engine_tok_s_samples": [round(x, 1) for x in ours_samples],
+        "hf_tok_s_samples": [round(x, 1) for x in theirs_samples],
         "quick": bool(q), "device": "cpu", "torch_threads": torch.get_num_threads(),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
@@ -174,6 +185,10 @@ async def main_async(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for the engine and for transformers alike")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="engine / transformers throughput runs, taken in turn")
     print(json.dumps(asyncio.run(main_async(parser.parse_args()))))
 
 

@@ -292,9 +292,15 @@ def test_killed_replica_under_load(server):
     (newcomer,) = set(new_ids) - set(replica_ids)
     # It publishes from its constructor; Serve routes to it once it is running, which both
     # gateways' routers show by exporting its series.
-    wait_until(lambda: len(server.by_label("kvroute_router_replica_up", "gateway",
-                                           replica=newcomer)) == 2,
-               180, "both gateways to route to the replacement replica")  # it loads first
+    try:
+        wait_until(lambda: len(server.by_label("kvroute_router_replica_up", "gateway",
+                                               replica=newcomer)) == 2,
+                   180, "both gateways to route to the replacement replica")  # it loads first
+    except AssertionError as err:  # say what each gateway routes to (seen once in ~5 runs)
+        up = {r: server.by_label("kvroute_router_replica_up", "gateway", replica=r)
+              for r in {victim, newcomer, *new_ids}}
+        raise AssertionError(f"{err}; replica_up by replica and gateway: {up}; "
+                             f"/ready: {server.replica_ids()}") from None
     for i in range(6):
         assert _complete(server, SHARED + f"after {i}")["status"] == 200
     wait_until(lambda: any(v > 0 for (g, r), v in _router_counts(server).items()

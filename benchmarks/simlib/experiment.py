@@ -38,8 +38,9 @@ DEFAULTS: dict[str, WorkloadDefaults] = {
         2048, math.inf, (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, math.inf),
         "64 prefixes x 128 blocks = 8,192 blocks: four replicas' memory; all at once"),
     "shared_prefix": WorkloadDefaults(
-        16384, 1.0, (1.0, 1.25, 1.5, 1.75, 2.0, 2.5),
-        "150 prefixes x 375 blocks = 56,250 blocks: 3.4 replicas' memory"),
+        19208, 1.0, (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5),
+        "llm-d's run: 307,328 tokens of KV an instance; its 750 prompts (150 x 6,000 + "
+        "750 x 1,200 tokens) fill 73% of 8 replicas, 5.9 replicas' memory"),
     "multi_turn": WorkloadDefaults(
         8192, 8.0, (2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0),
         "256 histories of up to 2,880 tokens = 46,080 blocks: 5.6 replicas' memory"),

@@ -10,7 +10,10 @@ and it is released no earlier than that round finished.
   prompts, 2048-token system prompt, 128-token question, 256 output tokens, shuffled, all at
   once by default).
 - shared_prefix: llm-d / inference-perf `shared_prefix` (150 groups x 5 prompts, 6000-token
-  system prompt, 1200-token question, 1000 output tokens, Poisson arrivals).
+  system prompt, 1200-token question, 1000 output tokens, Poisson arrivals). As
+  inference-perf does, the shuffled prompt list is sent over and over (request n sends
+  prompt n mod 750), so a whole prompt recurs every 750 requests; llm-d's load stages each
+  cover two to three such passes, and `passes` (default 3) sets how many a run sends.
 - multi_turn: SGLang `bench_multiturn` (256 clients x 5 rounds, 512 new tokens a round,
   64 output tokens, the history resent every round).
 - prefix_repetition: vLLM `prefix_repetition` (10 prefixes of 256, suffix 256, output 128).
@@ -91,13 +94,18 @@ def poisson_arrivals_s(num: int, rate_qps: float, seed: int) -> np.ndarray:
 
 
 def _grouped(name: str, num_groups: int, prompts_per_group: int, system_prompt_len: int,
-             question_len: int, output_len: int, rate_qps: float, seed: int) -> Workload:
+             question_len: int, output_len: int, rate_qps: float, seed: int,
+             passes: int = 1) -> Workload:
+    """Each group's system prompt followed by one of its questions, in one shuffled order;
+    `passes` times over that order (request n sends prompt n mod the prompt count)."""
+    if passes < 1:
+        raise ValueError(f"passes must be >= 1, got {passes}")
     pairs = [(g, i) for g in range(num_groups) for i in range(prompts_per_group)]
     order = np.random.default_rng([seed, 0]).permutation(len(pairs))
-    arrivals = poisson_arrivals_s(len(pairs), rate_qps, seed)
+    arrivals = poisson_arrivals_s(passes * len(pairs), rate_qps, seed)
     items = []
-    for n, k in enumerate(order):
-        g, i = pairs[k]
+    for n in range(passes * len(pairs)):
+        g, i = pairs[order[n % len(pairs)]]
         items.append(WorkItem(
             f"{name[:3]}-{n}", float(arrivals[n]),
             (Segment(f"{name}/sys{g}", system_prompt_len),
@@ -115,9 +123,10 @@ def generated_shared_prefix(num_groups: int = 64, prompts_per_group: int = 16,
 
 def shared_prefix(num_groups: int = 150, prompts_per_group: int = 5,
                   system_prompt_len: int = 6000, question_len: int = 1200,
-                  output_len: int = 1000, rate_qps: float = 8.0, seed: int = 0) -> Workload:
+                  output_len: int = 1000, rate_qps: float = 8.0, seed: int = 0,
+                  passes: int = 3) -> Workload:
     return _grouped("shared_prefix", num_groups, prompts_per_group, system_prompt_len,
-                    question_len, output_len, rate_qps, seed)
+                    question_len, output_len, rate_qps, seed, passes)
 
 
 def prefix_repetition(num_prompts: int = 1000, num_prefixes: int = 10, prefix_len: int = 256,

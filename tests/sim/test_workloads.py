@@ -26,12 +26,23 @@ def test_generated_shared_prefix_defaults_are_sglangs():
 
 def test_shared_prefix_defaults_are_llm_ds_with_poisson_arrivals():
     w = wl.shared_prefix(rate_qps=10.0)
-    assert w.num_requests == 150 * 5
+    assert w.num_requests == 3 * 150 * 5  # three passes over the prompt list
     assert {tuple(s.num_tokens for s in it.segments) for it in w.items} == {(6000, 1200)}
     assert {it.max_tokens for it in w.items} == {1000}
     times = np.array([it.arrival_s for it in w.items])
     assert times[0] == 0.0 and np.all(np.diff(times) > 0)
     assert abs((len(times) - 1) / times[-1] - 10.0) < 1.5  # ~10 req/s
+
+
+def test_shared_prefix_resends_its_shuffled_prompt_list_as_inference_perf_does():
+    w = wl.shared_prefix(num_groups=4, prompts_per_group=3, rate_qps=10.0, passes=2)
+    prompts = [tuple(s.key for s in it.segments) for it in w.items]
+    assert len(prompts) == 24 and len(set(prompts)) == 12
+    assert prompts[:12] == prompts[12:]  # request n sends prompt n mod 12
+    assert prompts[:12] != sorted(prompts[:12])  # shuffled
+    assert len({it.request_id for it in w.items}) == 24
+    with pytest.raises(ValueError, match="passes"):
+        wl.shared_prefix(passes=0)
 
 
 def test_multi_turn_rounds_continue_their_client():

@@ -11,6 +11,12 @@ written to a temp dir; every figure below is measured in this run.
 - throughput_vs_hf: output tokens/s of 16 concurrent requests (256 in, 128 out) over
   transformers' `generate` on the same batch (greedy, same weights, fp32); the two run in
   turn, `--rounds` times each, medians.
+- gemm_floor_tok_s and throughput_ceiling_vs_hf: the same batch's output tokens over the
+  time of its linear layers alone (fused QKV and gate-up, as the engine has them, and the
+  LM head: the prefill's tokens at once, then one decode step of the batch per further
+  output token), timed in the same turns. No engine on these weights, at this thread
+  count, can beat that time: attention, norms, sampling and scheduling count as free. The
+  ceiling is that floor's tok/s over transformers'.
 
 Both sides use `--threads` torch threads (default 1). On a 2-core box shared with other
 work, 2 OpenMP threads collapse whenever a neighbour holds a core (a 16-request decode step
@@ -134,6 +140,35 @@ def hf_generate_tok_s(path: Path, prompts: list[list[int]], out_len: int) -> flo
     return (out.shape[1] - ids.shape[1]) * ids.shape[0] / dt
 
 
+def linear_weights() -> list[torch.Tensor]:
+    """The model's matmul weights as the engine holds them (QKV and gate-up fused)."""
+    h, inter, d = MODEL["hidden_size"], MODEL["intermediate_size"], \
+        MODEL["hidden_size"] // MODEL["num_attention_heads"]
+    qkv = (MODEL["num_attention_heads"] + 2 * MODEL["num_key_value_heads"]) * d
+    g = torch.Generator().manual_seed(0)
+    per_layer = [(qkv, h), (h, h), (2 * inter, h), (h, inter)]
+    shapes = per_layer * MODEL["num_hidden_layers"] + [(MODEL["vocab_size"], h)]
+    return [torch.randn(*s, generator=g) * 0.02 for s in shapes]
+
+
+def gemm_floor_s(weights: list[torch.Tensor], batch: int, prompt_len: int, out_len: int,
+                 decode_repeats: int = 10) -> float:
+    """Seconds the batch spends in its linear layers alone: one pass of batch x prompt_len
+    tokens (the prefill, which yields the first token), then out_len - 1 decode steps of
+    `batch` tokens (their median step time)."""
+    def run(m: int) -> float:
+        xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in weights}
+        t0 = time.perf_counter()
+        for w in weights:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+        return time.perf_counter() - t0
+
+    run(batch)  # warm-up
+    prefill = run(batch * prompt_len)
+    step = statistics.median(run(batch) for _ in range(decode_repeats))
+    return prefill + (out_len - 1) * step
+
+
 async def main_async(args) -> dict:
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
@@ -146,7 +181,8 @@ async def main_async(args) -> dict:
         g = await bench_gsp(path, rng, 4 if q else 16, 4 if q else 8, 256 if q else 1024,
                             64, 8 if q else 32)
         batch = [tokens(rng, 256) for _ in range(n_batch)]
-        ours_samples, theirs_samples = [], []
+        ours_samples, theirs_samples, floor_samples = [], [], []
+        weights = linear_weights()
         for _ in range(args.rounds):  # in turn, so a burst of load hits both alike
             eng = engine(path)
             await run_batch(eng, [tokens(rng, 32)], 2)
@@ -154,7 +190,10 @@ async def main_async(args) -> dict:
             await eng.shutdown()
             ours_samples.append(n_out / dt)
             theirs_samples.append(hf_generate_tok_s(path, batch, out_len))
+            floor_samples.append(n_batch * out_len / gemm_floor_s(weights, n_batch, 256,
+                                                                 out_len))
         ours, theirs = statistics.median(ours_samples), statistics.median(theirs_samples)
+        floor = statistics.median(floor_samples)
     rows = [
         (f"TTFT cold {n_ttft}-token prompt, median of 3 (s)", t["cold_s"]),
         (f"TTFT 90%-cached {n_ttft}-token prompt, median of 3 (s)", t["cached_s"]),
@@ -162,6 +201,7 @@ async def main_async(args) -> dict:
         ("GSP requests/s, prefix cache off", g["cache_off"]),
         (f"{n_batch}x(256 in, {out_len} out) tokens/s, kvroute engine", ours),
         (f"{n_batch}x(256 in, {out_len} out) tokens/s, transformers generate", theirs),
+        (f"{n_batch}x(256 in, {out_len} out) tokens/s, linear layers alone", floor),
     ]
     for name, value in rows:
         print(f"{name:<56} {value:>10.3f}")
@@ -169,6 +209,7 @@ async def main_async(args) -> dict:
         "ttft_cached_over_cold": round(t["cached_s"] / t["cold_s"], 3),
         "gsp_speedup": round(g["cache_on"] / g["cache_off"], 2),
         "throughput_vs_hf": round(ours / theirs, 2),
+        "throughput_ceiling_vs_hf": round(floor / theirs, 2),
         "ttft_cold_s": round(t["cold_s"], 3), "ttft_cached_s": round(t["cached_s"], 3),
         "ttft_cold_samples_s": [round(x, 3) for x in t["cold_samples_s"]],
         "ttft_cached_samples_s": [round(x, 3) for x in t["cached_samples_s"]],
@@ -177,6 +218,8 @@ async def main_async(args) -> dict:
         "engine_tok_s": round(ours, 1), "hf_tok_s": round(theirs, 1),
         "engine_tok_s_samples": [round(x, 1) for x in ours_samples],
         "hf_tok_s_samples": [round(x, 1) for x in theirs_samples],
+        "gemm_floor_tok_s": round(floor, 1),
+        "gemm_floor_tok_s_samples": [round(x, 1) for x in floor_samples],
         "quick": bool(q), "device": "cpu", "torch_threads": torch.get_num_threads(),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }

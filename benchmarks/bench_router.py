@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kv.events import BlockRemoved, BlockStored, EventBatch, EventLog, Snapshot  # noqa: E402
-from router.core import Router, RouterConfig  # noqa: E402
+from router.core.router import Router, RouterConfig  # noqa: E402
 
 BLOCK_SIZE = 16
 PROMPT_BLOCKS = 512  # 8,192 tokens

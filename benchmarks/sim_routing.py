@@ -29,8 +29,8 @@ from benchmarks.simlib.cluster import ClusterConfig  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
 from benchmarks.simlib.report import Summary, table  # noqa: E402
 from benchmarks.simlib.workloads import WORKLOAD_NAMES  # noqa: E402
-from router.config import RouterConfig  # noqa: E402
-from router.policies import POLICY_NAMES  # noqa: E402
+from router.core.config import RouterConfig  # noqa: E402
+from router.core.policies import POLICY_NAMES  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

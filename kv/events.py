@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+import xxhash
+
 from kv.hashing import BlockHash
 
 Medium = Literal["device", "host"]
@@ -212,3 +214,30 @@ class SetIndex:
     def forget(self, replica_id: str) -> None:
         self._trackers.pop(replica_id, None)
         self.contents.pop(replica_id, None)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """How far a consumer has applied one replica's events."""
+
+    epoch: str
+    next_seq: int
+
+
+@dataclass(frozen=True)
+class ContentsDigest:
+    """A compact fingerprint of one replica's contents (to compare views cheaply)."""
+
+    num_device_blocks: int
+    num_host_blocks: int
+    digest: str
+
+
+def contents_digest(device_hashes: set[BlockHash] | frozenset[BlockHash],
+                    host_hashes: set[BlockHash] | frozenset[BlockHash]) -> ContentsDigest:
+    h = xxhash.xxh3_64()
+    for medium_hashes in (device_hashes, host_hashes):
+        h.update(b"|")
+        for block_hash in sorted(medium_hashes):
+            h.update(block_hash)
+    return ContentsDigest(len(device_hashes), len(host_hashes), h.hexdigest())

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from router.policies import POLICY_NAMES
+from router.core.policies import POLICY_NAMES
 
 APP_NAME = "kvroute"
 
@@ -108,7 +108,7 @@ def start_ray(address: str | None, num_cpus: int | None) -> None:
 def run_serve(ns: argparse.Namespace) -> int:
     from ray import serve
 
-    from router.app import ServeArgs, build_app
+    from router.serve.app import ServeArgs, build_app
 
     num_cpus = None if ns.address else (ns.num_cpus or os.cpu_count() or 1)
     args = serve_args_from(ns, num_cpus)

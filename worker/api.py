@@ -103,3 +103,42 @@ class EngineStats:
     num_free_blocks: int
     num_host_blocks: int
     num_host_cached_blocks: int
+
+
+# Pinned-prefix calls and operator queries. The request router reads `block_hashes`,
+# `prompt_token_ids` and `target_replica_id` from the first argument of a call, so every
+# routed message carries them (a request to a specific replica sets the third).
+
+
+@dataclass(frozen=True)
+class PinRequest:
+    """Compute a named prefix on the replica the router picks and pin its blocks."""
+
+    name: str
+    prompt_token_ids: list[int]
+    block_hashes: list[bytes]
+    cache_salt: str = ""
+    target_replica_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PinResult:
+    replica_id: str
+    num_pinned_blocks: int
+
+
+@dataclass(frozen=True)
+class UnpinRequest:
+    """Unpin a named prefix on the replica that holds it (routed there by id)."""
+
+    name: str
+    target_replica_id: str
+    prompt_token_ids: tuple[int, ...] = ()
+    block_hashes: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReplicaQuery:
+    """An operator's question to one replica (routed there by id)."""
+
+    target_replica_id: str

@@ -6,9 +6,10 @@ from tokenizers import Tokenizer
 
 from worker.engine import Engine
 from worker.engine_config import EngineConfig
-from worker.loader import load_model_config, load_tokenizer_files
+from worker.loader import load_model_config
 from worker.sim import SimExecutor
 from worker.tiny import resolve_model
+from worker.tokenizer_files import load_tokenizer_files
 
 
 def build_engine(config: EngineConfig) -> Engine:

@@ -25,8 +25,8 @@ from worker.byte_tokenizer import (
     write_byte_tokenizer,
 )
 from worker.random_weights import llama_weight_shapes, random_tensor
+from worker.tokenizer_files import TINY_MAX_POSITION_EMBEDDINGS, TINY_NAME, default_cache_root
 
-TINY_NAME = "tiny"
 TINY_SEED = 0
 # Bump when the generated content changes, so stale caches are rebuilt.
 _TINY_VERSION = "1"
@@ -43,7 +43,7 @@ TINY_CONFIG = {
     "num_key_value_heads": 2,
     "head_dim": 16,
     "hidden_act": "silu",
-    "max_position_embeddings": 2048,
+    "max_position_embeddings": TINY_MAX_POSITION_EMBEDDINGS,
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
     "tie_word_embeddings": False,
@@ -53,12 +53,6 @@ TINY_CONFIG = {
     "eos_token_id": EOS_TOKEN_ID,
     "torch_dtype": "float32",
 }
-
-
-def default_cache_root() -> Path:
-    """$KVROUTE_CACHE_DIR, else ~/.cache/kvroute."""
-    env = os.environ.get("KVROUTE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "kvroute"
 
 
 def _write_tiny(model_dir: Path) -> None:

@@ -26,7 +26,7 @@ from benchmarks.simlib.prompts import PromptBuilder, TokenSource
 from benchmarks.simlib.replica import ReplicaConfig, SimReplica
 from benchmarks.simlib.workloads import WorkItem, Workload
 from kv.hashing import namespace_root
-from router.core import Router, RouterConfig
+from router.core.router import Router, RouterConfig
 from worker.api import SamplingParams
 from worker.request import Request
 
@@ -39,7 +39,7 @@ class ClusterConfig:
     replica: ReplicaConfig
     router: RouterConfig
     event_delay_s: float = 0.01  # a published batch reaches the router this much later
-    publish_interval_s: float = 0.05  # worker.publisher.PublisherConfig's default
+    publish_interval_s: float = 0.05  # router.serve.publisher.PublisherConfig's default
     model_name: str = "sim-llama3-8b"  # the hash namespace
     seed: int = 0  # token ids of the workload's segments
 

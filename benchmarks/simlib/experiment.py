@@ -19,7 +19,7 @@ from pathlib import Path
 from benchmarks.simlib import workloads as wl
 from benchmarks.simlib.cluster import ClusterConfig, ClusterSim
 from benchmarks.simlib.report import Summary, summarize
-from router.config import RouterConfig
+from router.core.config import RouterConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MOONCAKE_TRACE = REPO_ROOT.parent / "shared" / "workloads" / "mooncake_synthetic_trace.jsonl"

@@ -1,15 +1,15 @@
 """The chart's Serve config against the application it deploys: every arg is one
-router.app.ServeArgs takes, every overridden deployment exists, the policy list is the
+router.serve.app.ServeArgs takes, every overridden deployment exists, the policy list is the
 router's, and NOTES.txt names the model the way the engine serves it."""
 
 import json
 
 import pytest
 
-from router.app import ServeArgs
-from router.gateway import Gateway
-from router.policies import POLICY_NAMES
-from worker.deployment import EngineReplica
+from router.core.policies import POLICY_NAMES
+from router.gateway.app import Gateway
+from router.serve.app import ServeArgs
+from router.serve.engine_replica import EngineReplica
 
 from .helm_chart import CHART, VALUE_SETS, notes, render, serve_config
 

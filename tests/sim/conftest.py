@@ -2,7 +2,7 @@
 
 from benchmarks.simlib.cluster import ClusterConfig, ClusterSim
 from benchmarks.simlib.replica import ReplicaConfig
-from router.config import RouterConfig
+from router.core.config import RouterConfig
 
 
 def make_sim(workload, num_replicas=2, policy="cache_aware", num_blocks=256, host_blocks=0,

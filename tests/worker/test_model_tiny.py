@@ -10,8 +10,9 @@ import torch
 from tokenizers import Tokenizer
 
 from tests.worker.model_harness import hf_logits, load_hf, make_runner, seq, step
-from worker.loader import check_checkpoint, load_tokenizer_files
+from worker.loader import check_checkpoint
 from worker.tiny import ensure_tiny, resolve_model
+from worker.tokenizer_files import load_tokenizer_files
 
 
 def _digest(path) -> str:

@@ -13,7 +13,7 @@
 {{- end }}
 
 {{/*
-Ray Serve config (serveConfigV2) of the kvroute application. `args` are router.app's
+Ray Serve config (serveConfigV2) of the kvroute application. `args` are router.serve.app's
 ServeArgs. The HTTP proxy runs on the head only, so the head pod is the one gateway endpoint
 and the one metrics target; `deployments` pins the Gateway deployment (named in
 router/gateway.py) to the head and, with autoscaling, lets Serve scale EngineReplica
@@ -58,7 +58,7 @@ router/gateway.py) to the head and, with autoscaling, lets Serve scale EngineRep
 {{- $app := dict
   "name" "kvroute"
   "route_prefix" "/"
-  "import_path" "router.app:build_app"
+  "import_path" "router.serve.app:build_app"
   "args" $args
   "deployments" $deployments }}
 {{- $httpOptions := dict "host" "0.0.0.0" "port" (int (include "kvroute.gatewayPort" .)) }}

@@ -1,0 +1,286 @@
+"""The KV index actor: the cluster's one view of what every replica caches (Protocol 2).
+
+Replicas push their event batches and load stats (`publish`); a gap or a new epoch answers
+"send a snapshot" and the replica does (`publish_snapshot`). Routers long-poll (`poll`) with
+a cursor per replica and get deltas, or a snapshot where their cursor is unknown, too old,
+too new or of another epoch (a new or restarted router, a restarted actor). A replica that
+stops publishing for `replica_timeout_s`, says goodbye, or is reported dead is forgotten,
+and every router is told.
+
+The actor also keeps the named pinned prefixes (shared by all gateway processes; a prefix
+whose replica is gone is offered to one gateway at a time to warm again elsewhere) and the
+index digests routers report, so tests and operators can check that views converge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import ray
+
+from kv.events import ContentsDigest, Cursor, EventBatch, Snapshot
+from router.cluster.actors import get_or_create_actor
+from router.cluster.replica_log import ReplicaLog
+from worker.api import EngineStats
+
+INDEX_ACTOR_NAME = "kvroute-index"
+
+
+@dataclass(frozen=True)
+class IndexActorConfig:
+    replica_timeout_s: float = 10.0  # forget a replica silent this long
+    max_logged_events: int = 8192  # per replica, for router deltas
+    max_poll_wait_s: float = 1.0
+    router_timeout_s: float = 10.0  # a router silent this long leaves `router_views`
+
+    def __post_init__(self):
+        if not self.replica_timeout_s > 0:
+            raise ValueError(f"replica_timeout_s must be > 0, got {self.replica_timeout_s}")
+        if self.max_logged_events < 1:
+            raise ValueError(f"max_logged_events must be >= 1, got {self.max_logged_events}")
+        if not self.max_poll_wait_s >= 0:
+            raise ValueError(f"max_poll_wait_s must be >= 0, got {self.max_poll_wait_s}")
+
+
+@dataclass(frozen=True)
+class PollRequest:
+    router_id: str
+    cursors: dict[str, Cursor]  # replica_id -> what this router has applied
+    wait_s: float = 0.0  # long poll: wait up to this long for news
+    view: dict[str, ContentsDigest] = field(default_factory=dict)  # the router's index
+
+
+@dataclass(frozen=True)
+class PollReply:
+    snapshots: tuple[Snapshot, ...]
+    batches: tuple[EventBatch, ...]
+    stats: dict[str, EngineStats]  # replica_id -> latest stats
+    removed_replica_ids: tuple[str, ...]  # in the request's cursors, not live any more
+
+
+@dataclass(frozen=True)
+class PrefixRecord:
+    """A named pinned prefix and where it is warmed ("" while no replica holds it: its
+    replica is gone and a gateway is to warm it again elsewhere)."""
+
+    name: str
+    tenant: str
+    num_prompt_tokens: int
+    num_pinned_blocks: int
+    replica_id: str
+    prompt_token_ids: tuple[int, ...] = ()  # what to compute again when its replica is gone
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.tenant, self.name
+
+
+@dataclass
+class _Replica:
+    log: ReplicaLog
+    last_seen_s: float
+    stats: EngineStats | None = None
+
+
+class KVIndex:
+    """The actor's state and methods (plain class, also usable without Ray in tests)."""
+
+    def __init__(self, config: IndexActorConfig | None = None):
+        self._config = config or IndexActorConfig()
+        self.incarnation = uuid.uuid4().hex  # new after every (re)start of the actor
+        self._replicas: dict[str, _Replica] = {}
+        self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
+        self._prefixes: dict[tuple[str, str], PrefixRecord] = {}
+        self._waiters: set[asyncio.Future] = set()  # long polls waiting for news
+        # orphaned prefixes handed to a gateway to warm again: key -> claim expiry
+        self._claims: dict[tuple[str, str], float] = {}
+        self._orphans = asyncio.Event()  # set while some record has no replica
+
+    # ---- replicas ----
+
+    def publish(self, batch: EventBatch, stats: EngineStats | None = None) -> bool:
+        """Applies a replica's batch; True asks the replica for `publish_snapshot`."""
+        rep = self._touch(batch.replica_id)
+        if stats is not None:
+            rep.stats = stats
+        needs_snapshot = rep.log.publish(batch)
+        self._notify()
+        return needs_snapshot
+
+    def publish_snapshot(self, snap: Snapshot, stats: EngineStats | None = None) -> None:
+        rep = self._touch(snap.replica_id)
+        if stats is not None:
+            rep.stats = stats
+        rep.log.apply_snapshot(snap)
+        self._notify()
+
+    def forget_replica(self, replica_id: str) -> bool:
+        """Drops a replica (goodbye, or reported dead); True when it was known."""
+        known = self._replicas.pop(replica_id, None) is not None
+        for key, record in list(self._prefixes.items()):
+            if record.replica_id == replica_id:  # to be warmed again on another replica
+                self._prefixes[key] = dataclasses.replace(record, replica_id="",
+                                                          num_pinned_blocks=0)
+                self._orphans.set()
+        if known:
+            self._notify()
+        return known
+
+    def get_incarnation(self) -> str:
+        return self.incarnation
+
+    def replica_ids(self) -> list[str]:
+        self._expire()
+        return sorted(self._replicas)
+
+    def replica_digests(self) -> dict[str, ContentsDigest]:
+        self._expire()
+        return {rid: rep.log.digest() for rid, rep in self._replicas.items() if rep.log.synced}
+
+    # ---- routers ----
+
+    async def poll(self, request: PollRequest) -> PollReply:
+        self._router_views[request.router_id] = (time.monotonic(), dict(request.view))
+        reply = self._delta(request)
+        wait_s = min(request.wait_s, self._config.max_poll_wait_s)
+        if wait_s > 0 and not (reply.snapshots or reply.batches or reply.removed_replica_ids):
+            news = asyncio.get_running_loop().create_future()
+            self._waiters.add(news)
+            try:
+                await asyncio.wait_for(news, timeout=wait_s)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._waiters.discard(news)
+            reply = self._delta(request)
+        return reply
+
+    def router_views(self) -> dict[str, dict[str, ContentsDigest]]:
+        """The index digests of the routers that polled in the last `router_timeout_s`."""
+        cutoff = time.monotonic() - self._config.router_timeout_s
+        for router_id in [r for r, (t, _) in self._router_views.items() if t < cutoff]:
+            del self._router_views[router_id]
+        return {rid: view for rid, (_, view) in self._router_views.items()}
+
+    def forget_router(self, router_id: str) -> None:
+        self._router_views.pop(router_id, None)
+
+    # ---- pinned prefixes ----
+
+    def put_prefix(self, record: PrefixRecord) -> PrefixRecord | None:
+        """Stores a record; returns the one it replaces (to unpin), if any."""
+        old = self._prefixes.get(record.key)
+        self._prefixes[record.key] = record
+        self._claims.pop(record.key, None)
+        return old
+
+    def pop_prefix(self, tenant: str, name: str) -> PrefixRecord | None:
+        self._claims.pop((tenant, name), None)
+        return self._prefixes.pop((tenant, name), None)
+
+    async def claim_orphaned_prefixes(self, wait_s: float, lease_s: float = 60.0
+                                      ) -> list[PrefixRecord]:
+        """Records whose replica is gone, for the caller to warm again; each is claimed by
+        one caller for `lease_s` (then offered again, if that caller died). Waits up to
+        `wait_s` for one to appear."""
+        try:
+            await asyncio.wait_for(self._orphans.wait(), timeout=wait_s)
+        except asyncio.TimeoutError:
+            return []
+        now = time.monotonic()
+        out = [r for r in self._prefixes.values()
+               if not r.replica_id and self._claims.get(r.key, 0.0) <= now]
+        for record in out:
+            self._claims[record.key] = now + lease_s
+        self._orphans.clear()
+        if self._claims:  # wake a caller again when the earliest lease runs out
+            asyncio.get_running_loop().call_later(
+                max(0.0, min(self._claims.values()) - now), self._offer_orphans_again)
+        return out
+
+    def place_prefix(self, orphan: PrefixRecord, placed: PrefixRecord) -> bool:
+        """Records where an orphan was warmed again, unless it changed meanwhile (deleted
+        or registered again): False then, and the caller unpins what it warmed."""
+        key = orphan.key
+        self._claims.pop(key, None)
+        if self._prefixes.get(key) != orphan:
+            return False
+        self._prefixes[key] = placed
+        return True
+
+    def release_claim(self, orphan: PrefixRecord) -> None:
+        """The claimer could not warm the orphan: offer it again."""
+        if self._claims.pop(orphan.key, None) is not None and self._prefixes.get(
+                orphan.key) == orphan:
+            self._orphans.set()
+
+    def _offer_orphans_again(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, t in self._claims.items() if t <= now]:
+            del self._claims[key]
+            record = self._prefixes.get(key)
+            if record is not None and not record.replica_id:
+                self._orphans.set()
+
+    def list_prefixes(self, tenant: str) -> list[PrefixRecord]:
+        self._expire()
+        return sorted((p for p in self._prefixes.values() if p.tenant == tenant),
+                      key=lambda p: p.name)
+
+    def check_invariants(self) -> None:
+        for rep in self._replicas.values():
+            rep.log.check_invariants()
+
+    # ---- internals ----
+
+    def _delta(self, request: PollRequest) -> PollReply:
+        self._expire()
+        snapshots: list[Snapshot] = []
+        batches: list[EventBatch] = []
+        for replica_id, rep in self._replicas.items():
+            if not rep.log.synced:
+                continue
+            cursor = request.cursors.get(replica_id)
+            delta = rep.log.delta_since(cursor)
+            if delta is None:
+                snap = rep.log.snapshot()
+                if snap is not None:
+                    snapshots.append(snap)
+            else:
+                batches.extend(delta)
+        removed = tuple(sorted(set(request.cursors) - set(self._replicas)))
+        stats = {rid: rep.stats for rid, rep in self._replicas.items() if rep.stats is not None}
+        return PollReply(tuple(snapshots), tuple(batches), stats, removed)
+
+    def _touch(self, replica_id: str) -> _Replica:
+        rep = self._replicas.get(replica_id)
+        now = time.monotonic()
+        if rep is None:
+            rep = _Replica(ReplicaLog(replica_id, self._config.max_logged_events), now)
+            self._replicas[replica_id] = rep
+        rep.last_seen_s = now
+        return rep
+
+    def _expire(self) -> None:
+        cutoff = time.monotonic() - self._config.replica_timeout_s
+        for replica_id in [r for r, rep in self._replicas.items() if rep.last_seen_s < cutoff]:
+            self.forget_replica(replica_id)
+
+    def _notify(self) -> None:
+        for news in self._waiters:
+            if not news.done():
+                news.set_result(None)
+        self._waiters.clear()
+
+
+IndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
+                        max_concurrency=1000)(KVIndex)
+
+
+def get_index_actor(config: IndexActorConfig | None = None) -> ray.actor.ActorHandle:
+    """The cluster's `kvroute-index` actor, created by the first process that asks."""
+    return get_or_create_actor(IndexActor, INDEX_ACTOR_NAME, config or IndexActorConfig())

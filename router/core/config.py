@@ -1,0 +1,66 @@
+"""The router core's one config (re-exported by router.core.router)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from router.core.policies import POLICY_NAMES
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    policy: str = "cache_aware"  # one of router.core.policies.POLICY_NAMES
+    block_size: int = 16  # tokens per block; must equal the engine's
+    # Cost of one token of outstanding work, in prefill tokens (cache_aware). 0.2 kept the
+    # hits and the balance on every simulated workload (benchmarks/RESULTS.md); 0.5 split
+    # conversations off their cache on the Mooncake trace and llm-d's shared_prefix.
+    load_weight: float = 0.2
+    # A host hit costs this fraction of recomputing the block (it is copied back).
+    host_cost_fraction: float = 0.2
+    # Tokens of outstanding work by which the chosen replica may exceed the least loaded
+    # before the cache gain must pay for the gap in full (cache_aware); inf (the default)
+    # turns it off: one long queued prompt then no longer pushes every conversation off
+    # its cache (Mooncake: 0.81 of the pooled bound with a 16,384-token guard, 0.98 without).
+    imbalance_threshold: float = math.inf
+    # A routed block counts as cached on its replica until an event confirms it, while its
+    # request is outstanding and this long after it finished.
+    pending_ttl_s: float = 2.0
+    approximate: bool = False  # ignore events, use routed history only
+    approx_capacity_blocks: int = 16384  # per replica, for approximate mode
+    approx_ttl_s: float = 600.0  # a routed block is forgotten this long after its last use
+    # Routed hashes replayed into the history per decision while the fallback warms up.
+    fallback_warmup_blocks: int = 2048
+    hash_prefix_blocks: int = 8  # consistent_hash keys on this many leading blocks
+    seed: int = 0  # random policy
+
+    def __post_init__(self):
+        def bad(what: str) -> ValueError:
+            return ValueError(f"RouterConfig: {what}")
+
+        if self.policy not in POLICY_NAMES:
+            raise bad(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICY_NAMES)}")
+        if not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise bad(f"block_size must be a positive integer, got {self.block_size!r}")
+        if not (math.isfinite(self.load_weight) and self.load_weight >= 0):
+            raise bad(f"load_weight must be finite and >= 0, got {self.load_weight!r}")
+        if not 0 <= self.host_cost_fraction <= 1:
+            raise bad(f"host_cost_fraction must be in [0, 1], got {self.host_cost_fraction!r}")
+        if not self.imbalance_threshold > 0:
+            raise bad(f"imbalance_threshold must be > 0 tokens (inf: no guard), got "
+                      f"{self.imbalance_threshold!r}")
+        if not (math.isfinite(self.pending_ttl_s) and self.pending_ttl_s > 0):
+            raise bad(f"pending_ttl_s must be finite and > 0, got {self.pending_ttl_s!r}")
+        if not isinstance(self.approx_capacity_blocks, int) or self.approx_capacity_blocks <= 0:
+            raise bad(f"approx_capacity_blocks must be a positive integer, got "
+                      f"{self.approx_capacity_blocks!r}")
+        if not (math.isfinite(self.approx_ttl_s) and self.approx_ttl_s > 0):
+            raise bad(f"approx_ttl_s must be finite and > 0, got {self.approx_ttl_s!r}")
+        if not isinstance(self.fallback_warmup_blocks, int) or self.fallback_warmup_blocks <= 0:
+            raise bad(f"fallback_warmup_blocks must be a positive integer, got "
+                      f"{self.fallback_warmup_blocks!r}")
+        if not isinstance(self.hash_prefix_blocks, int) or self.hash_prefix_blocks <= 0:
+            raise bad(f"hash_prefix_blocks must be a positive integer, got "
+                      f"{self.hash_prefix_blocks!r}")
+        if not isinstance(self.seed, int):
+            raise bad(f"seed must be an integer, got {self.seed!r}")

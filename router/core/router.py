@@ -1,0 +1,157 @@
+"""The router core's facade: one object the gateway asks where each request goes.
+
+Pure Python (kv, worker.api, no Ray, no torch). The serving side feeds it events, snapshots
+and stats, tells it when requests finish, and switches it to approximate mode when the index
+actor is unreachable or stale.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from kv.events import EventBatch, Snapshot
+from kv.hashing import BlockHash
+from router.core.config import RouterConfig
+from router.core.history import RoutedHistory
+from router.core.index import PrefixIndex
+from router.core.load import LoadTracker
+from router.core.policies import ReplicaView, RouteQuery, make_policy
+from worker.api import EngineStats
+
+__all__ = ["Router", "RouterConfig", "RoutingDecision"]
+
+
+class RoutingDecision(NamedTuple):
+    replica_id: str
+    predicted_device_hit_tokens: int
+    predicted_host_hit_tokens: int
+    approximate: bool  # decided without event data (routed history only)
+
+
+class Router:
+    """Routes requests to replicas; keeps the prefix index mirror, routed history and load.
+
+    Args:
+        config: the router's settings.
+        clock: seconds, monotonic; drives pending-mark and history expiry (inject a fake one
+            in tests and in the simulator).
+    """
+
+    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.clock = clock
+        self.policy = make_policy(config.policy, config)
+        self.index = PrefixIndex(config.pending_ttl_s, clock)
+        self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
+                                     active=config.approximate)
+        self.loads = LoadTracker()
+        self._fallback = False
+        # request id -> (replica, the blocks it holds pending there), until `on_finished`
+        self._held: dict[str, tuple[str, Sequence[BlockHash]]] = {}
+
+    @property
+    def approximate(self) -> bool:
+        """True while decisions use routed history only (configured, or fallback)."""
+        return self.config.approximate or self._fallback
+
+    def route(self, request_id: str, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
+              replica_ids: Sequence[str], max_tokens: int = 0) -> RoutingDecision:
+        """Chooses a replica among `replica_ids` and records the decision: the prompt's
+        blocks become pending on it, its outstanding work grows until `on_finished`.
+
+        Raises ValueError when there is no candidate or the hashes cannot be the prompt's.
+        """
+        if not replica_ids:
+            raise ValueError(f"route {request_id}: no replica to choose from")
+        block_size = self.config.block_size
+        if len(block_hashes) * block_size > num_prompt_tokens:
+            raise ValueError(f"route {request_id}: {len(block_hashes)} block hashes for "
+                             f"{num_prompt_tokens} prompt tokens at block size {block_size}")
+        if len(set(replica_ids)) != len(replica_ids):
+            replica_ids = list(dict.fromkeys(replica_ids))
+        approximate = self.approximate
+        if approximate and self.history.warming:
+            self.history.warm_step(self.config.fallback_warmup_blocks)
+        # While the fallback's history is still warming up, the last event data (stale,
+        # but better than a half-built history) decides, pending marks included.
+        use_history = approximate and not self.history.warming
+        source = self.history if use_history else self.index
+        policy = self.policy
+        confirmed: dict[str, int] = {}  # device runs that pending marks carried on
+        matches = (source.match(block_hashes, replica_ids, confirmed) if policy.uses_index
+                   else {})
+        query = RouteQuery(request_id, block_hashes, num_prompt_tokens, max_tokens, replica_ids)
+        replica_id = policy.choose(query, ReplicaView(matches, self.loads.load))
+        if replica_id not in replica_ids:
+            raise RuntimeError(f"policy {policy.name} chose {replica_id!r}, not a candidate")
+        if not policy.uses_index:
+            matches = source.match(block_hashes, (replica_id,), confirmed)
+        match = matches.get(replica_id)
+        device_tokens, host_tokens = (match.hit_tokens(block_size, num_prompt_tokens)
+                                      if match else (0, 0))
+
+        if not use_history:
+            # Mark from the end of the confirmed device run: the blocks this request computes
+            # or copies in, and pending ones it refreshes. The walk measured that run.
+            num_confirmed = confirmed.get(replica_id, match.num_device_blocks if match else 0)
+            held = block_hashes[num_confirmed:]
+            self._release_held(request_id)
+            self.index.mark_pending(replica_id, held, held=True)
+            self._held[request_id] = (replica_id, held)
+        self.history.record(replica_id, block_hashes)
+        prefill_tokens = (num_prompt_tokens - device_tokens - host_tokens
+                          + self.config.host_cost_fraction * host_tokens)
+        self.loads.add(request_id, replica_id, prefill_tokens + max_tokens, max_tokens)
+        return RoutingDecision(replica_id, device_tokens, host_tokens, approximate)
+
+    def on_finished(self, request_id: str) -> None:
+        """Drops the request's outstanding work, and starts the TTL of its pending marks
+        (unknown ids are ignored)."""
+        self.loads.finish(request_id)
+        self._release_held(request_id)
+
+    def _release_held(self, request_id: str) -> None:
+        entry = self._held.pop(request_id, None)
+        if entry is not None:
+            self.index.release_pending(*entry)
+
+    def update_stats(self, replica_id: str, stats: EngineStats) -> None:
+        self.loads.update_stats(replica_id, stats)
+
+    def apply_batch(self, batch: EventBatch) -> bool:
+        """Applies a replica's event batch; True when that replica needs a snapshot."""
+        return self.index.apply_batch(batch)
+
+    def apply_snapshot(self, snapshot: Snapshot) -> None:
+        self.index.apply_snapshot(snapshot)
+
+    def remove_replica(self, replica_id: str) -> None:
+        """Forgets the replica: its index entries, pending marks, history, stats and load."""
+        self.index.remove_replica(replica_id)
+        self.history.remove_replica(replica_id)
+        self.loads.remove_replica(replica_id)
+        for request_id in [r for r, (rep, _) in self._held.items() if rep == replica_id]:
+            del self._held[request_id]  # its marks went with the replica
+
+    def set_fallback(self, active: bool) -> None:
+        """While active, decide in approximate mode (the index is unreachable or stale).
+
+        Turning it on starts building the history's LRU and index from what this router
+        routed, `fallback_warmup_blocks` hashes per decision; until every replica is
+        replayed, decisions use the last event data (flagged approximate).
+        """
+        self._fallback = active
+        self.history.set_active(active or self.config.approximate)
+
+    def index_blocks(self) -> dict[str, int]:
+        """Distinct block hashes in the index that decisions use, by medium."""
+        if self.config.approximate:
+            return {"device": self.history.num_blocks(), "host": 0}
+        return {"device": self.index.num_blocks("device"), "host": self.index.num_blocks("host")}
+
+    def check_invariants(self) -> None:
+        self.index.check_invariants()
+        self.history.check_invariants()
+        self.loads.check_invariants()

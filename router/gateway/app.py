@@ -1,0 +1,271 @@
+"""The OpenAI-compatible HTTP ingress (a Ray Serve FastAPI deployment).
+
+Per request: authenticate (API key -> tenant -> cache salt), validate the body, tokenize
+and apply the chat template once, hash the prompt's blocks once (model name as namespace),
+and send ids + hashes to the engine replica the request router picks. Every bad input is a
+4xx with an OpenAI-style error body; a dead replica is a 503 after retries elsewhere.
+"""
+
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from router.cluster.index_actor import get_index_actor
+from router.cluster.metrics_hub import (
+    MetricsHubConfig,
+    MetricsPusher,
+    flush_local_pushers,
+    get_metrics_hub,
+)
+from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
+from router.gateway.metrics import GatewayMetrics
+from router.gateway.openai_schema import (
+    DEFAULT_MAX_TOKENS,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_body,
+)
+from router.gateway.prefixes import PrefixService
+from router.gateway.prompt import PromptBuilder, PromptError
+from router.gateway.responses import ResponseShape, sse
+from router.gateway.tenants import TenantAuth, load_api_keys
+from router.serve.request_router import gateway_process_id
+from worker.api import EngineInputError, EngineRequest, SamplingParams, TokenDelta, Usage
+from worker.tokenizer_files import tokenizer_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    model: str  # "tiny" or a checkpoint directory (for the tokenizer and chat template)
+    served_model_name: str  # the API's model name and the hash namespace
+    block_size: int
+    api_keys_file: str | None = None
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    metrics: MetricsHubConfig = field(default_factory=MetricsHubConfig)
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise ValueError("GatewayConfig: block_size >= 1 required")
+
+
+app = FastAPI(title="kvroute", docs_url=None, redoc_url=None)
+
+
+@app.exception_handler(APIError)
+async def _api_error(request: Request, err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status_code)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
+    return JSONResponse(APIError(err.status_code, str(err.detail), code=code).body(),
+                        status_code=err.status_code)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+    return JSONResponse(APIError(400, f"invalid request: {err.errors()[:1]}").body(),
+                        status_code=400)
+
+
+@app.middleware("http")
+async def _count_requests(request: Request, call_next):
+    response = await call_next(request)
+    metrics = getattr(request.app.state, "gateway_metrics", None)
+    if metrics is not None:
+        metrics.observe(request.url.path, response.status_code)
+    return response
+
+
+@serve.deployment(name="Gateway")
+@serve.ingress(app)
+class Gateway:
+    async def __init__(self, engine_handle, config: GatewayConfig):
+        self.config = config
+        self.model = config.served_model_name
+        self.gateway_id = gateway_process_id()
+        self.prompts = PromptBuilder(tokenizer_dir(config.model), self.model, config.block_size)
+        self.auth = TenantAuth(load_api_keys(config.api_keys_file))
+        self.engine = EngineClient(engine_handle, config.retry)
+        self._engine_handle = engine_handle
+        self._max_model_len: int | None = None  # the replicas' own context limit
+        self.index = get_index_actor()
+        self.hub = get_metrics_hub(config.metrics)
+        self.prefixes = PrefixService(self.engine, self.index, self.prompts)
+        self.metrics = GatewayMetrics(self.model)
+        self._pusher = MetricsPusher(f"gateway/{self.gateway_id}", self.metrics.registry,
+                                     config.metrics)
+        app.state.gateway_metrics = self.metrics
+        self._pusher.start()
+        # The first call creates this process's request router (its index mirror and its
+        # per-replica series, at 0 from the start); do it now rather than at the first request.
+        self._warmup = asyncio.get_running_loop().create_task(self._warm_up(engine_handle))
+        # Pinned prefixes whose replica died are pinned again (by one gateway at a time).
+        self._rewarm = asyncio.get_running_loop().create_task(self.prefixes.rewarm_orphans())
+
+    # ---- OpenAI API ----
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        body = parse_body(await request.body(), CompletionRequest)
+        self._check_model(body.model)
+        if isinstance(body.prompt, str):
+            token_ids = self.prompts.encode_text(body.prompt)
+        else:
+            token_ids = list(body.prompt)
+        return await self._generate("completion", "cmpl", body, token_ids,
+                                    body.max_tokens, tenant)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        body = parse_body(await request.body(), ChatCompletionRequest)
+        self._check_model(body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            token_ids = self.prompts.encode_chat(messages)
+        except PromptError as err:
+            raise APIError(400, str(err), param="messages") from None
+        return await self._generate("chat", "chatcmpl", body, token_ids,
+                                    body.max_new_tokens(), tenant)
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> dict:
+        self.auth.tenant_of(request.headers.get("authorization"))
+        return {"object": "list", "data": [{"id": self.model, "object": "model",
+                                            "created": 0, "owned_by": "kvroute"}]}
+
+    # ---- pinned prefixes ----
+
+    @app.post("/v1/prefixes")
+    async def register_prefix(self, request: Request) -> dict:
+        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        return await self.prefixes.register(await request.body(), tenant, self._check_model)
+
+    @app.get("/v1/prefixes")
+    async def list_prefixes(self, request: Request) -> dict:
+        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        return await self.prefixes.list(tenant)
+
+    @app.delete("/v1/prefixes/{name}")
+    async def delete_prefix(self, name: str, request: Request) -> dict:
+        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        return await self.prefixes.delete(name, tenant)
+
+    # ---- operations ----
+
+    @app.get("/health")
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready(self) -> JSONResponse:
+        replica_ids = await self.index.replica_ids.remote()
+        body = {"ready": bool(replica_ids), "replicas": replica_ids}
+        return JSONResponse(body, status_code=200 if replica_ids else 503)
+
+    @app.get("/metrics")
+    async def metrics_endpoint(self) -> Response:
+        await flush_local_pushers()  # this process's series (gateway, router) are current
+        return Response(await self.hub.exposition.remote(), media_type=CONTENT_TYPE_LATEST)
+
+    # ---- internals ----
+
+    async def _warm_up(self, engine_handle) -> None:
+        try:
+            await self._context_limit()
+        except Exception as err:  # the engines are not up yet: the first request does it
+            log.warning("gateway warm-up call failed: %r", err)
+
+    async def _context_limit(self) -> int:
+        """Prompt + max_tokens must fit in this: the engine replicas report it."""
+        if self._max_model_len is None:
+            try:
+                info = await self._engine_handle.replica_info.remote()
+            except Exception as err:
+                raise unavailable(f"no engine replica answered: {err!r}") from None
+            self._max_model_len = int(info["max_model_len"])
+        return self._max_model_len
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                                f"{self.model!r}", param="model", code="model_not_found")
+
+    async def _generate(self, kind, id_prefix: str, body, token_ids: list[int],
+                        max_tokens: int | None, tenant: str) -> Response:
+        max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+        max_model_len = await self._context_limit()
+        if len(token_ids) + max_tokens > max_model_len:
+            raise APIError(400, f"this model's maximum context length is "
+                                f"{max_model_len} tokens; the prompt has "
+                                f"{len(token_ids)} and max_tokens is {max_tokens}",
+                           param="messages" if kind == "chat" else "prompt",
+                           code="context_length_exceeded")
+        try:
+            sampling = SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
+                                      top_k=body.top_k, top_p=body.top_p, seed=body.seed,
+                                      stop=body.stop_strings(), ignore_eos=body.ignore_eos)
+        except EngineInputError as err:
+            raise APIError(400, str(err)) from None
+        response_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        request = EngineRequest(response_id, token_ids, sampling,
+                                block_hashes=self.prompts.block_hashes(token_ids, tenant),
+                                cache_salt=tenant)
+        shape = ResponseShape.new(kind, response_id, self.model)
+        if not body.stream:
+            return JSONResponse(await self._collect(shape, request))
+        stream = self.engine.stream(request)
+        first = await anext(stream)  # errors before the first token are plain 4xx/503
+        return StreamingResponse(self._sse(shape, first, stream, body.include_usage()),
+                                 media_type="text/event-stream")
+
+    async def _collect(self, shape: ResponseShape, request: EngineRequest) -> dict:
+        deltas = await self.engine.complete(request)
+        last = deltas[-1]
+        if last.finish_reason == "error":
+            raise APIError(500, f"the engine failed: {last.error}", type_="server_error",
+                           code="engine_error")
+        return shape.full("".join(d.text for d in deltas), last.finish_reason, last.usage)
+
+    async def _sse(self, shape: ResponseShape, first: TokenDelta,
+                   stream: AsyncIterator[TokenDelta], include_usage: bool
+                   ) -> AsyncIterator[bytes]:
+        usage: Usage | None = None
+        delta: TokenDelta | None = first
+        is_first = True
+        try:
+            while delta is not None:
+                if delta.finish_reason == "error":
+                    yield sse(APIError(500, f"the engine failed: {delta.error}",
+                                       type_="server_error", code="engine_error").body())
+                    return
+                if delta.text or delta.finish_reason is not None or is_first:
+                    yield sse(shape.chunk(delta.text, delta.finish_reason, first=is_first))
+                is_first = False
+                if delta.finish_reason is not None:
+                    usage = delta.usage
+                    break
+                delta = await anext(stream, None)
+            if include_usage:
+                yield sse(shape.usage_chunk(usage))
+            yield sse("[DONE]")
+        except ReplicaLost as err:
+            yield sse(unavailable(str(err)).body())
+        finally:  # also on client disconnect (cancellation): aborts the engine request
+            await stream.aclose()

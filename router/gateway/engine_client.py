@@ -1,0 +1,142 @@
+"""The gateway's calls to engine replicas: routed streams, retries, clear errors.
+
+A call that fails because its replica died, is unreachable or is shutting down before
+anything was streamed is retried on another replica (the request router has dropped a dead
+one by then); once a delta has reached the caller it cannot be retried, and the caller gets
+`ReplicaLost`. Bad input from the engine (`EngineInputError`) becomes a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+from router.gateway.openai_schema import APIError
+from worker.api import EngineInputError, EngineRequest, EngineUnavailableError, TokenDelta
+
+log = logging.getLogger(__name__)
+
+# Errors that mean "this replica is gone, unreachable or closing", not "the request is bad".
+REPLICA_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                  DeploymentUnavailableError, BackPressureError, EngineUnavailableError)
+
+
+class ReplicaLost(Exception):
+    """The replica died after the stream had started; the request cannot be retried."""
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    max_attempts: int = 3
+    backoff_s: float = 0.2  # before attempt k (k >= 1): k * backoff_s, so Serve can notice
+
+    def __post_init__(self):
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.backoff_s < 0:
+            raise ValueError(f"backoff_s must be >= 0, got {self.backoff_s}")
+
+
+def unavailable(message: str) -> APIError:
+    return APIError(503, message, type_="service_unavailable_error",
+                    code="replica_unavailable")
+
+
+def engine_input_error(err: EngineInputError) -> APIError:
+    message = str(err.args[0]) if err.args else str(err)
+    code = "context_length_exceeded" if "context" in message else "invalid_request"
+    return APIError(400, message, code=code)
+
+
+class EngineClient:
+    """Streams engine calls through the engine deployment's handle."""
+
+    def __init__(self, handle: Any, retry: RetryConfig | None = None):
+        self._handle = handle
+        self._retry = retry or RetryConfig()
+
+    async def stream(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        """The request's deltas. Raises APIError before the first delta (bad input, no
+        replica), ReplicaLost after it. Closing the iterator cancels the engine call."""
+        gen, first = await self._open(request)
+        try:
+            yield first
+            if first.finish_reason is not None:
+                return
+            async for delta in gen:
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+        except REPLICA_ERRORS as err:
+            raise ReplicaLost(f"the replica serving this request died: {err}") from None
+        finally:
+            gen.cancel()
+
+    async def complete(self, request: EngineRequest) -> list[TokenDelta]:
+        """All of the request's deltas (non-streaming). Nothing has reached the client
+        until it returns, so a replica lost mid-way is retried from the start."""
+        base_id = request.request_id
+        last_error: ReplicaLost | None = None
+        for attempt in range(self._retry.max_attempts):
+            if attempt:
+                request = dataclasses.replace(request, request_id=f"{base_id}~r{attempt}")
+            deltas: list[TokenDelta] = []
+            stream = self.stream(request)
+            try:
+                async for delta in stream:
+                    deltas.append(delta)
+                return deltas
+            except ReplicaLost as err:
+                log.warning("request %s: %s; retrying from the start", request.request_id, err)
+                last_error = err
+            finally:
+                await stream.aclose()
+        raise unavailable(f"every replica serving the request died: {last_error}")
+
+    async def _open(self, request: EngineRequest) -> tuple[Any, TokenDelta]:
+        last_error: BaseException | None = None
+        base_id = request.request_id
+        for attempt in range(self._retry.max_attempts):
+            if attempt:  # a fresh id: the engine refuses duplicates
+                await asyncio.sleep(attempt * self._retry.backoff_s)
+                request = dataclasses.replace(request, request_id=f"{base_id}~{attempt}")
+            gen = self._handle.generate.options(stream=True).remote(request)
+            try:
+                return gen, await gen.__anext__()
+            except EngineInputError as err:
+                gen.cancel()
+                raise engine_input_error(err) from None
+            except REPLICA_ERRORS as err:
+                gen.cancel()
+                last_error = err
+                log.warning("request %s: replica failed before streaming (%r); retrying",
+                            request.request_id, err)
+            except StopAsyncIteration:
+                last_error = RuntimeError("the engine ended the stream without a result")
+            except BaseException:
+                gen.cancel()
+                raise
+        raise unavailable(f"no engine replica could serve the request after "
+                          f"{self._retry.max_attempts} attempts: {last_error}")
+
+    async def call(self, method: str, message: Any) -> Any:
+        """A unary engine call (pin / unpin) with the same retry and error mapping."""
+        last_error: BaseException | None = None
+        for attempt in range(self._retry.max_attempts):
+            if attempt:
+                await asyncio.sleep(attempt * self._retry.backoff_s)
+            try:
+                return await getattr(self._handle, method).remote(message)
+            except EngineInputError as err:
+                raise engine_input_error(err) from None
+            except REPLICA_ERRORS as err:
+                last_error = err
+        raise unavailable(f"no engine replica could serve the call after "
+                          f"{self._retry.max_attempts} attempts: {last_error}")

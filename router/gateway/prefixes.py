@@ -1,0 +1,116 @@
+"""Named pinned prefixes (`/v1/prefixes`): an operator's system prompts, computed ahead on
+the replica the router picks for them and kept there while pinned.
+
+The records live in the KV index actor, so every gateway process lists and deletes the same
+ones. Names are per tenant; the engine pins under "tenant/name" with the tenant's salt, so
+a tenant's prefix only ever serves that tenant. When a prefix's replica dies, the index
+actor offers the record to one gateway, whose `rewarm_orphans` loop pins it again on the
+replica the router picks; meanwhile it lists with status "rewarming".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from router.cluster.index_actor import PrefixRecord
+from router.gateway.engine_client import EngineClient
+from router.gateway.openai_schema import APIError, PrefixRegisterRequest, parse_body
+from router.gateway.prompt import PromptBuilder, PromptError
+from worker.api import PinRequest, PinResult, UnpinRequest
+
+log = logging.getLogger(__name__)
+
+
+def _body(record: PrefixRecord) -> dict[str, Any]:
+    return {"object": "prefix", "name": record.name, "replica": record.replica_id or None,
+            "status": "pinned" if record.replica_id else "rewarming",
+            "num_prompt_tokens": record.num_prompt_tokens,
+            "num_pinned_blocks": record.num_pinned_blocks}
+
+
+def engine_pin_name(tenant: str, name: str) -> str:
+    return f"{tenant}/{name}"
+
+
+class PrefixService:
+    def __init__(self, engine: EngineClient, index: Any, prompts: PromptBuilder):
+        self._engine = engine
+        self._index = index
+        self._prompts = prompts
+
+    async def register(self, raw_body: bytes, tenant: str,
+                       check_model: Callable[[str | None], None]) -> dict[str, Any]:
+        body = parse_body(raw_body, PrefixRegisterRequest)
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "send exactly one of 'prompt' or 'messages'", param="prompt",
+                           code="invalid_value")
+        if body.messages is not None:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            try:
+                # The prefix of a conversation: no generation prompt after it.
+                text = self._prompts.render_chat(messages, add_generation_prompt=False)
+            except PromptError as err:
+                raise APIError(400, str(err), param="messages") from None
+            token_ids = self._prompts.tokenizer.encode(text, add_special_tokens=False).ids
+        elif isinstance(body.prompt, str):
+            token_ids = self._prompts.encode_text(body.prompt)
+        else:
+            token_ids = list(body.prompt)
+        record = await self._pin(body.name, tenant, token_ids)
+        old = await self._index.put_prefix.remote(record)
+        if old is not None and old.replica_id and old.replica_id != record.replica_id:
+            await self._unpin(old)
+        return _body(record)
+
+    async def rewarm_orphans(self, wait_s: float = 30.0) -> None:
+        """Forever: pins again the prefixes whose replica is gone, as the index actor offers
+        them (to one gateway at a time). A failure leaves the prefix offered again."""
+        while True:
+            try:
+                orphans = await self._index.claim_orphaned_prefixes.remote(wait_s)
+            except Exception:  # the actor is restarting: it keeps no records across that
+                log.exception("claiming orphaned prefixes failed")
+                await asyncio.sleep(1.0)  # back off, not a synchronisation
+                continue
+            for orphan in orphans:
+                try:
+                    placed = await self._pin(orphan.name, orphan.tenant,
+                                             list(orphan.prompt_token_ids))
+                except Exception:
+                    log.exception("warming prefix %s/%s again failed", orphan.tenant,
+                                  orphan.name)
+                    await self._index.release_claim.remote(orphan)
+                    continue
+                if not await self._index.place_prefix.remote(orphan, placed):
+                    await self._unpin(placed)  # deleted or registered again meanwhile
+                else:
+                    log.info("prefix %s/%s warmed again on %s", orphan.tenant, orphan.name,
+                             placed.replica_id)
+
+    async def _pin(self, name: str, tenant: str, token_ids: list[int]) -> PrefixRecord:
+        result: PinResult = await self._engine.call("pin_prefix", PinRequest(
+            engine_pin_name(tenant, name), token_ids,
+            self._prompts.block_hashes(token_ids, tenant), tenant))
+        return PrefixRecord(name, tenant, len(token_ids), result.num_pinned_blocks,
+                            result.replica_id, tuple(token_ids))
+
+    async def _unpin(self, record: PrefixRecord) -> None:
+        await self._engine.call("unpin_prefix", UnpinRequest(
+            engine_pin_name(record.tenant, record.name), record.replica_id))
+
+    async def list(self, tenant: str) -> dict[str, Any]:
+        records = await self._index.list_prefixes.remote(tenant)
+        return {"object": "list", "data": [_body(r) for r in records]}
+
+    async def delete(self, name: str, tenant: str) -> dict[str, Any]:
+        record = await self._index.pop_prefix.remote(tenant, name)
+        if record is None:
+            raise APIError(404, f"no pinned prefix named {name!r}", param="name",
+                           code="prefix_not_found")
+        if record.replica_id:  # a prefix being warmed again is unpinned by its warmer
+            await self._unpin(record)
+        return {"object": "prefix.deleted", "name": name, "deleted": True}

@@ -1,0 +1,126 @@
+"""One engine replica as a Ray Serve deployment.
+
+Each Serve replica owns one `Engine` and one placement group with a bundle per TP rank
+(`engine_deployment_options`); rank 0 is the replica actor itself. It streams token deltas
+to the gateway, publishes its KV events and load stats to the KV index actor, pushes its
+metrics registry to the metrics hub, and on shutdown finishes what it accepted: Serve stops
+routing to it and waits for ongoing calls (up to `graceful_shutdown_timeout_s`), then
+`__del__` drains the engine and says goodbye to the index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ray import serve
+
+from kv.events import ContentsDigest, contents_digest
+from router.cluster.index_actor import get_index_actor
+from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
+from router.serve.publisher import PublisherConfig, ReplicaPublisher
+from worker.api import EngineRequest, PinRequest, PinResult, ReplicaQuery, TokenDelta, UnpinRequest
+from worker.engine import Engine
+from worker.engine_config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaResources:
+    """What each TP rank of a replica reserves (one placement-group bundle per rank)."""
+
+    cpus_per_rank: float = 1.0
+    gpus_per_rank: float = 0.0
+    max_ongoing_requests: int = 256  # Serve's per-replica cap; the engine queues the rest
+    graceful_shutdown_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        if not self.cpus_per_rank > 0:
+            raise ValueError(f"cpus_per_rank must be > 0, got {self.cpus_per_rank}")
+        if self.gpus_per_rank < 0:
+            raise ValueError(f"gpus_per_rank must be >= 0, got {self.gpus_per_rank}")
+        if self.max_ongoing_requests < 1:
+            raise ValueError(f"max_ongoing_requests must be >= 1, got "
+                             f"{self.max_ongoing_requests}")
+
+    def bundle(self) -> dict[str, float]:
+        out = {"CPU": self.cpus_per_rank}
+        if self.gpus_per_rank:
+            out["GPU"] = self.gpus_per_rank
+        return out
+
+
+@serve.deployment(name="EngineReplica")
+class EngineReplica:
+    """Serve replica wrapping one engine; its replica id is Serve's replica tag."""
+
+    async def __init__(self, engine_config: EngineConfig,
+                 publisher_config: PublisherConfig | None = None,
+                 metrics_config: MetricsHubConfig | None = None):
+        self.replica_id = serve.get_replica_context().replica_tag
+        config = dataclasses.replace(engine_config, replica_id=self.replica_id)
+        self.engine = await asyncio.to_thread(Engine.from_config, config)
+        self._publisher = ReplicaPublisher(self.engine, get_index_actor, publisher_config)
+        await self._publisher.publish_once()  # known to the index before the first request
+        self._publisher.start()
+        self._metrics = MetricsPusher(f"engine/{self.replica_id}", self.engine.registry,
+                                      metrics_config)
+        self._metrics.start()
+        log.info("engine replica %s ready (%s)", self.replica_id, config.model)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        """Streams the request's deltas. Cancelled by the caller (client gone): the engine
+        aborts the request when this generator closes."""
+        async for delta in self.engine.generate(request):
+            yield delta
+
+    async def pin_prefix(self, request: PinRequest) -> PinResult:
+        num_blocks = await self.engine.pin_prefix(request.name, request.prompt_token_ids,
+                                                  request.cache_salt)
+        return PinResult(self.replica_id, num_blocks)
+
+    async def unpin_prefix(self, request: UnpinRequest) -> bool:
+        return self.engine.unpin_prefix(request.name)
+
+    def cache_digest(self, query: ReplicaQuery) -> ContentsDigest | None:
+        """What this replica holds, fingerprinted (None when asked of another replica)."""
+        if query.target_replica_id != self.replica_id:
+            return None
+        snap = self.engine.snapshot()
+        return contents_digest(snap.device_hashes, snap.host_hashes)
+
+    def check_health(self) -> None:
+        """Serve's periodic health check: a failing engine gets this replica replaced."""
+        self.engine.check_health()
+
+    def replica_info(self) -> dict[str, Any]:
+        return {"replica_id": self.replica_id, "model": self.engine.model_name,
+                "max_model_len": self.engine.max_model_len}
+
+    async def __del__(self):
+        await self.engine.shutdown()
+        await self._publisher.stop(self.replica_id)
+        await self._metrics.stop()
+
+
+def engine_deployment_options(num_replicas: int, tp: int, resources: ReplicaResources,
+                              request_router_config: Any) -> dict[str, Any]:
+    """`EngineReplica.options(...)` for N replicas of TP ranks each."""
+    bundle = resources.bundle()
+    return {
+        "num_replicas": num_replicas,
+        "max_ongoing_requests": resources.max_ongoing_requests,
+        "graceful_shutdown_timeout_s": resources.graceful_shutdown_timeout_s,
+        "graceful_shutdown_wait_loop_s": 0.5,
+        "placement_group_bundles": [dict(bundle) for _ in range(tp)],
+        "placement_group_strategy": "PACK",
+        "ray_actor_options": {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0)},
+        "request_router_config": request_router_config,
+        "health_check_period_s": 2.0,
+        "health_check_timeout_s": 30.0,
+    }

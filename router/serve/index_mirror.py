@@ -1,0 +1,170 @@
+"""Keeps a `router.core.router.Router`'s index mirror fresh from the KV index actor.
+
+One long-poll loop per router process: it sends its cursor per replica and applies what
+comes back (deltas, snapshots, removed replicas, load stats). When the actor cannot be
+reached, or nothing has come back for `stale_after_s`, the router decides in approximate
+mode (`Router.set_fallback(True)`) until the next good poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from kv.events import ContentsDigest, Cursor, contents_digest
+from router.cluster.index_actor import PollReply, PollRequest, get_index_actor
+from router.core.router import Router
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MirrorConfig:
+    poll_wait_s: float = 1.0  # long-poll: the actor answers at once on news, else after this
+    poll_timeout_s: float = 5.0  # a poll not answered by then counts as unreachable
+    stale_after_s: float = 5.0  # no good poll for this long: approximate mode
+    retry_interval_s: float = 0.25  # after a failed poll
+
+    def __post_init__(self):
+        for name in ("poll_timeout_s", "stale_after_s", "retry_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"MirrorConfig: {name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.poll_wait_s < self.poll_timeout_s:
+            raise ValueError("MirrorConfig: poll_wait_s must be in [0, poll_timeout_s)")
+
+
+class IndexMirror:
+    """Feeds `router` from the index actor. `lock` guards the router (shared with the
+    routing path, which may run on another thread)."""
+
+    def __init__(self, router: Router, router_id: str, lock: threading.Lock,
+                 config: MirrorConfig | None = None, index: Any = None):
+        self.router = router
+        self.router_id = router_id
+        self.config = config or MirrorConfig()
+        self._lock = lock
+        self._index = index
+        self._cursors: dict[str, Cursor] = {}
+        self._view: dict[str, ContentsDigest] = {}
+        self._view_dirty = True
+        self._last_ok_s: float | None = None
+        self.fallback_reason: str | None = "index_unreachable"  # until the first good poll
+        self.num_polls = 0
+        self._task: asyncio.Task | None = None
+        self._first_poll: asyncio.Future | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            loop = asyncio.get_running_loop()
+            self._first_poll = loop.create_future()
+            self._task = loop.create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def wait_first_poll(self) -> None:
+        """Waits (up to poll_timeout_s) until the mirror has been filled once, so the first
+        decisions of a new router use the index rather than fall back."""
+        if self.num_polls == 0:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._first_poll), self.config.poll_timeout_s)
+            except asyncio.TimeoutError:
+                pass
+
+    def check_stale(self) -> str | None:
+        """The reason decisions are approximate now (None: the mirror is fresh)."""
+        if self.fallback_reason is None and self._last_ok_s is not None:
+            if time.monotonic() - self._last_ok_s > self.config.stale_after_s:
+                self._set_fallback("stale")
+        return self.fallback_reason
+
+    async def poll_once(self, wait_s: float = 0.0) -> PollReply:
+        if self._index is None:
+            self._index = await asyncio.to_thread(get_index_actor)
+        with self._lock:
+            request = PollRequest(self.router_id, dict(self._cursors), wait_s, self._digests())
+        reply = await asyncio.wait_for(self._index.poll.remote(request),
+                                       timeout=wait_s + self.config.poll_timeout_s)
+        with self._lock:
+            self._apply(reply)
+        self._last_ok_s = time.monotonic()
+        self.num_polls += 1
+        if self._first_poll is not None and not self._first_poll.done():
+            self._first_poll.set_result(None)
+        if self.fallback_reason is not None:
+            self._set_fallback(None)
+        return reply
+
+    async def sync_once(self, wait_s: float = 0.0) -> bool:
+        """One poll; on failure, approximate mode until a poll succeeds. True on success."""
+        try:
+            await self.poll_once(wait_s)
+            return True
+        except Exception as err:  # RayError, a timeout, or Ray itself going down
+            log.warning("router %s: index actor unreachable: %r", self.router_id, err)
+            self._index = None  # found again (or re-created) by name next time
+            self._set_fallback("index_unreachable")
+            return False
+
+    async def _run(self) -> None:
+        while ray.is_initialized():  # a driver that shut Ray down leaves this loop running
+            if not await self.sync_once(self.config.poll_wait_s):
+                await asyncio.sleep(self.config.retry_interval_s)
+
+    def _apply(self, reply: PollReply) -> None:
+        router = self.router
+        for replica_id in reply.removed_replica_ids:
+            router.remove_replica(replica_id)
+            self._cursors.pop(replica_id, None)
+        for snap in reply.snapshots:
+            router.apply_snapshot(snap)
+            self._cursors[snap.replica_id] = Cursor(snap.epoch, snap.next_seq)
+        for batch in reply.batches:
+            if router.apply_batch(batch):
+                self._cursors.pop(batch.replica_id, None)  # next poll brings a snapshot
+            else:
+                self._cursors[batch.replica_id] = Cursor(batch.epoch, batch.next_seq)
+        for replica_id, stats in reply.stats.items():
+            router.update_stats(replica_id, stats)
+        if reply.snapshots or reply.batches or reply.removed_replica_ids:
+            self._view_dirty = True
+
+    def forget_replica(self, replica_id: str) -> None:
+        """The replica is gone (Serve says so): drop it here now, not at the next poll."""
+        with self._lock:
+            self.router.remove_replica(replica_id)
+            self._cursors.pop(replica_id, None)
+            self._view_dirty = True
+
+    async def report_dead(self, replica_id: str) -> None:
+        """Tells the index actor now, rather than after the replica's lease runs out."""
+        try:
+            if self._index is None:
+                self._index = await asyncio.to_thread(get_index_actor)
+            await self._index.forget_replica.remote(replica_id)
+        except ray.exceptions.RayError as err:
+            log.warning("could not report dead replica %s: %r", replica_id, err)
+
+    def _digests(self) -> dict[str, ContentsDigest]:
+        if self._view_dirty:
+            index = self.router.index
+            self._view = {rid: contents_digest(index.blocks_of(rid, "device"),
+                                               index.blocks_of(rid, "host"))
+                          for rid in self._cursors}
+            self._view_dirty = False
+        return self._view
+
+    def _set_fallback(self, reason: str | None) -> None:
+        if reason != self.fallback_reason:
+            log.info("router %s: fallback %s", self.router_id, reason or "off")
+        self.fallback_reason = reason
+        with self._lock:
+            self.router.set_fallback(reason is not None)

@@ -1,0 +1,168 @@
+"""The Ray Serve request router of the engine deployment: `router.core.router.Router` inside Serve.
+
+Serve creates one instance per deployment handle in each process that calls the engine (each
+gateway replica). `choose_replicas` reads the request's first argument, which carries the
+prompt's token ids and Protocol 1 block hashes (`EngineRequest`, `PinRequest`), so the
+gateway hashes once and nothing is re-tokenized here; it returns exactly one replica, the
+policy's choice. The instance keeps its index mirror fresh from the KV index actor
+(`IndexMirror`), falls back to approximate mode when the actor is unreachable or stale,
+feeds finished requests back to the load tracker, and exports the router series.
+
+Serve calls these hooks on its router event loop; the mirror runs there too, and a lock
+guards the `Router` against completion callbacks from other threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from ray import serve
+from ray.serve.request_router import (
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
+from router.core.router import Router, RouterConfig
+from router.serve.index_mirror import IndexMirror, MirrorConfig
+from router.serve.router_metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
+
+_SWEEP_AT_DECISIONS = 1024  # undispatched decisions kept before looking for abandoned ones
+_ABANDONED_AFTER_S = 60.0
+
+
+def gateway_process_id() -> str:
+    """The Serve replica tag of this gateway process, else `pid-N` (a driver, a test)."""
+    try:
+        return serve.get_replica_context().replica_tag
+    except Exception:  # not inside a Serve replica
+        return f"pid-{os.getpid()}"
+
+
+class KVRouteRequestRouter(RequestRouter):
+    """Routes engine calls with kvroute's policies (cache_aware, round_robin, ...)."""
+
+    def initialize_state(self, model: str = "", router: dict | None = None,
+                         mirror: dict | None = None, metrics: dict | None = None) -> None:
+        self.gateway_id = gateway_process_id()
+        self._lock = threading.RLock()
+        self.router = Router(RouterConfig(**(router or {})))
+        self.mirror = IndexMirror(self.router, self.gateway_id, self._lock,
+                                  MirrorConfig(**(mirror or {})))
+        self.metrics = RouterMetrics(model, self.gateway_id, self.router.policy.name)
+        self._pusher = MetricsPusher(f"router/{self.gateway_id}", self.metrics.registry,
+                                     MetricsHubConfig(**(metrics or {})),
+                                     before_push=self._refresh_gauges)
+        # internal request id -> (decision, prompt tokens, decision seconds, decided at)
+        self._decisions: dict[str, tuple[Any, int, float, float]] = {}
+        self._routed: dict[str, str] = {}  # internal request id -> replica id
+        self._started = False
+
+    # ---- Serve hooks ----
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        self._start()
+        if not candidate_replicas:
+            return []
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        call = pending_request.args[0] if pending_request and pending_request.args else None
+        target = getattr(call, "target_replica_id", None)
+        if target in by_id:
+            return [[by_id[target]]]
+        token_ids = getattr(call, "prompt_token_ids", None)
+        if pending_request is None or token_ids is None:
+            return [candidate_replicas]  # not a prompt (an admin call): Serve's least queue
+        await self.mirror.wait_first_poll()
+        sampling = getattr(call, "sampling", None)
+        request_id = pending_request.metadata.internal_request_id
+        start_s = time.perf_counter()
+        with self._lock:
+            reason = self.mirror.check_stale()
+            decision = self.router.route(
+                request_id, getattr(call, "block_hashes", None) or [], len(token_ids),
+                list(by_id), sampling.max_tokens if sampling is not None else 0)
+        elapsed_s = time.perf_counter() - start_s
+        if reason is not None and not self.router.config.approximate:
+            self.metrics.observe_fallback(reason)
+        self._decisions[request_id] = (decision, len(token_ids), elapsed_s, time.monotonic())
+        if len(self._decisions) > _SWEEP_AT_DECISIONS:
+            self._sweep_abandoned()
+        return [[by_id[decision.replica_id]]]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result: Any) -> None:
+        request_id = pending_request.metadata.internal_request_id
+        entry = self._decisions.pop(request_id, None)
+        if entry is None:
+            return
+        decision, num_prompt_tokens, elapsed_s, _ = entry
+        self.metrics.observe_decision(decision, num_prompt_tokens, elapsed_s)
+        self._routed[request_id] = replica_id.unique_id
+        self._update_outstanding(replica_id.unique_id)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self._decisions.pop(internal_request_id, None)
+        if self._routed.pop(internal_request_id, None) is None:
+            return
+        with self._lock:
+            self.router.on_finished(internal_request_id)
+        self._update_outstanding(replica_id.unique_id)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        old_ids = {rid.unique_id for rid in self._replica_id_set}
+        super().update_replicas(replicas)
+        new_ids = {rid.unique_id for rid in self._replica_id_set}
+        for replica_id in new_ids - old_ids:
+            self.metrics.add_replica(replica_id)
+        for replica_id in old_ids - new_ids:
+            self._drop_replica(replica_id, dead=False)
+        self._start()
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._drop_replica(replica_id.unique_id, dead=True)
+
+    # ---- internals ----
+
+    def _start(self) -> None:
+        if not self._started:  # on Serve's router loop, at the first hook that runs there
+            self._started = True
+            self.mirror.start()
+            self._pusher.start()
+
+    def _sweep_abandoned(self) -> None:
+        """Decisions never dispatched (the caller gave up while Serve was routing) get no
+        completion callback: release their load after a while."""
+        cutoff = time.monotonic() - _ABANDONED_AFTER_S
+        for request_id in [r for r, e in self._decisions.items() if e[3] < cutoff]:
+            del self._decisions[request_id]
+            with self._lock:
+                self.router.on_finished(request_id)
+
+    def _drop_replica(self, replica_id: str, dead: bool) -> None:
+        self.mirror.forget_replica(replica_id)
+        self.metrics.remove_replica(replica_id)
+        for request_id in [r for r, rep in self._routed.items() if rep == replica_id]:
+            del self._routed[request_id]
+        if dead:  # tell the index now rather than after the replica's lease runs out
+            self._event_loop.create_task(self.mirror.report_dead(replica_id))
+
+    def _update_outstanding(self, replica_id: str) -> None:
+        with self._lock:
+            n = self.router.loads.num_outstanding(replica_id)
+        self.metrics.set_outstanding(replica_id, n)
+
+    def _refresh_gauges(self) -> None:
+        with self._lock:
+            blocks = self.router.index_blocks()
+        self.metrics.set_index_blocks(blocks)

@@ -1,0 +1,95 @@
+"""Router series of docs/metrics.md, in the gateway process's router registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kv.events import MEDIA
+from router.core.router import RoutingDecision
+
+DECISION_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01,
+                      0.025, 0.1)
+FALLBACK_REASONS = ("index_unreachable", "stale")
+
+
+class RouterMetrics:
+    def __init__(self, model: str, gateway_id: str, policy: str):
+        self.registry = r = CollectorRegistry()
+        self._model, self._gateway, self._policy = model, gateway_id, policy
+        decision_labels = ("model", "gateway", "policy", "replica")
+        self.requests = Counter("kvroute_router_requests", "Routing decisions",
+                                decision_labels, registry=r)
+        self.prompt_tokens = Counter("kvroute_router_prompt_tokens",
+                                     "Prompt tokens of routed requests", decision_labels,
+                                     registry=r)
+        self.predicted_hit_tokens = Counter(
+            "kvroute_router_predicted_hit_tokens",
+            "Prompt tokens the router expected cached on the chosen replica",
+            decision_labels + ("medium",), registry=r)
+        self.decision_seconds = Histogram("kvroute_router_decision_seconds",
+                                          "Time to pick a replica",
+                                          ("model", "gateway", "policy"),
+                                          buckets=DECISION_BUCKETS_S, registry=r)
+        self.index_blocks = Gauge("kvroute_router_index_blocks",
+                                  "Blocks in the router's index mirror", ("gateway", "medium"),
+                                  registry=r)
+        self.fallbacks = Counter("kvroute_router_fallbacks",
+                                 "Decisions made in approximate mode (index unreachable, stale)",
+                                 ("gateway", "reason"), registry=r)
+        self.replica_up = Gauge("kvroute_router_replica_up", "1 while the replica is routable",
+                                ("gateway", "replica"), registry=r)
+        self.outstanding = Gauge("kvroute_router_outstanding_requests",
+                                 "Requests routed and not finished", ("gateway", "replica"),
+                                 registry=r)
+        self.decision_seconds.labels(model, gateway_id, policy)
+        for reason in FALLBACK_REASONS:
+            self.fallbacks.labels(gateway_id, reason)
+        for medium in MEDIA:
+            self.index_blocks.labels(gateway_id, medium).set(0)
+
+    def add_replica(self, replica_id: str) -> None:
+        labels = (self._model, self._gateway, self._policy, replica_id)
+        self.requests.labels(*labels)
+        self.prompt_tokens.labels(*labels)
+        for medium in MEDIA:
+            self.predicted_hit_tokens.labels(*labels, medium)
+        self.replica_up.labels(self._gateway, replica_id).set(1)
+        self.outstanding.labels(self._gateway, replica_id).set(0)
+
+    def remove_replica(self, replica_id: str) -> None:
+        """A gone replica's series leave this registry (its counters stop, not reset)."""
+        labels = (self._model, self._gateway, self._policy, replica_id)
+        for metric in (self.requests, self.prompt_tokens):
+            _remove(metric, labels)
+        for medium in MEDIA:
+            _remove(self.predicted_hit_tokens, labels + (medium,))
+        _remove(self.replica_up, (self._gateway, replica_id))
+        _remove(self.outstanding, (self._gateway, replica_id))
+
+    def observe_decision(self, decision: RoutingDecision, num_prompt_tokens: int,
+                         seconds: float) -> None:
+        labels = (self._model, self._gateway, self._policy, decision.replica_id)
+        self.requests.labels(*labels).inc()
+        self.prompt_tokens.labels(*labels).inc(num_prompt_tokens)
+        self.predicted_hit_tokens.labels(*labels, "device").inc(
+            decision.predicted_device_hit_tokens)
+        self.predicted_hit_tokens.labels(*labels, "host").inc(
+            decision.predicted_host_hit_tokens)
+        self.decision_seconds.labels(self._model, self._gateway, self._policy).observe(seconds)
+
+    def observe_fallback(self, reason: str) -> None:
+        self.fallbacks.labels(self._gateway, reason).inc()
+
+    def set_outstanding(self, replica_id: str, num_requests: int) -> None:
+        self.outstanding.labels(self._gateway, replica_id).set(num_requests)
+
+    def set_index_blocks(self, blocks_by_medium: dict[str, int]) -> None:
+        for medium, n in blocks_by_medium.items():
+            self.index_blocks.labels(self._gateway, medium).set(n)
+
+
+def _remove(metric, labels: tuple[str, ...]) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass

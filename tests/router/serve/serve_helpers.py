@@ -1,0 +1,124 @@
+"""Shared pieces of the Serve tests: one local Ray + kvroute app per test module."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import ray
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+
+from router.cli import APP_NAME
+from router.serve.app import build_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str,
+               interval_s: float = 0.1) -> Any:
+    """Polls an eventually-true condition (asynchronous convergence) up to a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class Server:
+    base_url: str
+    args: dict
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=kw.pop("timeout", 60.0), **kw)
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        """The /metrics exposition as {(sample name, sorted labels): value}."""
+        text = httpx.get(f"{self.base_url}/metrics", timeout=30).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def sum_metric(self, name: str, **labels: str) -> float:
+        return sum(v for (n, ls), v in self.metrics().items()
+                   if n == name and all(dict(ls).get(k) == want for k, want in labels.items()))
+
+    def by_label(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (n, ls), v in self.metrics().items():
+            d = dict(ls)
+            if n == name and all(d.get(k) == want for k, want in labels.items()):
+                out[d[label]] = out.get(d[label], 0.0) + v
+        return out
+
+    def replica_ids(self) -> list[str]:
+        return httpx.get(f"{self.base_url}/ready", timeout=30).json()["replicas"]
+
+
+@contextmanager
+def kvroute_server(args: dict, num_cpus: int = 2) -> Iterator[Server]:
+    """Local Ray, Serve on a free port, the kvroute app; torn down on exit."""
+    port = free_port()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="serve",
+             object_store_memory=128 * 1024**2, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+        server = Server(f"http://127.0.0.1:{port}", args)
+        wait_until(lambda: len(server.replica_ids()) == args.get("replicas", 2), 120,
+                   "every engine replica to publish to the index")
+        yield server
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@contextmanager
+def prometheus_scraping(target: str, workdir) -> Iterator[str]:
+    """A real Prometheus (Debian package) scraping `target` (host:port) every second;
+    yields its base URL."""
+    import shutil
+    import subprocess
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise RuntimeError("prometheus is not installed: run tests/setup_system.sh")
+    port = free_port()
+    config = workdir / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: kvroute\n    metrics_path: /metrics\n"
+        f"    static_configs:\n      - targets: ['{target}']\n")
+    log = open(workdir / "prometheus.log", "w")
+    proc = subprocess.Popen([binary, f"--config.file={config}",
+                             f"--storage.tsdb.path={workdir / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def promql(base_url: str, query: str) -> dict[tuple, float]:
+    """An instant query: {sorted labels: value}."""
+    try:
+        resp = httpx.get(f"{base_url}/api/v1/query", params={"query": query}, timeout=10)
+    except httpx.TransportError:
+        return {}
+    data = resp.json()["data"]["result"] if resp.status_code == 200 else []
+    return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in data}

@@ -1,0 +1,291 @@
+"""`kvroute serve` end to end on real Ray Serve: 2 replicas of the real `tiny` model, each
+tensor-parallel over 2 ranks (rank 1 a Ray actor in the replica's placement group, gloo).
+
+The official openai client, cache affinity and cached_tokens, tenants, pinned prefixes,
+client disconnects, and every kind of bad input (4xx, never 5xx, and the server goes on).
+"""
+
+import json
+import math
+
+import httpx
+import openai
+import pytest
+
+from tests.router.serve.serve_helpers import (
+    kvroute_server,
+    prometheus_scraping,
+    promql,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+# ~40 blocks of 16 tokens shared by every affinity request; the byte tokenizer is 1 token/byte
+SHARED = "You are a meticulous assistant. Answer briefly and cite sources. " * 10
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    keys_file = tmp_path_factory.mktemp("keys") / "keys.json"
+    keys_file.write_text(json.dumps(KEYS))
+    args = {"model": "tiny", "replicas": 2, "tp": 2, "engine": "real", "policy": "cache_aware",
+            "num_blocks": 256, "api_keys_file": str(keys_file), "cpus_per_rank": 0.5}
+    with kvroute_server(args) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def prometheus(server, tmp_path_factory):
+    """Scraping from before the first request, so every counter's first sample is 0."""
+    with prometheus_scraping(server.base_url.removeprefix("http://"),
+                             tmp_path_factory.mktemp("prometheus")) as url:
+        for name in ("kvroute_engine_prefix_cache_query_tokens_total",
+                     "kvroute_router_prompt_tokens_total"):
+            wait_until(lambda n=name: len(promql(url, n)) == 2, 60,
+                       f"Prometheus to scrape {name} of both replicas")
+        yield url
+
+
+@pytest.fixture(scope="module")
+def oai(server, prometheus):
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="key-a", timeout=60,
+                         max_retries=0)
+
+
+def test_openai_client_completions_and_chat(server, oai):
+    models = oai.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+    c = oai.completions.create(model="tiny", prompt="Hello, kvroute!", max_tokens=5,
+                               temperature=0, extra_body={"ignore_eos": True})
+    assert c.choices[0].finish_reason == "length"
+    assert c.usage.prompt_tokens == len("Hello, kvroute!") + 1  # bytes + BOS
+    assert c.usage.completion_tokens == 5
+
+    chunks = list(oai.completions.create(model="tiny", prompt="Hello, kvroute!", max_tokens=5,
+                                         temperature=0, stream=True,
+                                         stream_options={"include_usage": True},
+                                         extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 5
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    # Greedy: the streamed text is the non-streamed text.
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == c.choices[0].text
+
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
+    chat = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage.completion_tokens == 4
+    # <s> <|system|>\nBe terse.<|end|>\n <|user|>\nHi<|end|>\n <|assistant|>\n
+    assert chat.usage.prompt_tokens == 1 + (1 + 1 + 9 + 1 + 1) + (1 + 1 + 2 + 1 + 1) + 2
+
+    stream = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                         temperature=0, stream=True,
+                                         extra_body={"ignore_eos": True})
+    parts = list(stream)
+    assert parts[0].choices[0].delta.role == "assistant"
+    assert parts[-1].choices[0].finish_reason == "length"
+    assert "".join(p.choices[0].delta.content or "" for p in parts) == \
+        chat.choices[0].message.content
+
+
+def test_shared_prefix_lands_on_the_replica_that_holds_it(server, oai):
+    before = server.by_label("kvroute_router_requests_total", "replica")
+    predicted_before = server.sum_metric("kvroute_router_predicted_hit_tokens_total")
+    cached = []
+    for i in range(5):
+        c = oai.completions.create(model="tiny", prompt=SHARED + f"Question {i}?",
+                                   max_tokens=2, temperature=0)
+        cached.append(c.usage.prompt_tokens_details.cached_tokens)
+    after = server.by_label("kvroute_router_requests_total", "replica")
+    routed = {r: after.get(r, 0) - before.get(r, 0) for r in after}
+    assert sorted(routed.values()) == [0, 5]  # all five on one replica
+    assert cached[0] == 0
+    shared_blocks_tokens = (len(SHARED) + 1) // 16 * 16
+    assert all(c >= shared_blocks_tokens for c in cached[1:])
+    # The router predicted exactly the hits the engine delivered.
+    predicted = server.sum_metric("kvroute_router_predicted_hit_tokens_total")
+    assert predicted - predicted_before == sum(cached)
+
+
+def test_tenants_never_share_cache(server):
+    prompt = "Tenant isolation check: " + "abcdefgh" * 8
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+    with server.client() as http:
+        a1 = http.post("/v1/completions", json=body, headers={"Authorization": "Bearer key-a"})
+        a2 = http.post("/v1/completions", json=body, headers={"Authorization": "Bearer key-a"})
+        b1 = http.post("/v1/completions", json=body, headers={"Authorization": "Bearer key-b"})
+    cached = [r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (a1, a2, b1)]
+    assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0
+
+
+def test_pinned_prefix_register_list_use_delete(server):
+    auth = {"Authorization": "Bearer key-a"}
+    system = "Pinned system prompt for the support desk. " * 4
+    with server.client(headers=auth) as http:
+        reg = http.post("/v1/prefixes", json={"name": "support", "prompt": system})
+        assert reg.status_code == 200, reg.text
+        info = reg.json()
+        assert info["num_pinned_blocks"] == (len(system) + 1) // 16
+        assert info["replica"] in server.replica_ids()
+        assert [p["name"] for p in http.get("/v1/prefixes").json()["data"]] == ["support"]
+        # Another tenant sees none of it.
+        other = http.get("/v1/prefixes", headers={"Authorization": "Bearer key-b"}).json()
+        assert other["data"] == []
+        use = http.post("/v1/completions", json={"model": "tiny", "prompt": system + "Hi",
+                                                 "max_tokens": 1})
+        assert use.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+            info["num_pinned_blocks"] * 16
+        assert http.delete("/v1/prefixes/support").json()["deleted"] is True
+        assert http.get("/v1/prefixes").json()["data"] == []
+        gone = http.delete("/v1/prefixes/support")
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "prefix_not_found"
+
+
+def test_client_disconnect_aborts_the_request_at_the_engine(server):
+    aborted = server.sum_metric("kvroute_engine_requests_finished_total", reason="abort")
+    body = {"model": "tiny", "prompt": "Stream until I hang up.", "max_tokens": 1500,
+            "stream": True, "ignore_eos": True}
+    with server.client(headers={"Authorization": "Bearer key-a"}) as http:
+        with http.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_lines())  # one chunk arrives, then the client goes away
+    wait_until(lambda: server.sum_metric("kvroute_engine_requests_finished_total",
+                                         reason="abort") == aborted + 1,
+               30, "the engine to abort the disconnected request")
+
+
+BAD_REQUESTS = [
+    # (path, headers, raw body, status, error code)
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": ', 400, "invalid_json"),
+    ("/v1/completions", {}, b'["not", "an", "object"]', 400, "invalid_json"),
+    ("/v1/completions", {}, b'{"model": "gpt-9", "prompt": "x"}', 404, "model_not_found"),
+    ("/v1/completions", {}, b'{"prompt": "x"}', 400, "missing_required_parameter"),
+    ("/v1/chat/completions", {}, b'{"model": "tiny"}', 400, "missing_required_parameter"),
+    ("/v1/chat/completions", {}, b'{"model": "tiny", "messages": []}', 400, "invalid_value"),
+    ("/v1/chat/completions", {}, b'{"model": "tiny", "messages": [{"role": "robot", '
+                                 b'"content": "x"}]}', 400, "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "max_tokens": "5"}', 400,
+     "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "max_tokens": 0}', 400,
+     "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "temperature": -1}', 400,
+     "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "top_p": 1.5}', 400,
+     "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "n": 3}', 400,
+     "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "stream": "yes"}', 400,
+     "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": ""}', 400, "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": [1, 2, 99999]}', 400,
+     "invalid_request"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": [1, 99999999999]}', 400,
+     "invalid_value"),
+    ("/v1/completions", {}, json.dumps({"model": "tiny", "prompt": "y" * 5000}).encode(), 400,
+     "context_length_exceeded"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "max_tokens": 100000}', 400,
+     "context_length_exceeded"),
+    ("/v1/completions", {"Authorization": "Bearer wrong"}, b'{"model": "tiny", "prompt": "x"}',
+     401, "invalid_api_key"),
+    ("/v1/completions", {"Authorization": ""}, b'{"model": "tiny", "prompt": "x"}', 401,
+     "invalid_api_key"),
+    ("/v1/prefixes", {}, b'{"name": "bad name!", "prompt": "x"}', 400, "invalid_value"),
+    ("/v1/prefixes", {}, b'{"name": "short", "prompt": "too short"}', 400,
+     "invalid_request"),
+    ("/v1/nope", {}, b"{}", 404, "not_found"),
+]
+
+
+@pytest.mark.parametrize("path,headers,raw,status,code", BAD_REQUESTS)
+def test_bad_input_is_a_4xx_with_an_openai_error_body(server, path, headers, raw, status, code):
+    sent = {"Authorization": "Bearer key-a", "Content-Type": "application/json", **headers}
+    with server.client() as http:
+        resp = http.post(path, content=raw, headers=sent)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == code
+    assert isinstance(error["message"], str) and error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_server_keeps_serving_after_bad_input(server, oai):
+    with server.client() as http:
+        statuses = server.by_label("kvroute_gateway_requests_total", "status")
+        assert not any(s.startswith("5") for s in statuses), statuses
+        assert http.get("/health").json() == {"status": "ok"}
+    c = oai.completions.create(model="tiny", prompt="still alive?", max_tokens=1)
+    assert c.usage.completion_tokens == 1
+
+
+DELIVERED = ("sum by (replica) (rate(kvroute_engine_prefix_cache_hit_tokens_total[5m])) / "
+             "sum by (replica) (rate(kvroute_engine_prefix_cache_query_tokens_total[5m]))")
+PREDICTED = ("sum by (replica) (rate(kvroute_router_predicted_hit_tokens_total[5m])) / "
+             "sum by (replica) (rate(kvroute_router_prompt_tokens_total[5m]))")
+
+
+def test_prometheus_hit_rate_queries_return_what_the_engine_reports(server, prometheus):
+    """docs/metrics.md's PromQL over a real Prometheus scrape equals the counters' ratios."""
+
+    names = ("kvroute_engine_prefix_cache_hit_tokens_total",
+             "kvroute_engine_prefix_cache_query_tokens_total",
+             "kvroute_router_predicted_hit_tokens_total", "kvroute_router_prompt_tokens_total")
+
+    def scraped_is_current() -> dict | None:
+        now = server.metrics()
+        for name in names:
+            seen = {tuple(sorted((k, v) for k, v in ls if k in ("replica", "medium"))): v
+                    for ls, v in promql(prometheus, name).items()}
+            want = {tuple(sorted((k, v) for k, v in ls if k in ("replica", "medium"))): v
+                    for (n, ls), v in now.items() if n == name}
+            if seen != want or not any(want.values()):
+                return None
+        return now
+
+    now = wait_until(scraped_is_current, 30, "Prometheus to scrape the final counters")
+
+    def first_samples(name: str) -> dict[tuple, float]:
+        """Each series' oldest sample in the 5m window: rate() counts from there."""
+        resp = httpx.get(f"{prometheus}/api/v1/query", params={"query": f"{name}[5m]"},
+                         timeout=10)
+        return {tuple(sorted((k, v) for k, v in r["metric"].items()
+                             if k in ("replica", "medium"))): float(r["values"][0][1])
+                for r in resp.json()["data"]["result"]}
+
+    def ratio(num: str, den: str) -> dict[str, float]:
+        """Per replica, what the counters grew by over the window: increase(num) /
+        increase(den), from the engine's own final values and the window's first sample."""
+        first = {name: first_samples(name) for name in (num, den)}
+        sums: dict[str, list[float]] = {}
+        for (name, labels), value in now.items():
+            replica = dict(labels).get("replica")
+            if name in (num, den) and replica:
+                key = tuple(sorted((k, v) for k, v in labels if k in ("replica", "medium")))
+                grown = value - first[name].get(key, 0.0)
+                sums.setdefault(replica, [0.0, 0.0])[name == den] += grown
+        return {r: n / d for r, (n, d) in sums.items() if d}
+
+    engine = ratio("kvroute_engine_prefix_cache_hit_tokens_total",
+                   "kvroute_engine_prefix_cache_query_tokens_total")
+    delivered = {dict(ls)["replica"]: v for ls, v in promql(prometheus, DELIVERED).items()
+                 if not math.isnan(v)}  # 0/0: a replica that got no traffic
+    assert delivered == pytest.approx(engine, rel=1e-9)
+    assert any(v > 0 for v in delivered.values())
+    router = ratio("kvroute_router_predicted_hit_tokens_total",
+                   "kvroute_router_prompt_tokens_total")
+    predicted = {dict(ls)["replica"]: v for ls, v in promql(prometheus, PREDICTED).items()
+                 if not math.isnan(v)}
+    assert predicted == pytest.approx(router, rel=1e-9)
+
+
+def test_metrics_endpoint_serves_every_process(server):
+    metrics = server.metrics()
+    names = {name for name, _ in metrics}
+    for replica in server.replica_ids():
+        assert ("kvroute_engine_prompt_tokens_total",
+                (("model", "tiny"), ("replica", replica))) in metrics
+    for name in ("kvroute_router_decision_seconds_bucket", "kvroute_gateway_requests_total",
+                 "kvroute_router_index_blocks", "kvroute_engine_ttft_seconds_bucket"):
+        assert name in names

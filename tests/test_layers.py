@@ -1,0 +1,47 @@
+"""The import direction of the packages: router -> worker -> kv and kernels, and the
+layers of router/ (gateway, serve -> cluster -> core). Checked in fresh interpreters, so
+what one module imports is not hidden by what another test imported first."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _imported_modules(package: str) -> set[str]:
+    out: set[str] = set()
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize("package, forbidden", [
+    ("kv", ("router", "worker", "kernels")),
+    ("kernels", ("router", "worker")),
+    ("worker", ("router",)),
+    ("router/core", ("router.cluster", "router.serve", "router.gateway", "ray", "torch",
+                     "fastapi")),
+    ("router/cluster", ("router.serve", "router.gateway")),
+])
+def test_imports_run_one_way(package, forbidden):
+    bad = sorted(m for m in _imported_modules(package)
+                 if any(m == f or m.startswith(f + ".") for f in forbidden))
+    assert bad == [], f"{package} imports {bad}"
+
+
+@pytest.mark.parametrize("module, absent", [
+    ("router.core.router", ("torch", "ray", "fastapi")),
+    ("router.gateway.app", ("torch",)),
+])
+def test_light_layers_load_no_heavy_modules(module, absent):
+    code = (f"import sys, {module}; loaded = [m for m in {absent!r} if m in sys.modules]; "
+            f"assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,0 +1,98 @@
+"""A checkpoint's tokenizer files, read without torch (the gateway imports this).
+
+`tokenizer_dir` names the directory holding tokenizer.json: the checkpoint itself, or for
+the embedded `tiny` model a directory with only its byte-level tokenizer (written on first
+use; the weights, which need torch, are the engine's business).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.byte_tokenizer import write_byte_tokenizer
+
+TINY_NAME = "tiny"
+TINY_MAX_POSITION_EMBEDDINGS = 2048
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    tokenizer_path: Path  # tokenizer.json, for tokenizers.Tokenizer.from_file
+    chat_template: str | None  # Jinja source, None when the checkpoint has none
+    bos_token: str | None
+    eos_token: str | None
+
+
+def default_cache_root() -> Path:
+    """$KVROUTE_CACHE_DIR, else ~/.cache/kvroute."""
+    env = os.environ.get("KVROUTE_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "kvroute"
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    with path.open() as f:
+        return json.load(f)
+
+
+def require_dir(model_dir: str | Path) -> Path:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
+    return model_dir
+
+
+def tokenizer_dir(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """The directory with the model's tokenizer.json ('tiny': its byte tokenizer only)."""
+    if str(name_or_path) != TINY_NAME:
+        path = Path(name_or_path).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"model {str(name_or_path)!r} is neither {TINY_NAME!r} "
+                                    f"nor a checkpoint directory")
+        return path
+    root = Path(cache_dir) if cache_dir is not None else default_cache_root()
+    target = root / "tiny-tokenizer"
+    if (target / "tokenizer_config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-tokenizer-", dir=root))
+    try:
+        write_byte_tokenizer(staging, TINY_MAX_POSITION_EMBEDDINGS)
+        os.replace(staging, target)
+    except OSError:  # another process renamed its identical copy into place first
+        if not (target / "tokenizer_config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_tokenizer_files(model_dir: str | Path) -> TokenizerFiles:
+    model_dir = require_dir(model_dir)
+    tokenizer_path = model_dir / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise FileNotFoundError(f"{model_dir} has no tokenizer.json")
+    config_path = model_dir / "tokenizer_config.json"
+    tok_config = read_json(config_path) if config_path.is_file() else {}
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        named = {t["name"]: t["template"] for t in template}
+        template = named.get("default")
+    jinja_path = model_dir / "chat_template.jinja"
+    if template is None and jinja_path.is_file():
+        template = jinja_path.read_text()
+    return TokenizerFiles(
+        tokenizer_path=tokenizer_path,
+        chat_template=template,
+        bos_token=_token_text(tok_config.get("bos_token")),
+        eos_token=_token_text(tok_config.get("eos_token")),
+    )
+
+
+def _token_text(token: str | dict | None) -> str | None:
+    return token.get("content") if isinstance(token, dict) else token

@@ -7,15 +7,13 @@ too new or of another epoch (a new or restarted router, a restarted actor). A re
 stops publishing for `replica_timeout_s`, says goodbye, or is reported dead is forgotten,
 and every router is told.
 
-The actor also keeps the named pinned prefixes (shared by all gateway processes; a prefix
-whose replica is gone is offered to one gateway at a time to warm again elsewhere) and the
+The actor also keeps the named pinned prefixes (router/cluster/prefix_registry.py) and the
 index digests routers report, so tests and operators can check that views converge.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ import ray
 
 from kv.events import ContentsDigest, Cursor, EventBatch, Snapshot
 from router.cluster.actors import get_or_create_actor
+from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry
 from router.cluster.replica_log import ReplicaLog
 from worker.api import EngineStats
 
@@ -62,23 +61,6 @@ class PollReply:
     removed_replica_ids: tuple[str, ...]  # in the request's cursors, not live any more
 
 
-@dataclass(frozen=True)
-class PrefixRecord:
-    """A named pinned prefix and where it is warmed ("" while no replica holds it: its
-    replica is gone and a gateway is to warm it again elsewhere)."""
-
-    name: str
-    tenant: str
-    num_prompt_tokens: int
-    num_pinned_blocks: int
-    replica_id: str
-    prompt_token_ids: tuple[int, ...] = ()  # what to compute again when its replica is gone
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.tenant, self.name
-
-
 @dataclass
 class _Replica:
     log: ReplicaLog
@@ -94,11 +76,8 @@ class KVIndex:
         self.incarnation = uuid.uuid4().hex  # new after every (re)start of the actor
         self._replicas: dict[str, _Replica] = {}
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
-        self._prefixes: dict[tuple[str, str], PrefixRecord] = {}
+        self.prefixes = PrefixRegistry()
         self._waiters: set[asyncio.Future] = set()  # long polls waiting for news
-        # orphaned prefixes handed to a gateway to warm again: key -> claim expiry
-        self._claims: dict[tuple[str, str], float] = {}
-        self._orphans = asyncio.Event()  # set while some record has no replica
 
     # ---- replicas ----
 
@@ -121,11 +100,7 @@ class KVIndex:
     def forget_replica(self, replica_id: str) -> bool:
         """Drops a replica (goodbye, or reported dead); True when it was known."""
         known = self._replicas.pop(replica_id, None) is not None
-        for key, record in list(self._prefixes.items()):
-            if record.replica_id == replica_id:  # to be warmed again on another replica
-                self._prefixes[key] = dataclasses.replace(record, replica_id="",
-                                                          num_pinned_blocks=0)
-                self._orphans.set()
+        self.prefixes.orphan_replica(replica_id)
         if known:
             self._notify()
         return known
@@ -169,67 +144,27 @@ class KVIndex:
     def forget_router(self, router_id: str) -> None:
         self._router_views.pop(router_id, None)
 
-    # ---- pinned prefixes ----
+    # ---- pinned prefixes (router/cluster/prefix_registry.py) ----
 
     def put_prefix(self, record: PrefixRecord) -> PrefixRecord | None:
-        """Stores a record; returns the one it replaces (to unpin), if any."""
-        old = self._prefixes.get(record.key)
-        self._prefixes[record.key] = record
-        self._claims.pop(record.key, None)
-        return old
+        return self.prefixes.put(record)
 
     def pop_prefix(self, tenant: str, name: str) -> PrefixRecord | None:
-        self._claims.pop((tenant, name), None)
-        return self._prefixes.pop((tenant, name), None)
+        return self.prefixes.pop(tenant, name)
 
     async def claim_orphaned_prefixes(self, wait_s: float, lease_s: float = 60.0
                                       ) -> list[PrefixRecord]:
-        """Records whose replica is gone, for the caller to warm again; each is claimed by
-        one caller for `lease_s` (then offered again, if that caller died). Waits up to
-        `wait_s` for one to appear."""
-        try:
-            await asyncio.wait_for(self._orphans.wait(), timeout=wait_s)
-        except asyncio.TimeoutError:
-            return []
-        now = time.monotonic()
-        out = [r for r in self._prefixes.values()
-               if not r.replica_id and self._claims.get(r.key, 0.0) <= now]
-        for record in out:
-            self._claims[record.key] = now + lease_s
-        self._orphans.clear()
-        if self._claims:  # wake a caller again when the earliest lease runs out
-            asyncio.get_running_loop().call_later(
-                max(0.0, min(self._claims.values()) - now), self._offer_orphans_again)
-        return out
+        return await self.prefixes.claim_orphans(wait_s, lease_s)
 
     def place_prefix(self, orphan: PrefixRecord, placed: PrefixRecord) -> bool:
-        """Records where an orphan was warmed again, unless it changed meanwhile (deleted
-        or registered again): False then, and the caller unpins what it warmed."""
-        key = orphan.key
-        self._claims.pop(key, None)
-        if self._prefixes.get(key) != orphan:
-            return False
-        self._prefixes[key] = placed
-        return True
+        return self.prefixes.place(orphan, placed)
 
     def release_claim(self, orphan: PrefixRecord) -> None:
-        """The claimer could not warm the orphan: offer it again."""
-        if self._claims.pop(orphan.key, None) is not None and self._prefixes.get(
-                orphan.key) == orphan:
-            self._orphans.set()
-
-    def _offer_orphans_again(self) -> None:
-        now = time.monotonic()
-        for key in [k for k, t in self._claims.items() if t <= now]:
-            del self._claims[key]
-            record = self._prefixes.get(key)
-            if record is not None and not record.replica_id:
-                self._orphans.set()
+        self.prefixes.release_claim(orphan)
 
     def list_prefixes(self, tenant: str) -> list[PrefixRecord]:
         self._expire()
-        return sorted((p for p in self._prefixes.values() if p.tenant == tenant),
-                      key=lambda p: p.name)
+        return self.prefixes.of_tenant(tenant)
 
     def check_invariants(self) -> None:
         for rep in self._replicas.values():

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from router.cluster.index_actor import PrefixRecord
+from router.cluster.prefix_registry import PrefixRecord
 from router.gateway.engine_client import EngineClient
 from router.gateway.openai_schema import APIError, PrefixRegisterRequest, parse_body
 from router.gateway.prompt import PromptBuilder, PromptError

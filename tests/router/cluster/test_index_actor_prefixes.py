@@ -3,7 +3,8 @@ record whose replica is forgotten is offered to one claimer at a time to warm ag
 
 import asyncio
 
-from router.cluster.index_actor import KVIndex, PrefixRecord
+from router.cluster.index_actor import KVIndex
+from router.cluster.prefix_registry import PrefixRecord
 
 
 def record(name="support", replica="r1", tenant="t") -> PrefixRecord:

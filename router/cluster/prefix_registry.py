@@ -1,0 +1,103 @@
+"""The named pinned prefixes of the cluster, shared by every gateway process.
+
+Kept by the KV index actor. A prefix whose replica is gone becomes an orphan: it is offered
+to one gateway at a time (a claim with a lease) to be warmed again on another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PrefixRecord:
+    """A named pinned prefix and where it is warmed ("" while no replica holds it: its
+    replica is gone and a gateway is to warm it again elsewhere)."""
+
+    name: str
+    tenant: str
+    num_prompt_tokens: int
+    num_pinned_blocks: int
+    replica_id: str
+    prompt_token_ids: tuple[int, ...] = ()  # what to compute again when its replica is gone
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.tenant, self.name
+
+
+class PrefixRegistry:
+    def __init__(self):
+        self._prefixes: dict[tuple[str, str], PrefixRecord] = {}
+        # orphaned prefixes handed to a gateway to warm again: key -> claim expiry
+        self._claims: dict[tuple[str, str], float] = {}
+        self._orphans = asyncio.Event()  # set while some record has no replica
+
+    def put(self, record: PrefixRecord) -> PrefixRecord | None:
+        """Stores a record; returns the one it replaces (to unpin), if any."""
+        old = self._prefixes.get(record.key)
+        self._prefixes[record.key] = record
+        self._claims.pop(record.key, None)
+        return old
+
+    def pop(self, tenant: str, name: str) -> PrefixRecord | None:
+        self._claims.pop((tenant, name), None)
+        return self._prefixes.pop((tenant, name), None)
+
+    def orphan_replica(self, replica_id: str) -> None:
+        """The replica is gone: its prefixes are to be warmed again elsewhere."""
+        for key, record in list(self._prefixes.items()):
+            if record.replica_id == replica_id:
+                self._prefixes[key] = dataclasses.replace(record, replica_id="",
+                                                          num_pinned_blocks=0)
+                self._orphans.set()
+
+    async def claim_orphans(self, wait_s: float, lease_s: float) -> list[PrefixRecord]:
+        """Records whose replica is gone, for the caller to warm again; each is claimed by
+        one caller for `lease_s` (then offered again, if that caller died). Waits up to
+        `wait_s` for one to appear."""
+        try:
+            await asyncio.wait_for(self._orphans.wait(), timeout=wait_s)
+        except asyncio.TimeoutError:
+            return []
+        now = time.monotonic()
+        out = [r for r in self._prefixes.values()
+               if not r.replica_id and self._claims.get(r.key, 0.0) <= now]
+        for record in out:
+            self._claims[record.key] = now + lease_s
+        self._orphans.clear()
+        if self._claims:  # wake a caller again when the earliest lease runs out
+            asyncio.get_running_loop().call_later(
+                max(0.0, min(self._claims.values()) - now), self._offer_orphans_again)
+        return out
+
+    def place(self, orphan: PrefixRecord, placed: PrefixRecord) -> bool:
+        """Records where an orphan was warmed again, unless it changed meanwhile (deleted
+        or registered again): False then, and the caller unpins what it warmed."""
+        key = orphan.key
+        self._claims.pop(key, None)
+        if self._prefixes.get(key) != orphan:
+            return False
+        self._prefixes[key] = placed
+        return True
+
+    def release_claim(self, orphan: PrefixRecord) -> None:
+        """The claimer could not warm the orphan: offer it again."""
+        if self._claims.pop(orphan.key, None) is not None and self._prefixes.get(
+                orphan.key) == orphan:
+            self._orphans.set()
+
+    def of_tenant(self, tenant: str) -> list[PrefixRecord]:
+        return sorted((p for p in self._prefixes.values() if p.tenant == tenant),
+                      key=lambda p: p.name)
+
+    def _offer_orphans_again(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, t in self._claims.items() if t <= now]:
+            del self._claims[key]
+            record = self._prefixes.get(key)
+            if record is not None and not record.replica_id:
+                self._orphans.set()

@@ -189,14 +189,14 @@ class Prometheus(PrometheusAPI):
 
 
 class KvrouteSim:
-    """`kvroute serve --engine sim` on 127.0.0.1: the real gateway, router and metrics with
+    """`kvroute serve --executor sim` on 127.0.0.1: the real gateway, router and metrics with
     simulated engine replicas.
 
     Args:
         kvroute_bin: the `kvroute` console script.
         workdir: a directory for the server's log.
         num_replicas: engine replicas.
-        extra_args: more `kvroute serve` flags, e.g. ("--host-blocks", "4096").
+        extra_args: more `kvroute serve` flags, e.g. ("--num-host-blocks", "4096").
     """
 
     def __init__(self, kvroute_bin: str, workdir: Path, num_replicas: int = 2,
@@ -208,7 +208,7 @@ class KvrouteSim:
         self.log_path = workdir / "kvroute.log"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [kvroute_bin, "serve", "--engine", "sim", "--model", "tiny",
+                [kvroute_bin, "serve", "--executor", "sim", "--model", "tiny",
                  "--replicas", str(num_replicas), "--host", "127.0.0.1",
                  "--port", str(self.port), *extra_args],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir)
@@ -223,7 +223,7 @@ class KvrouteSim:
             return True
 
         try:
-            wait_until(all_replicas_ready, timeout_s, "kvroute serve --engine sim ready",
+            wait_until(all_replicas_ready, timeout_s, "kvroute serve --executor sim ready",
                        self.process)
         except (TimeoutError, RuntimeError) as error:
             raise RuntimeError(f"{error}\n{_tail(self.log_path)}") from error

@@ -1,7 +1,7 @@
 """Renders the panels of dashboards/kvroute.json to PNG (one image per dashboard row) from a
 real Prometheus, with matplotlib, the way Grafana would draw them.
 
-By default it brings up the live stack itself: `kvroute serve --engine sim`, a Prometheus
+By default it brings up the live stack itself: `kvroute serve --executor sim`, a Prometheus
 scraping it every second, and a shared-prefix load whose prefix set changes every few rounds
 (hit rates dip, then recover). Or it renders a window of an existing Prometheus.
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=2, help="live engine replicas")
     parser.add_argument("--num-blocks", type=int, default=256,
                         help="live device KV blocks per replica (small: evictions show)")
-    parser.add_argument("--host-blocks", type=int, default=4096,
+    parser.add_argument("--num-host-blocks", type=int, default=4096,
                         help="live host-tier KV blocks per replica")
     parser.add_argument("--kvroute-bin", default=str(Path(sys.executable).with_name("kvroute")))
     parser.add_argument("--prometheus-bin", default="prometheus")
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="kvroute-render-"))
         server = KvrouteSim(args.kvroute_bin, workdir, num_replicas=args.replicas,
                             extra_args=("--num-blocks", str(args.num_blocks),
-                                        "--host-blocks", str(args.host_blocks)))
+                                        "--num-host-blocks", str(args.num_host_blocks)))
         prometheus = None
         try:
             server.wait_ready(timeout_s=120)

@@ -1,7 +1,7 @@
 """API keys -> tenants. A tenant's name is its cache salt (Protocol 1), so tenants never
 share KV blocks; without configured keys every request is the anonymous tenant "".
 
-Keys come from a file (`--api-keys FILE`): a JSON object {"key": "tenant", ...} or lines
+Keys come from a file (`--api-keys-file FILE`): a JSON object {"key": "tenant", ...} or lines
 `KEY TENANT` (blank lines and `#` comments skipped), and/or the environment variable
 `KVROUTE_API_KEYS="key1=tenant-a,key2=tenant-b"`.
 """

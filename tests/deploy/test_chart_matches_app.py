@@ -1,6 +1,6 @@
 """The chart's Serve config against the application it deploys: every arg is one
-router.serve.app.ServeArgs takes, every overridden deployment exists, the policy list is the
-router's, and NOTES.txt names the model the way the engine serves it."""
+router.serve.settings.ServeSettings takes, every overridden deployment exists, the policy
+list is the router's, and NOTES.txt names the model the way the engine serves it."""
 
 import json
 
@@ -8,8 +8,8 @@ import pytest
 
 from router.core.policies import POLICY_NAMES
 from router.gateway.app import Gateway
-from router.serve.app import ServeArgs
 from router.serve.engine_replica import EngineReplica
+from router.serve.settings import ServeSettings, load_settings
 
 from .helm_chart import CHART, VALUE_SETS, notes, render, serve_config
 
@@ -17,8 +17,8 @@ from .helm_chart import CHART, VALUE_SETS, notes, render, serve_config
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_serve_args_are_accepted_by_the_app(helm_bin, value_set):
     (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
-    serve_args = ServeArgs.from_dict(app["args"])
-    assert serve_args.engine_config().executor == app["args"]["engine"]
+    settings = load_settings(ServeSettings, app["args"], env={})
+    assert settings.engine_config().executor == app["args"]["executor"]
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
@@ -30,7 +30,7 @@ def test_overridden_deployments_exist(helm_bin, value_set):
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_notes_name_the_served_model(helm_bin, value_set):
     (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
-    served = ServeArgs(model=app["args"]["model"]).engine_config().served_model_name
+    served = ServeSettings(model=app["args"]["model"]).engine_config().served_model_name
     assert f'"model": "{served}"' in notes(helm_bin, VALUE_SETS[value_set])
 
 

@@ -13,18 +13,18 @@
 {{- end }}
 
 {{/*
-Ray Serve config (serveConfigV2) of the kvroute application. `args` are router.serve.app's
-ServeArgs. The HTTP proxy runs on the head only, so the head pod is the one gateway endpoint
-and the one metrics target; `deployments` pins the Gateway deployment (named in
-router/gateway.py) to the head and, with autoscaling, lets Serve scale EngineReplica
-(worker/deployment.py).
+Ray Serve config (serveConfigV2) of the kvroute application. `args` are the fields of
+ServeSettings (router/serve/settings.py). The HTTP proxy runs on the head only, so the head
+pod is the one gateway endpoint and the one metrics target; `deployments` pins the Gateway
+deployment (named in router/gateway/app.py) to the head and, with autoscaling, lets Serve
+scale EngineReplica (router/serve/engine_replica.py).
 */}}
 {{- define "kvroute.serveConfig" -}}
 {{- $engine := .Values.engine }}
 {{- $routing := .Values.routing }}
 {{- $args := dict
   "model" (include "kvroute.modelArg" .)
-  "engine" $engine.mode
+  "executor" $engine.mode
   "replicas" $engine.replicas
   "tp" $engine.tensorParallelSize
   "block_size" $engine.blockSizeTokens

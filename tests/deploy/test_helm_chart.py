@@ -159,7 +159,7 @@ def test_sim_engines_request_no_gpus(helm_bin):
 
 @pytest.mark.parametrize("set_values, message", [
     (["engine.replicas=-1"], "at '/engine/replicas': minimum: got -1, want 1"),
-    (["engine.tensorParallelSize=0"], "at '/engine/tensorParallelSize': minimum: got 0, want 1"),
+    (["engine.tp=0"], "at '/engine/tp': minimum: got 0, want 1"),
     (["routing.policy=greedy"],
      "at '/routing/policy': value must be one of 'cache_aware', 'round_robin', 'least_load', "
      "'random', 'consistent_hash', 'longest_prefix'"),

@@ -24,18 +24,18 @@ scale EngineReplica (router/serve/engine_replica.py).
 {{- $routing := .Values.routing }}
 {{- $args := dict
   "model" (include "kvroute.modelArg" .)
-  "executor" $engine.mode
+  "executor" $engine.executor
   "replicas" $engine.replicas
-  "tp" $engine.tensorParallelSize
-  "block_size" $engine.blockSizeTokens
+  "tp" $engine.tp
+  "block_size" $engine.blockSize
   "num_blocks" $engine.numBlocks
   "num_host_blocks" (ternary $engine.hostTier.numBlocks 0 $engine.hostTier.enabled)
   "cpus_per_rank" $engine.cpusPerRank
-  "gpus_per_rank" (ternary 1 0 (eq $engine.mode "real"))
+  "gpus_per_rank" (ternary 1 0 (eq $engine.executor "real"))
   "policy" $routing.policy
   "approximate" $routing.approximate
-  "load_weight" $routing.weights.load
-  "host_cost_fraction" $routing.weights.hostCostFraction
+  "load_weight" $routing.loadWeight
+  "host_cost_fraction" $routing.hostCostFraction
   "gateways" .Values.gateway.replicas
 }}
 {{- if .Values.apiKeys.enabled }}

@@ -15,7 +15,7 @@ key to fix.
 {{- end }}
 {{- range $section := list "requests" "limits" }}
 {{- if hasKey (get $engine.resources $section | default dict) "nvidia.com/gpu" }}
-{{- fail (printf "engine.resources.%s must not set nvidia.com/gpu: the chart requests engine.tensorParallelSize GPUs per worker" $section) }}
+{{- fail (printf "engine.resources.%s must not set nvidia.com/gpu: the chart requests engine.tp GPUs per worker" $section) }}
 {{- end }}
 {{- end }}
 {{- end }}

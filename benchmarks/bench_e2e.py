@@ -99,7 +99,7 @@ class Server:
         self.base_url = f"http://127.0.0.1:{self.port}"
         cmd = [str(ROOT / ".venv/bin/kvroute"), "serve", "--model", str(model_dir),
                "--replicas", "2", "--policy", policy, "--block-size", str(args.block_size),
-               "--num-blocks", str(num_blocks), "--executor", "real", "--port", str(self.port),
+               "--num-blocks", str(num_blocks), "--engine", "real", "--port", str(self.port),
                "--cpus-per-rank", "1"]
         for flag in ("pending_ttl_s", "load_weight"):
             if getattr(args, flag) is not None:

@@ -1,6 +1,6 @@
 """The simulator's workloads against any OpenAI-compatible endpoint, over HTTP.
 
-    kvroute serve --executor sim --replicas 2 --num-blocks 4096 &
+    kvroute serve --engine sim --replicas 2 --num-blocks 4096 &
     python benchmarks/bench_serving.py --base-url http://127.0.0.1:8000 --model tiny \\
         --workload generated_shared_prefix --set num_groups=8 --set prompts_per_group=8
 

@@ -189,7 +189,7 @@ class Prometheus(PrometheusAPI):
 
 
 class KvrouteSim:
-    """`kvroute serve --executor sim` on 127.0.0.1: the real gateway, router and metrics with
+    """`kvroute serve --engine sim` on 127.0.0.1: the real gateway, router and metrics with
     simulated engine replicas.
 
     Args:
@@ -208,7 +208,7 @@ class KvrouteSim:
         self.log_path = workdir / "kvroute.log"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [kvroute_bin, "serve", "--executor", "sim", "--model", "tiny",
+                [kvroute_bin, "serve", "--engine", "sim", "--model", "tiny",
                  "--replicas", str(num_replicas), "--host", "127.0.0.1",
                  "--port", str(self.port), *extra_args],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir)
@@ -223,7 +223,7 @@ class KvrouteSim:
             return True
 
         try:
-            wait_until(all_replicas_ready, timeout_s, "kvroute serve --executor sim ready",
+            wait_until(all_replicas_ready, timeout_s, "kvroute serve --engine sim ready",
                        self.process)
         except (TimeoutError, RuntimeError) as error:
             raise RuntimeError(f"{error}\n{_tail(self.log_path)}") from error

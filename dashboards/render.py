@@ -1,7 +1,7 @@
 """Renders the panels of dashboards/kvroute.json to PNG (one image per dashboard row) from a
 real Prometheus, with matplotlib, the way Grafana would draw them.
 
-By default it brings up the live stack itself: `kvroute serve --executor sim`, a Prometheus
+By default it brings up the live stack itself: `kvroute serve --engine sim`, a Prometheus
 scraping it every second, and a shared-prefix load whose prefix set changes every few rounds
 (hit rates dip, then recover). Or it renders a window of an existing Prometheus.
 

@@ -11,7 +11,7 @@ class EngineConfig:
     model: str = "tiny"  # "tiny" (embedded) or a Hugging Face checkpoint directory
     served_model_name: str = ""  # the API's model name and hash namespace; default derived
     replica_id: str = "replica-0"
-    executor: str = "real"  # real | sim
+    engine: str = "real"  # real: run the model; sim: the simulated executor
     sim_preset: str = "h100-llama3-8b"
     tp: int = 1
     tp_launcher: str = "local"  # ranks 1..tp-1: local processes | ray actors (Serve)
@@ -33,8 +33,8 @@ class EngineConfig:
             object.__setattr__(self, "served_model_name", name)
         if self.pin_budget_blocks is None:
             object.__setattr__(self, "pin_budget_blocks", self.num_blocks // 4)
-        if self.executor not in ("real", "sim"):
-            raise ValueError(f"executor must be 'real' or 'sim', got {self.executor!r}")
+        if self.engine not in ("real", "sim"):
+            raise ValueError(f"engine must be 'real' or 'sim', got {self.engine!r}")
         if self.tp_launcher not in ("local", "ray"):
             raise ValueError(f"tp_launcher must be 'local' or 'ray', got {self.tp_launcher!r}")
         for name in ("tp", "block_size", "num_blocks", "max_num_seqs",

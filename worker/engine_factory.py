@@ -17,7 +17,7 @@ def build_engine(config: EngineConfig) -> Engine:
     model_config = load_model_config(model_dir)
     tokenizer = Tokenizer.from_file(str(load_tokenizer_files(model_dir).tokenizer_path))
     max_model_len = config.max_model_len or model_config.max_model_len_tokens
-    if config.executor == "sim":
+    if config.engine == "sim":
         executor = SimExecutor(config.sim_preset, vocab_size=model_config.vocab_size,
                                eos_token_ids=model_config.eos_token_ids, realtime=True)
     else:

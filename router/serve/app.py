@@ -26,7 +26,7 @@ REQUEST_ROUTER_CLASS = "router.serve.request_router:KVRouteRequestRouter"
 def _gpus_per_rank(settings: ServeSettings) -> float:
     if settings.gpus_per_rank is not None:
         return settings.gpus_per_rank
-    if settings.executor != "real" or not ray.is_initialized():
+    if settings.engine != "real" or not ray.is_initialized():
         return 0.0
     return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
 

@@ -37,12 +37,12 @@ class ChartValue:
 
 
 # Setting name -> chart value. The chart also sets `model` (from model.source), `gpus_per_rank`
-# (1 when engine.executor is real) and `api_keys_file` (from apiKeys): values, not copies.
+# (1 when engine.engine is real) and `api_keys_file` (from apiKeys): values, not copies.
 CHART_VALUES: dict[str, ChartValue] = {
     "replicas": ChartValue("engine.replicas"),
     # A worker pod holds every rank of its replica, so tp GPUs must fit one node.
     "tp": ChartValue("engine.tp", {"maximum": 8}),
-    "executor": ChartValue("engine.executor"),
+    "engine": ChartValue("engine.engine"),
     "block_size": ChartValue("engine.blockSize", {"maximum": 1024}),
     "num_blocks": ChartValue("engine.numBlocks"),
     # 0 host blocks is spelled engine.hostTier.enabled: false.

@@ -41,7 +41,7 @@ class ServeSettings(BaseModel):
     replicas: PositiveInt = Field(2, description="engine replicas (data parallel)")
     tp: PositiveInt = Field(
         1, description="tensor-parallel ranks per replica (one placement-group bundle each)")
-    executor: Literal["real", "sim"] = Field(
+    engine: Literal["real", "sim"] = Field(
         "real", description="real: run the model; sim: simulated executor (timed like an H100 "
                             "running Llama-3-8B, no model compute) for routing experiments")
     sim_preset: Literal[tuple(PRESETS)] = Field(  # type: ignore[valid-type]
@@ -90,7 +90,7 @@ class ServeSettings(BaseModel):
                                 "on a local Ray instance a fair share of its CPUs when the "
                                 "replicas would not fit)")
     gpus_per_rank: float | None = Field(
-        None, ge=0, description="GPUs per TP rank (unset: 1 with executor real on a cluster "
+        None, ge=0, description="GPUs per TP rank (unset: 1 with engine real on a cluster "
                                 "with GPUs, else 0)")
 
     @model_validator(mode="after")
@@ -113,7 +113,7 @@ class ServeSettings(BaseModel):
                 "host_cost_fraction": self.host_cost_fraction}
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(model=self.model, executor=self.executor, tp=self.tp,
+        return EngineConfig(model=self.model, engine=self.engine, tp=self.tp,
                             block_size=self.block_size, num_blocks=self.num_blocks,
                             num_host_blocks=self.num_host_blocks,
                             max_model_len=self.max_model_len, sim_preset=self.sim_preset,

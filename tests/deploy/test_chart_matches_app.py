@@ -18,7 +18,7 @@ from .helm_chart import CHART, VALUE_SETS, notes, render, serve_config
 def test_serve_args_are_accepted_by_the_app(helm_bin, value_set):
     (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
     settings = load_settings(ServeSettings, app["args"], env={})
-    assert settings.engine_config().executor == app["args"]["executor"]
+    assert settings.engine_config().engine == app["args"]["engine"]
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)

@@ -14,7 +14,7 @@ from .helm_chart import CHART, serve_config, template
 from .helm_chart import render as render_chart
 
 # A value other than the chart's default for every chart value.
-CHANGED = {"replicas": 3, "tp": 2, "executor": "sim", "block_size": 32, "num_blocks": 77,
+CHANGED = {"replicas": 3, "tp": 2, "engine": "sim", "block_size": 32, "num_blocks": 77,
            "num_host_blocks": 99, "cpus_per_rank": 0.5, "policy": "least_load",
            "approximate": True, "load_weight": 0.3, "host_cost_fraction": 0.4, "gateways": 2}
 
@@ -54,7 +54,7 @@ def test_every_chart_value_reaches_the_app_as_its_setting(helm_bin, tmp_path):
 
 
 @pytest.mark.parametrize("name, bad", [
-    ("replicas", "0"), ("executor", "fast"), ("policy", "greedy"), ("load_weight", "-1"),
+    ("replicas", "0"), ("engine", "fast"), ("policy", "greedy"), ("load_weight", "-1"),
     ("host_cost_fraction", "1.5"), ("cpus_per_rank", "0"), ("gateways", "0"),
 ])
 def test_helm_rejects_what_the_settings_reject(helm_bin, name, bad):

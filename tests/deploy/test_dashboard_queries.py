@@ -1,7 +1,7 @@
 """Every panel query of dashboards/kvroute.json against a real Prometheus.
 
 Parsing: a Prometheus with no targets must accept each query with its variables filled in.
-Data: `kvroute serve --executor sim --replicas 2` runs, a real Prometheus scrapes its /metrics
+Data: `kvroute serve --engine sim --replicas 2` runs, a real Prometheus scrapes its /metrics
 every second, a shared-prefix load goes through /v1/completions, and then each query must
 return at least one series and no NaN, except panels documented as showing only failures.
 """

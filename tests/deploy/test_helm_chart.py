@@ -57,7 +57,7 @@ def test_default_values(helm_bin):
             "route_prefix": "/",
             "import_path": "router.serve.app:build_app",
             "args": {
-                "model": "tiny", "executor": "real", "replicas": 2, "tp": 1, "block_size": 16,
+                "model": "tiny", "engine": "real", "replicas": 2, "tp": 1, "block_size": 16,
                 "num_blocks": 1024, "num_host_blocks": 0, "cpus_per_rank": 1,
                 "gpus_per_rank": 1, "policy": "cache_aware", "approximate": False,
                 "load_weight": 0.2, "host_cost_fraction": 0.2, "gateways": 1,
@@ -83,7 +83,7 @@ def test_pvc_model_tp4_api_keys_and_host_tier(helm_bin):
     docs = render(helm_bin, VALUE_SETS["pvc-tp4"])
     args = serve_config(docs)["applications"][0]["args"]
     assert args == {
-        "model": "/models/llama-3-70b-instruct", "executor": "real", "replicas": 3, "tp": 4,
+        "model": "/models/llama-3-70b-instruct", "engine": "real", "replicas": 3, "tp": 4,
         "block_size": 32, "num_blocks": 65536, "num_host_blocks": 131072, "cpus_per_rank": 4,
         "gpus_per_rank": 1, "policy": "cache_aware", "approximate": False,
         "load_weight": 0.25, "host_cost_fraction": 0.1, "gateways": 2,
@@ -149,7 +149,7 @@ def test_sim_engines_request_no_gpus(helm_bin):
     docs = render(helm_bin, VALUE_SETS["sim-minimal"])
     assert one(docs, "RayService")["metadata"]["name"] == "kvroute-sim"
     args = serve_config(docs)["applications"][0]["args"]
-    assert (args["executor"], args["replicas"], args["policy"], args["gpus_per_rank"]) == (
+    assert (args["engine"], args["replicas"], args["policy"], args["gpus_per_rank"]) == (
         "sim", 4, "round_robin", 0)
     group = engine_group(docs)
     assert container(group["template"])["resources"] == {

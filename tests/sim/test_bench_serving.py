@@ -44,7 +44,7 @@ def completions_app(engine):
 
 
 def engine():
-    return build_engine(EngineConfig(model="tiny", executor="sim", sim_preset="tiny",
+    return build_engine(EngineConfig(model="tiny", engine="sim", sim_preset="tiny",
                                      num_blocks=256))
 
 

@@ -18,7 +18,7 @@ from worker.engine_factory import build_engine
 
 
 def make_engine(**kw):
-    cfg = dict(model="tiny", executor="sim", sim_preset="tiny", num_blocks=64, block_size=16)
+    cfg = dict(model="tiny", engine="sim", sim_preset="tiny", num_blocks=64, block_size=16)
     cfg.update(kw)
     return build_engine(EngineConfig(**cfg))
 

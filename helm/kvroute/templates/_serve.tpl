@@ -24,14 +24,14 @@ scale EngineReplica (router/serve/engine_replica.py).
 {{- $routing := .Values.routing }}
 {{- $args := dict
   "model" (include "kvroute.modelArg" .)
-  "executor" $engine.executor
+  "engine" $engine.engine
   "replicas" $engine.replicas
   "tp" $engine.tp
   "block_size" $engine.blockSize
   "num_blocks" $engine.numBlocks
   "num_host_blocks" (ternary $engine.hostTier.numBlocks 0 $engine.hostTier.enabled)
   "cpus_per_rank" $engine.cpusPerRank
-  "gpus_per_rank" (ternary 1 0 (eq $engine.executor "real"))
+  "gpus_per_rank" (ternary 1 0 (eq $engine.engine "real"))
   "policy" $routing.policy
   "approximate" $routing.approximate
   "load_weight" $routing.loadWeight

@@ -30,7 +30,7 @@ SHARED = "You are a meticulous assistant. Answer briefly and cite sources. " * 1
 def server(tmp_path_factory):
     keys_file = tmp_path_factory.mktemp("keys") / "keys.json"
     keys_file.write_text(json.dumps(KEYS))
-    args = {"model": "tiny", "replicas": 2, "tp": 2, "executor": "real", "policy": "cache_aware",
+    args = {"model": "tiny", "replicas": 2, "tp": 2, "engine": "real", "policy": "cache_aware",
             "num_blocks": 256, "api_keys_file": str(keys_file), "cpus_per_rank": 0.5}
     with kvroute_server(args) as srv:
         yield srv

@@ -35,7 +35,7 @@ MAX_TOKENS = 400  # ~3 s of simulated decoding: long enough to kill a replica mi
 
 @pytest.fixture(scope="module")
 def server():
-    args = {"model": "tiny", "replicas": 2, "executor": "sim", "policy": "round_robin",
+    args = {"model": "tiny", "replicas": 2, "engine": "sim", "policy": "round_robin",
             "gateways": 2, "num_blocks": 128, "cpus_per_rank": 0.5}
     with kvroute_server(args) as srv:
         yield srv
@@ -78,7 +78,7 @@ class LossyLink:
 
 
 def _engine(replica_id: str) -> Engine:
-    return Engine.from_config(EngineConfig(model="tiny", executor="sim", sim_preset="tiny",
+    return Engine.from_config(EngineConfig(model="tiny", engine="sim", sim_preset="tiny",
                                            replica_id=replica_id, num_blocks=40))
 
 

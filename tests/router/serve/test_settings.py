@@ -26,14 +26,14 @@ def _deployments(app):
 
 
 def test_serve_run_key_value_strings_are_coerced():
-    args = convert_args_to_dict(("replicas=3", "tp=2", "approximate=true", "executor=sim",
+    args = convert_args_to_dict(("replicas=3", "tp=2", "approximate=true", "engine=sim",
                                  "imbalance_threshold=inf", "gateways=2"))
     assert args["replicas"] == "3"  # what Serve's CLI hands the builder: strings
     app = call_user_app_builder_with_args_if_necessary(build_app, args)
     gateway, engine = _deployments(app)
     assert (gateway.num_replicas, engine.num_replicas) == (2, 3)
     (engine_config,) = engine.init_args
-    assert (engine_config.tp, engine_config.executor) == (2, "sim")
+    assert (engine_config.tp, engine_config.engine) == (2, "sim")
     assert len(engine._replica_config.placement_group_bundles) == 2
     router = engine._deployment_config.request_router_config.request_router_kwargs["router"]
     assert router["approximate"] is True and router["imbalance_threshold"] == math.inf
@@ -42,8 +42,8 @@ def test_serve_run_key_value_strings_are_coerced():
 def test_build_app_rejects_a_bad_arg_naming_it():
     with pytest.raises(SettingsError, match=r"replicas = 'two' \(from arg replicas\)"):
         build_app({"replicas": "two"})
-    with pytest.raises(SettingsError, match="unknown kvroute setting.* engine; known: model"):
-        build_app({"engine": "sim"})
+    with pytest.raises(SettingsError, match="unknown kvroute setting.* executor; known: model"):
+        build_app({"executor": "sim"})
 
 
 def test_env_overrides_defaults_and_explicit_overrides_env():

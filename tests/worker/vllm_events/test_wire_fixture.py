@@ -1,12 +1,9 @@
 """Decode KV event frames recorded from vLLM's own classes (fixtures/README.md)."""
 
-import hashlib
-import json
-from pathlib import Path
-
 import msgspec
 import pytest
 
+from tests.worker.vllm_events.recorded import VERSIONS, h, load
 from worker.vllm_events.frames import (
     FrameError,
     parse_pub_frames,
@@ -22,23 +19,6 @@ from worker.vllm_events.wire import (
     decode_batch,
     encode_batch,
 )
-
-FIXTURES = Path(__file__).parent / "fixtures"
-VERSIONS = ("0.33.0", "0.22.1")
-
-
-def load(version: str) -> dict:
-    raw = json.loads((FIXTURES / f"vllm-{version}.json").read_text())
-    assert raw["vllm_version"] == version
-
-    def unhex(frames):
-        return [[bytes.fromhex(f) for f in msg] for msg in frames]
-
-    return {key: unhex(raw[key]) for key in ("pub", "replay_from_0", "replay_from_3")}
-
-
-def h(i: int) -> bytes:
-    return hashlib.sha256(b"block-%d" % i).digest()
 
 
 def stored(hashes, parent, token_ids, **kw) -> BlockStored:

@@ -209,32 +209,43 @@ class BlockPool:
         self.num_cached_free_blocks += num_cached
 
     def cache_blocks(self, blocks: list[Block], hashes: list[BlockHash],
-                     parent_hash: BlockHash | None) -> int:
+                     parent_hash: BlockHash | None,
+                     token_ids: Sequence[int] | None = None) -> int:
         """Gives full, computed blocks their hashes. Returns how many became findable.
 
         A block whose hash is already held by another block (two requests computed the same
-        prefix) stays uncached: the table keeps one block per hash.
+        prefix) stays uncached: the table keeps one block per hash. `token_ids` (the blocks'
+        tokens, an equal number per block) go into the events when the log records them.
         """
         num_stored = 0
         run: list[BlockHash] = []  # consecutive newly stored hashes, for one event
         run_parent = parent_hash
-        for block, block_hash in zip(blocks, hashes):
+        run_start = 0  # index of run[0] in blocks
+        for i, (block, block_hash) in enumerate(zip(blocks, hashes)):
             assert block.block_hash is None, f"{block} is already cached"
             assert block.ref_cnt > 0, f"{block} is free: only held blocks get hashes"
             if block_hash in self.cached:
-                self._emit_stored(run, run_parent)
-                run, run_parent = [], block_hash
+                self._emit_stored(run, run_parent, run_start, len(blocks), token_ids)
+                run, run_parent, run_start = [], block_hash, i + 1
                 continue
             block.block_hash = block_hash
             self.cached[block_hash] = block
             run.append(block_hash)
             num_stored += 1
-        self._emit_stored(run, run_parent)
+        self._emit_stored(run, run_parent, run_start, len(blocks), token_ids)
         return num_stored
 
-    def _emit_stored(self, run: list[BlockHash], parent_hash: BlockHash | None) -> None:
-        if run and self.event_log is not None:
-            self.event_log.append(BlockStored(tuple(run), parent_hash, "device"))
+    def _emit_stored(self, run: list[BlockHash], parent_hash: BlockHash | None,
+                     run_start: int, num_blocks: int,
+                     token_ids: Sequence[int] | None) -> None:
+        if not run or self.event_log is None:
+            return
+        run_tokens: tuple[int, ...] = ()
+        if token_ids is not None and self.event_log.with_token_ids:
+            block_size = len(token_ids) // num_blocks
+            run_tokens = tuple(token_ids[run_start * block_size:
+                                         (run_start + len(run)) * block_size])
+        self.event_log.append(BlockStored(tuple(run), parent_hash, "device", run_tokens))
 
     def cached_hashes(self) -> list[BlockHash]:
         return list(self.cached)

@@ -27,6 +27,10 @@ class BlockStored:
     block_hashes: tuple[BlockHash, ...]
     parent_hash: BlockHash | None
     medium: Medium = "device"
+    # The blocks' tokens, block_size per hash, when the log records them (`EventLog.
+    # with_token_ids`) and the store computed them; empty otherwise (host-tier copies and
+    # copy-backs: their tokens were in the device store that came first).
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,12 +78,18 @@ class EventLog:
     `drain()` hands out the events appended since the last drain. If more than
     `max_buffered` events pile up undrained, the oldest are dropped: the consumer then sees
     a gap and recovers with a snapshot.
+
+    `with_token_ids`: stores computed by requests carry their tokens (`BlockStored.
+    token_ids`), for publishers whose format needs them (vLLM's KV events). Off by default:
+    the index actor has no use for them. Set it before the first event.
     """
 
-    def __init__(self, replica_id: str, epoch: str | None = None, max_buffered: int = 1 << 20):
+    def __init__(self, replica_id: str, epoch: str | None = None, max_buffered: int = 1 << 20,
+                 with_token_ids: bool = False):
         if max_buffered <= 0:
             raise ValueError(f"max_buffered must be positive, got {max_buffered}")
         self.replica_id = replica_id
+        self.with_token_ids = with_token_ids
         self.epoch = epoch or uuid.uuid4().hex
         self.max_buffered = max_buffered
         self.next_seq = 0

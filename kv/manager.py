@@ -218,9 +218,10 @@ class KVCacheManager:
                 req.pending_hashes.append(block_hash)
 
     def cache_blocks(self, request_id: str, block_hashes: Sequence[BlockHash],
-                     num_computed_tokens: int) -> None:
+                     num_computed_tokens: int, token_ids: Sequence[int] | None = None) -> None:
         """Makes the request's full, computed blocks findable. `block_hashes` must cover
-        every full block of the first `num_computed_tokens` tokens (prompt or generated)."""
+        every full block of the first `num_computed_tokens` tokens (prompt or generated);
+        `token_ids`, when given, are the request's tokens (for events that carry them)."""
         if not self.config.enable_prefix_caching:
             return
         req = self._requests[request_id]
@@ -231,8 +232,12 @@ class KVCacheManager:
         if len(block_hashes) < num_full:
             raise ValueError(f"{request_id}: {len(block_hashes)} hashes for {num_full} blocks")
         new_hashes = list(block_hashes[start:num_full])
+        log = self.event_log
+        block_tokens = (token_ids[start * self.block_size:num_full * self.block_size]
+                        if token_ids is not None and log is not None and log.with_token_ids
+                        else None)
         self.pool.cache_blocks(req.blocks[start:num_full], new_hashes,
-                               block_hashes[start - 1] if start else None)
+                               block_hashes[start - 1] if start else None, block_tokens)
         for block_hash in new_hashes:
             if self._pending.get(block_hash) == request_id:
                 del self._pending[block_hash]

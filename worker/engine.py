@@ -134,6 +134,11 @@ class Engine:
     def drain_events(self) -> EventBatch:
         return self.event_log.drain()
 
+    def namespaces(self) -> list[tuple[str, str]]:
+        """The (adapter, cache salt) pairs of the requests admitted so far: the namespace
+        roots this engine's block hashes start from (a vLLM-format publisher names them)."""
+        return list(self._roots)
+
     def snapshot(self) -> Snapshot:
         return self.kv.snapshot()
 

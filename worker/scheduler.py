@@ -189,7 +189,8 @@ class Scheduler:
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue  # finished or preempted while the step ran
             req.num_computed_tokens = seq.start_pos + len(seq.token_ids)
-            self.kv.cache_blocks(req.request_id, req.block_hashes, req.num_computed_tokens)
+            self.kv.cache_blocks(req.request_id, req.block_hashes, req.num_computed_tokens,
+                                 req.token_ids)
             if not seq.sample:
                 continue
             token_id = sampled[req.request_id]

@@ -121,3 +121,20 @@ def test_free_queue_rejects_misnumbered_blocks_and_overlong_runs():
     with pytest.raises(ValueError, match="cannot pop 3 of 2"):
         queue.popleft_blocks(3)
     assert queue.block_ids() == [0, 1]
+
+
+def test_stores_carry_their_tokens_when_the_log_records_them():
+    """A block already held under its hash splits the run; each event gets its own tokens."""
+    tokens = list(range(16 * 3))
+    log = EventLog("r0", epoch="e", with_token_ids=True)
+    pool = BlockPool(4, log)
+    other, *blocks = pool.take_new_blocks(4)
+    pool.cache_blocks([other], [H[1]], H[0])  # another request computed block 1 first
+    log.drain()
+    assert pool.cache_blocks(blocks, H[:3], None, tokens) == 2
+    assert log.drain().events == (BlockStored((H[0],), None, "device", tuple(tokens[:16])),
+                                  BlockStored((H[2],), H[1], "device", tuple(tokens[32:])))
+    plain_log = EventLog("r1", epoch="e")
+    plain = BlockPool(3, plain_log)
+    plain.cache_blocks(plain.take_new_blocks(3), H[:3], None, tokens)
+    assert plain_log.drain().events == (BlockStored(tuple(H[:3]), None, "device"),)

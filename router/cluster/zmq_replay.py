@@ -1,0 +1,36 @@
+"""A replay request to a vLLM-format KV event publisher (protocol: worker/vllm_events/frames.py)."""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+import zmq.asyncio
+
+from worker.vllm_events import frames
+
+
+async def request_replay(ctx: zmq.asyncio.Context, endpoint: str, start_seq: int,
+                         timeout_s: float) -> list[frames.EventFrame] | None:
+    """Every batch the publisher at `endpoint` still has from `start_seq` on, oldest first;
+    None when no complete answer comes within `timeout_s`. A fresh DEALER per request, so
+    a late answer to an abandoned request never mixes into the next.
+
+    Raises frames.FrameError on an answer that is not a replay frame.
+    """
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    deadline = time.monotonic() + timeout_s
+    out: list[frames.EventFrame] = []
+    try:
+        await dealer.send_multipart(frames.replay_request(start_seq))
+        while True:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0 or not await dealer.poll(remaining_s * 1000):
+                return None
+            frame = frames.parse_replay_frames(await dealer.recv_multipart())
+            if frame is None:
+                return out
+            out.append(frame)
+    finally:
+        dealer.close(linger=0)

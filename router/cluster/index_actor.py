@@ -7,6 +7,12 @@ too new or of another epoch (a new or restarted router, a restarted actor). A re
 stops publishing for `replica_timeout_s`, says goodbye, or is reported dead is forgotten,
 and every router is told.
 
+External workers (vLLM, SGLang, `kvroute engine`) do not push: the actor follows their
+vLLM-format KV events over ZMQ (router/cluster/external_workers.py), added and removed at
+runtime; they never time out, and each one's mode (events | approximate) comes with every
+poll reply. A restarted actor has forgotten them: whoever added them adds them again when
+`get_incarnation()` changes.
+
 The actor also keeps the named pinned prefixes (router/cluster/prefix_registry.py) and the
 index digests routers report, so tests and operators can check that views converge.
 """
@@ -19,9 +25,13 @@ import uuid
 from dataclasses import dataclass, field
 
 import ray
+from prometheus_client import CollectorRegistry
 
 from kv.events import ContentsDigest, Cursor, EventBatch, Snapshot
 from router.cluster.actors import get_or_create_actor
+from router.cluster.external_worker_spec import ExternalWorkerSpec, SubscriberConfig
+from router.cluster.external_workers import ExternalWorkers, ExternalWorkerStatus
+from router.cluster.metrics_hub import MetricsPusher
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry
 from router.cluster.replica_log import ReplicaLog
 from worker.api import EngineStats
@@ -59,6 +69,9 @@ class PollReply:
     batches: tuple[EventBatch, ...]
     stats: dict[str, EngineStats]  # replica_id -> latest stats
     removed_replica_ids: tuple[str, ...]  # in the request's cursors, not live any more
+    # external workers' KV event mode, "events" | "approximate" (approximate: route the
+    # worker from this router's own history; its index is a subset or stale)
+    worker_modes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +91,9 @@ class KVIndex:
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
         self.prefixes = PrefixRegistry()
         self._waiters: set[asyncio.Future] = set()  # long polls waiting for news
+        # the followed external workers (their metrics collector; tests read it too)
+        self.external_workers = ExternalWorkers(self, SubscriberConfig())
+        self._external_metrics: MetricsPusher | None = None
 
     # ---- replicas ----
 
@@ -115,6 +131,27 @@ class KVIndex:
     def replica_digests(self) -> dict[str, ContentsDigest]:
         self._expire()
         return {rid: rep.log.digest() for rid, rep in self._replicas.items() if rep.log.synced}
+
+    # ---- external workers ----
+
+    async def add_external_worker(self, spec: ExternalWorkerSpec) -> None:
+        """Follows a worker's vLLM-format KV events (again from scratch if followed)."""
+        await self.external_workers.add(spec)
+        if self._external_metrics is None and ray.is_initialized():
+            registry = CollectorRegistry()
+            registry.register(self.external_workers)
+            self._external_metrics = MetricsPusher("index/external-workers", registry)
+            self._external_metrics.start()
+
+    async def remove_external_worker(self, worker_id: str) -> bool:
+        """Stops following a worker and drops its index; False when it was not followed."""
+        return await self.external_workers.remove(worker_id)
+
+    def external_worker_modes(self) -> dict[str, str]:
+        return self.external_workers.modes()
+
+    def external_worker_status(self) -> dict[str, ExternalWorkerStatus]:
+        return self.external_workers.status()
 
     # ---- routers ----
 
@@ -189,7 +226,8 @@ class KVIndex:
                 batches.extend(delta)
         removed = tuple(sorted(set(request.cursors) - set(self._replicas)))
         stats = {rid: rep.stats for rid, rep in self._replicas.items() if rep.stats is not None}
-        return PollReply(tuple(snapshots), tuple(batches), stats, removed)
+        return PollReply(tuple(snapshots), tuple(batches), stats, removed,
+                         self.external_workers.modes())
 
     def _touch(self, replica_id: str) -> _Replica:
         rep = self._replicas.get(replica_id)
@@ -202,7 +240,9 @@ class KVIndex:
 
     def _expire(self) -> None:
         cutoff = time.monotonic() - self._config.replica_timeout_s
-        for replica_id in [r for r, rep in self._replicas.items() if rep.last_seen_s < cutoff]:
+        external = self.external_workers.ids()  # followed, not pushing: they never time out
+        for replica_id in [r for r, rep in self._replicas.items()
+                           if rep.last_seen_s < cutoff and r not in external]:
             self.forget_replica(replica_id)
 
     def _notify(self) -> None:

@@ -1,10 +1,11 @@
 """A stand-in for a vLLM worker's KV event publisher, for subscriber tests.
 
-It speaks vLLM 0.33.0's protocol (worker/vllm_events/frames.py) over real ZMQ sockets from
-its own thread: PUB (an XPUB, so a test can wait for the subscriber to listen), and a
-ROUTER replay socket over the last `buffer_steps` batches. Like vLLM it has no snapshot:
-asked for SNAPSHOT_SEQ it answers the end marker alone. A test chooses which batches the
-live stream drops (they stay in the replay buffer) and may publish raw bytes.
+It speaks vLLM 0.33.0's protocol (worker/vllm_events/frames.py; or 0.22.1's replay answers,
+which lack the topic) over real ZMQ sockets from its own thread: PUB (an XPUB, so a test
+can wait for the subscriber to listen), and a ROUTER replay socket over the last
+`buffer_steps` batches. Like vLLM it has no snapshot: asked for SNAPSHOT_SEQ it answers the
+end marker alone. A test chooses which batches the live stream drops (they stay in the
+replay buffer) and may publish raw bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from worker.vllm_events import frames, wire
 class MockVllmWorker:
     def __init__(self, topic: str = "", buffer_steps: int = 100, replay: bool = True,
                  endpoint: str = "tcp://127.0.0.1:0",
-                 replay_endpoint: str = "tcp://127.0.0.1:0"):
+                 replay_endpoint: str = "tcp://127.0.0.1:0", replay_shape: str = "0.33.0"):
         ctx = zmq.Context.instance()
         self._pub = ctx.socket(zmq.XPUB)
         self._pub.bind(endpoint)
@@ -34,6 +35,7 @@ class MockVllmWorker:
             self._replay.bind(replay_endpoint)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._topic = topic.encode()
+        self._replay_shape = replay_shape  # "0.33.0": topic in each answer; "0.22.1": none
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._subscribed = threading.Event()
@@ -106,8 +108,9 @@ class MockVllmWorker:
             return
         client, _, start = msg
         start_seq = int.from_bytes(start, "big")
+        topic = [self._topic] if self._replay_shape == "0.33.0" else []
         for seq, payload in self._buffer:
             if seq >= start_seq:
-                self._replay.send_multipart([client, b"", self._topic, frames.seq_bytes(seq),
+                self._replay.send_multipart([client, b"", *topic, frames.seq_bytes(seq),
                                              payload])
-        self._replay.send_multipart([client, b"", b"", frames.END_SEQ, b""])
+        self._replay.send_multipart([client, b"", *[b""][:len(topic)], frames.END_SEQ, b""])

@@ -6,6 +6,7 @@ import time
 from contextlib import asynccontextmanager
 
 import msgspec
+import pytest
 
 from kv.events import BlockStored, EventBatch
 from kv.hashing import block_hashes, namespace_root
@@ -88,8 +89,9 @@ async def started(sub, worker):
     assert await asyncio.to_thread(worker.wait_subscribed)
 
 
-async def test_dropped_batches_are_replayed_and_the_index_converges():
-    worker = MockVllmWorker()
+@pytest.mark.parametrize("replay_shape", ["0.33.0", "0.22.1"])
+async def test_dropped_batches_are_replayed_and_the_index_converges(replay_shape):
+    worker = MockVllmWorker(replay_shape=replay_shape)
     a, b = tokens(1, 3), tokens(2, 2)
     ra, rb = router_hashes(a), router_hashes(b)
     async with following(worker) as (sub, sink):

@@ -223,8 +223,11 @@ class EngineHashMap:
         stored = []
         complete, counts = self._complete[medium], self._num_complete[medium]
         for key in self._uses.get(engine_hash, ()):
-            if key in complete or not all(self._held(s, medium) for s in self._instances[key]):
+            if key in complete:
                 continue
+            sources = self._instances[key]
+            if len(sources) > 1 and not all(self._held(s, medium) for s in sources):
+                continue  # (one source: this block, held now)
             complete.add(key)
             counts[key[0]] = counts.get(key[0], 0) + 1
             if counts[key[0]] == 1:

@@ -92,7 +92,9 @@ class EngineHashMap:
     def _reset(self) -> None:
         self._blocks: dict[EngineHash, _EngineBlock] = {}
         self._instances: dict[_InstanceKey, tuple[EngineHash, ...]] = {}  # -> sources
-        self._uses: dict[EngineHash, set[_InstanceKey]] = {}  # instances an engine block is in
+        # the instances an engine block is in, in the order made (a dict: emitted hashes
+        # follow the chain, not set order)
+        self._uses: dict[EngineHash, dict[_InstanceKey, None]] = {}
         self._complete: dict[Medium, set[_InstanceKey]] = {"device": set(), "host": set()}
         self._num_complete: dict[Medium, dict[BlockHash, int]] = {"device": {}, "host": {}}
         self._ignored_groups: set[int] = set()
@@ -211,7 +213,7 @@ class EngineHashMap:
     def _add_instance(self, key: _InstanceKey, sources: tuple[EngineHash, ...]) -> None:
         self._instances[key] = sources
         for source in sources:
-            self._uses.setdefault(source, set()).add(key)
+            self._uses.setdefault(source, {})[key] = None
 
     # -- presence --------------------------------------------------------------------------
 
@@ -265,7 +267,7 @@ class EngineHashMap:
         for key in [k for k in self._uses.get(engine_hash, ()) if k[1] == engine_hash]:
             for source in self._instances.pop(key):
                 uses = self._uses[source]
-                uses.discard(key)
+                uses.pop(key, None)
                 if not uses:
                     del self._uses[source]
 

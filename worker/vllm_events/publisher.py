@@ -212,11 +212,15 @@ class VllmEventPublisher:
             if item[0] == "flush":
                 item[1].set()
                 continue
-            if item[0] == "batch":
-                events: tuple[KVEvent, ...] = item[1]
-                vllm_events = self._translator.translate(events, item[2])
-            else:
-                vllm_events = self._translator.reset(item[1])
+            try:
+                if item[0] == "batch":
+                    events: tuple[KVEvent, ...] = item[1]
+                    vllm_events = self._translator.translate(events, item[2])
+                else:
+                    vllm_events = self._translator.reset(item[1])
+            except ValueError:  # a store whose tokens do not fit its blocks: an engine bug
+                log.exception("a KV event batch could not be translated; republishing all")
+                vllm_events = self._translator.snapshot_events()
             if vllm_events:
                 self._send(vllm_events)
 

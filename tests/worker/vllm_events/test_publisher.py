@@ -153,3 +153,16 @@ def test_a_chain_whose_namespace_is_unknown_is_left_out():
                                [("", "t")])
     assert out[0].extra_keys == [("t",), None]
     assert translator.translate([BlockStored((h[1],), None, "host")])[0].medium == "CPU"
+
+
+def test_a_batch_that_cannot_be_translated_republishes_everything():
+    publisher = VllmEventPublisher(VllmPublisherConfig(heartbeat_s=3600), "m", 4)
+    h = block_hashes(list(range(8)), 4, namespace_root("m"))
+    publisher.publish(EventBatch("r", "e", 0, (
+        BlockStored((h[0],), None, "device", (0, 1, 2, 3)),)), [("", "")])
+    publisher.publish(EventBatch("r", "e", 1, (
+        BlockStored((h[1],), h[0], "device", (4, 5)),)))  # 2 tokens for a 4-token block
+    assert publisher.flush()
+    assert [type(e).__name__ for e in events_of(replay(publisher, 2))] == [
+        "AllBlocksCleared", "BlockStored"]
+    publisher.close()

@@ -29,19 +29,19 @@ from router.cluster.metrics_hub import (
 )
 from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
 from router.gateway.metrics import GatewayMetrics
-from router.gateway.openai_schema import (
+from router.gateway.prefixes import PrefixService
+from router.gateway.tenants import TenantAuth, load_api_keys
+from router.serve.request_router import gateway_process_id
+from worker.api import EngineInputError, EngineRequest, SamplingParams, TokenDelta, Usage
+from worker.openai.errors import APIError
+from worker.openai.prompt import PromptBuilder, PromptError
+from worker.openai.responses import ResponseShape, sse
+from worker.openai.schema import (
     DEFAULT_MAX_TOKENS,
-    APIError,
     ChatCompletionRequest,
     CompletionRequest,
     parse_body,
 )
-from router.gateway.prefixes import PrefixService
-from router.gateway.prompt import PromptBuilder, PromptError
-from router.gateway.responses import ResponseShape, sse
-from router.gateway.tenants import TenantAuth, load_api_keys
-from router.serve.request_router import gateway_process_id
-from worker.api import EngineInputError, EngineRequest, SamplingParams, TokenDelta, Usage
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)

@@ -40,14 +40,15 @@ class ServerConfig:
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of `kvroute engine` (vLLM's spellings where vLLM has the same setting)."""
+    """The flags of `kvroute engine`: `kvroute serve`'s spellings for the engine's settings
+    (router/serve/settings.py), vLLM's for the rest where vLLM has the same setting."""
     p.add_argument("--model", default="tiny",
                    help="'tiny' (embedded random-weight Llama, generated on first use) or a "
                         "Hugging Face Llama-family checkpoint directory")
     p.add_argument("--served-model-name", default="",
                    help="the model name of the API and of the KV hash namespace (default: "
                         "'tiny', or the checkpoint directory's name)")
-    p.add_argument("--engine", default="real", choices=("real", "sim"),
+    p.add_argument("--executor", default="real", choices=("real", "sim"),
                    help="real: run the model; sim: simulated executor (modelled step "
                         "times, no model compute)")
     p.add_argument("--sim-preset", default="h100-llama3-8b",
@@ -56,7 +57,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--num-blocks", type=int, default=1024,
                    help="KV blocks (device pool); caps the context length too")
-    p.add_argument("--host-blocks", type=int, default=0,
+    p.add_argument("--num-host-blocks", type=int, default=0,
                    help="host-memory KV blocks (0: no host tier)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context length limit (default: the model's, capped by the pool)")
@@ -78,8 +79,8 @@ def configs_from(ns: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     replica_id = ns.replica_id or f"{socket.gethostname()}-{os.getpid()}"
     engine = EngineConfig(
         model=ns.model, served_model_name=ns.served_model_name, replica_id=replica_id,
-        executor=ns.engine, sim_preset=ns.sim_preset, tp=ns.tp, block_size=ns.block_size,
-        num_blocks=ns.num_blocks, num_host_blocks=ns.host_blocks,
+        executor=ns.executor, sim_preset=ns.sim_preset, tp=ns.tp, block_size=ns.block_size,
+        num_blocks=ns.num_blocks, num_host_blocks=ns.num_host_blocks,
         max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens)
     server = ServerConfig(host=ns.host, port=ns.port,

@@ -46,7 +46,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="'tiny' (embedded random-weight Llama, generated on first use) or a "
                         "Hugging Face Llama-family checkpoint directory")
     p.add_argument("--served-model-name", default="",
-                   help="the model name of the API and of the KV hash namespace (default: "
+                   help="the model name of the API and of the KV hash namespace (empty: "
                         "'tiny', or the checkpoint directory's name)")
     p.add_argument("--executor", default="real", choices=("real", "sim"),
                    help="real: run the model; sim: simulated executor (modelled step "

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 READY = re.compile(r"kvroute engine: serving '(?P<model>[^']*)' at (?P<url>http://\S+)/v1")
-SIM_TINY_ARGS = ("--executor", "sim", "--sim-preset", "tiny")
+SIM_TINY_ARGS = ("--engine", "sim", "--sim-preset", "tiny")
 
 
 class EngineWorker:

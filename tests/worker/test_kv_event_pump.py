@@ -27,7 +27,7 @@ class RecordingSink:
 
 
 def engine():
-    return build_engine(EngineConfig(model="tiny", executor="sim", sim_preset="tiny",
+    return build_engine(EngineConfig(model="tiny", engine="sim", sim_preset="tiny",
                                      num_blocks=64, block_size=16))
 
 

@@ -16,7 +16,7 @@ from worker.tokenizer_files import tokenizer_dir
 
 # The H100 preset decodes in ~8 ms a token: a long request lasts seconds, long enough to
 # leave it or to stop the server under it.
-SLOW_SIM_ARGS = ("--executor", "sim", "--sim-preset", "h100-llama3-8b")
+SLOW_SIM_ARGS = ("--engine", "sim", "--sim-preset", "h100-llama3-8b")
 VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
                "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 

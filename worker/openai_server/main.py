@@ -48,7 +48,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default="",
                    help="the model name of the API and of the KV hash namespace (empty: "
                         "'tiny', or the checkpoint directory's name)")
-    p.add_argument("--executor", default="real", choices=("real", "sim"),
+    p.add_argument("--engine", default="real", choices=("real", "sim"),
                    help="real: run the model; sim: simulated executor (modelled step "
                         "times, no model compute)")
     p.add_argument("--sim-preset", default="h100-llama3-8b",
@@ -79,7 +79,7 @@ def configs_from(ns: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     replica_id = ns.replica_id or f"{socket.gethostname()}-{os.getpid()}"
     engine = EngineConfig(
         model=ns.model, served_model_name=ns.served_model_name, replica_id=replica_id,
-        executor=ns.executor, sim_preset=ns.sim_preset, tp=ns.tp, block_size=ns.block_size,
+        engine=ns.engine, sim_preset=ns.sim_preset, tp=ns.tp, block_size=ns.block_size,
         num_blocks=ns.num_blocks, num_host_blocks=ns.num_host_blocks,
         max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens)

@@ -10,6 +10,7 @@ import threading
 
 from router.cli_flags import add_flags, flag_name, given_flags
 from router.serve.settings import LaunchSettings, ServeSettings, SettingsError, load_settings
+from worker.openai_server.main import add_engine_arguments, run_engine
 
 APP_NAME = "kvroute"
 
@@ -26,6 +27,13 @@ def _parser() -> argparse.ArgumentParser:
                     "a flag given wins over the variable.")
     add_flags(p, ServeSettings)
     add_flags(p, LaunchSettings)
+    e = sub.add_parser(
+        "engine", help="serve one engine replica as a standalone OpenAI server",
+        description="Serve MODEL from one engine replica in this process (no Ray) as an "
+                    "OpenAI-compatible HTTP server, as `vllm serve` does: a worker for "
+                    "`kvroute serve --workers` or any other router.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_engine_arguments(e)
     return parser
 
 
@@ -90,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     if ns.command == "serve":
         return run_serve(ns)
+    if ns.command == "engine":
+        return run_engine(ns)
     return 2
 
 

@@ -14,11 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.cluster.index_actor import get_index_actor
 from router.cluster.metrics_hub import (
@@ -29,19 +27,21 @@ from router.cluster.metrics_hub import (
 )
 from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
 from router.gateway.metrics import GatewayMetrics
-from router.gateway.openai_schema import (
-    DEFAULT_MAX_TOKENS,
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_body,
-)
 from router.gateway.prefixes import PrefixService
-from router.gateway.prompt import PromptBuilder, PromptError
-from router.gateway.responses import ResponseShape, sse
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
-from worker.api import EngineInputError, EngineRequest, SamplingParams, TokenDelta, Usage
+from worker.api import EngineRequest, TokenDelta, Usage
+from worker.openai.engine_params import (
+    Kind,
+    check_context_length,
+    max_new_tokens,
+    sampling_params,
+)
+from worker.openai.errors import APIError
+from worker.openai.http_errors import install_error_handlers
+from worker.openai.prompt import PromptBuilder, PromptError
+from worker.openai.responses import ResponseShape, sse
+from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -64,22 +64,7 @@ class GatewayConfig:
 app = FastAPI(title="kvroute", docs_url=None, redoc_url=None)
 
 
-@app.exception_handler(APIError)
-async def _api_error(request: Request, err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status_code)
-
-
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
-    return JSONResponse(APIError(err.status_code, str(err.detail), code=code).body(),
-                        status_code=err.status_code)
-
-
-@app.exception_handler(RequestValidationError)
-async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
-    return JSONResponse(APIError(400, f"invalid request: {err.errors()[:1]}").body(),
-                        status_code=400)
+install_error_handlers(app)
 
 
 @app.middleware("http")
@@ -128,8 +113,7 @@ class Gateway:
             token_ids = self.prompts.encode_text(body.prompt)
         else:
             token_ids = list(body.prompt)
-        return await self._generate("completion", "cmpl", body, token_ids,
-                                    body.max_tokens, tenant)
+        return await self._generate("completion", "cmpl", body, token_ids, tenant)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
@@ -141,8 +125,7 @@ class Gateway:
             token_ids = self.prompts.encode_chat(messages)
         except PromptError as err:
             raise APIError(400, str(err), param="messages") from None
-        return await self._generate("chat", "chatcmpl", body, token_ids,
-                                    body.max_new_tokens(), tenant)
+        return await self._generate("chat", "chatcmpl", body, token_ids, tenant)
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict:
@@ -207,22 +190,12 @@ class Gateway:
             raise APIError(404, f"the model {model!r} does not exist; this server serves "
                                 f"{self.model!r}", param="model", code="model_not_found")
 
-    async def _generate(self, kind, id_prefix: str, body, token_ids: list[int],
-                        max_tokens: int | None, tenant: str) -> Response:
-        max_tokens = max_tokens or DEFAULT_MAX_TOKENS
-        max_model_len = await self._context_limit()
-        if len(token_ids) + max_tokens > max_model_len:
-            raise APIError(400, f"this model's maximum context length is "
-                                f"{max_model_len} tokens; the prompt has "
-                                f"{len(token_ids)} and max_tokens is {max_tokens}",
-                           param="messages" if kind == "chat" else "prompt",
-                           code="context_length_exceeded")
-        try:
-            sampling = SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
-                                      top_k=body.top_k, top_p=body.top_p, seed=body.seed,
-                                      stop=body.stop_strings(), ignore_eos=body.ignore_eos)
-        except EngineInputError as err:
-            raise APIError(400, str(err)) from None
+    async def _generate(self, kind: Kind, id_prefix: str,
+                        body: CompletionRequest | ChatCompletionRequest,
+                        token_ids: list[int], tenant: str) -> Response:
+        max_tokens = max_new_tokens(body)
+        check_context_length(kind, len(token_ids), max_tokens, await self._context_limit())
+        sampling = sampling_params(body, max_tokens)
         response_id = f"{id_prefix}-{uuid.uuid4().hex}"
         request = EngineRequest(response_id, token_ids, sampling,
                                 block_hashes=self.prompts.block_hashes(token_ids, tenant),

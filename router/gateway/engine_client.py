@@ -18,8 +18,8 @@ from typing import Any
 import ray
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from router.gateway.openai_schema import APIError
 from worker.api import EngineInputError, EngineRequest, EngineUnavailableError, TokenDelta
+from worker.openai.errors import APIError, engine_input_error
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,6 @@ class RetryConfig:
 def unavailable(message: str) -> APIError:
     return APIError(503, message, type_="service_unavailable_error",
                     code="replica_unavailable")
-
-
-def engine_input_error(err: EngineInputError) -> APIError:
-    message = str(err.args[0]) if err.args else str(err)
-    code = "context_length_exceeded" if "context" in message else "invalid_request"
-    return APIError(400, message, code=code)
 
 
 class EngineClient:

@@ -15,13 +15,40 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+
 from router.cluster.prefix_registry import PrefixRecord
 from router.gateway.engine_client import EngineClient
-from router.gateway.openai_schema import APIError, PrefixRegisterRequest, parse_body
-from router.gateway.prompt import PromptBuilder, PromptError
 from worker.api import PinRequest, PinResult, UnpinRequest
+from worker.openai.errors import APIError
+from worker.openai.prompt import PromptBuilder, PromptError
+from worker.openai.schema import ChatMessage, parse_body
 
 log = logging.getLogger(__name__)
+
+
+class PrefixRegisterRequest(BaseModel):
+    """The body of `POST /v1/prefixes`: a name and a prompt or chat messages."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    model: StrictStr | None = None
+    prompt: StrictStr | list[StrictInt] | None = None
+    messages: list[ChatMessage] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _token_range(cls, v: str | list[int] | None) -> str | list[int] | None:
+        if isinstance(v, list) and any(not 0 <= t < 2**32 for t in v):
+            raise ValueError("token ids must be in [0, 2**32)")
+        return v
+
+    @field_validator("messages")
+    @classmethod
+    def _nonempty(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
+        if v is not None and not v:
+            raise ValueError("messages must not be empty")
+        return v
 
 
 def _body(record: PrefixRecord) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from router.gateway.openai_schema import APIError
+from worker.openai.errors import APIError
 
 API_KEYS_ENV = "KVROUTE_API_KEYS"
 ANONYMOUS_TENANT = ""

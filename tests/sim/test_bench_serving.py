@@ -15,10 +15,10 @@ from benchmarks import bench_serving
 from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator
 from benchmarks.simlib.prompts import TokenSource
 from benchmarks.simlib.workloads import multi_turn
-from router.gateway.responses import ResponseShape, sse
 from worker.api import EngineRequest, SamplingParams
 from worker.engine_config import EngineConfig
 from worker.engine_factory import build_engine
+from worker.openai.responses import ResponseShape, sse
 
 
 def completions_app(engine):

@@ -10,7 +10,6 @@ import asyncio
 import pytest
 
 from router.gateway.engine_client import EngineClient, RetryConfig
-from router.gateway.openai_schema import APIError
 from worker.api import (
     EngineInputError,
     EngineRequest,
@@ -18,6 +17,7 @@ from worker.api import (
     SamplingParams,
     TokenDelta,
 )
+from worker.openai.errors import APIError
 
 
 class _Stream:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from router.gateway.openai_schema import APIError
 from router.gateway.tenants import TenantAuth, load_api_keys
+from worker.openai.errors import APIError
 
 
 def test_keys_from_file_and_env(tmp_path):

@@ -1,9 +1,8 @@
-"""OpenAI request bodies, validated, and OpenAI-style errors.
+"""OpenAI request bodies, validated.
 
 Unknown fields are ignored (clients send extras); known fields are checked for type and
 range, and a parameter kvroute cannot honour (n > 1, logprobs, penalties) is a 400 rather
-than silently ignored. Every failure becomes `APIError` with the body OpenAI returns:
-`{"error": {"message", "type", "param", "code"}}`.
+than silently ignored. Every failure becomes `APIError` (worker/openai/errors.py).
 """
 
 from __future__ import annotations
@@ -22,25 +21,9 @@ from pydantic import (
     field_validator,
 )
 
+from worker.openai.errors import APIError
+
 DEFAULT_MAX_TOKENS = 16
-
-
-class APIError(Exception):
-    """An error answered with an OpenAI-style body."""
-
-    def __init__(self, status_code: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
 
 Number = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -152,28 +135,6 @@ class ChatCompletionRequest(_SamplingFields):
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
-
-
-class PrefixRegisterRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    name: StrictStr = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
-    model: StrictStr | None = None
-    prompt: StrictStr | list[StrictInt] | None = None
-    messages: list[ChatMessage] | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _token_range(cls, v: str | list[int] | None) -> str | list[int] | None:
-        if isinstance(v, list) and any(not 0 <= t < 2**32 for t in v):
-            raise ValueError("token ids must be in [0, 2**32)")
-        return v
-
-    @field_validator("messages")
-    @classmethod
-    def _nonempty(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
-        if v is not None and not v:
-            raise ValueError("messages must not be empty")
-        return v
 
 
 def parse_body(raw: bytes, model_cls: type[BaseModel]) -> Any:

@@ -1,0 +1,1 @@
+"""`kvroute engine`: one engine replica as a standalone OpenAI-compatible server."""

@@ -1,0 +1,71 @@
+"""`kvroute engine`'s HTTP app: one engine replica as an OpenAI-compatible server.
+
+Routes: /v1/completions and /v1/chat/completions (serving.py), /v1/models (with the
+context length, as vLLM reports it), /health (503 once the engine cannot serve), /metrics
+(the engine's kvroute_engine_* series and vLLM's gauge names). The app's lifespan starts the
+KV event pump; at shutdown, after the HTTP server has let the accepted requests finish, it
+drains the engine, then publishes the last events and closes the sink.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from worker.api import EngineUnhealthyError
+from worker.engine import Engine
+from worker.openai.errors import APIError
+from worker.openai.http_errors import install_error_handlers
+from worker.openai.prompt import PromptBuilder
+from worker.openai_server.kv_events import EventPump
+from worker.openai_server.serving import OpenAIServing
+from worker.openai_server.vllm_metrics import VLLMGaugeCollector
+
+
+def create_app(engine: Engine, prompts: PromptBuilder, pump: EventPump) -> FastAPI:
+    """The app serving `engine`; `prompts` tokenizes for the same model."""
+    serving = OpenAIServing(engine, prompts)
+    vllm_registry = CollectorRegistry(auto_describe=True)
+    vllm_registry.register(VLLMGaugeCollector(engine.stats, engine.model_name))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pump.start()
+        try:
+            yield
+        finally:
+            await engine.shutdown()  # finishes whatever is still running
+            await pump.stop()  # then the events of that work go out too
+
+    app = FastAPI(title="kvroute engine", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    install_error_handlers(app)
+    app.add_api_route("/v1/completions", serving.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", serving.chat_completions, methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": engine.model_name, "object": "model", "created": 0, "owned_by": "kvroute",
+            "root": engine.model_name, "max_model_len": engine.max_model_len}]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            engine.check_health()
+        except EngineUnhealthyError as err:
+            error = APIError(503, str(err), type_="service_unavailable_error",
+                             code="engine_unhealthy")
+            return JSONResponse(error.body(), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = generate_latest(engine.registry) + generate_latest(vllm_registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,151 @@
+"""Completions and chat completions on one in-process engine.
+
+Per request: validate the body, tokenize (chat template for chat), check the context, and
+stream the engine's deltas as OpenAI bodies or SSE. Errors before the first token are plain
+HTTP errors (400 bad input, 404 unknown model, 503 shutting down); after it, an error event
+ends the stream. A client that leaves aborts its engine request: a stream when Starlette
+cancels it, a non-streaming request (or one still waiting for its first token) when the
+disconnect arrives on the ASGI channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from worker.api import (
+    EngineInputError,
+    EngineRequest,
+    EngineUnavailableError,
+    TokenDelta,
+)
+from worker.engine import Engine
+from worker.openai.engine_params import (
+    Kind,
+    check_context_length,
+    max_new_tokens,
+    sampling_params,
+)
+from worker.openai.errors import APIError, engine_input_error
+from worker.openai.prompt import PromptBuilder, PromptError
+from worker.openai.responses import ResponseShape
+from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
+from worker.openai.streaming import engine_failed, sse_events
+
+T = TypeVar("T")
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads it
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects. Only call after the body was read: the ASGI
+    server then has nothing but the disconnect left to deliver."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def while_connected(request: Request, work: Callable[[], Awaitable[T]]) -> T:
+    """`work()`, cancelled (its engine request aborted) if the client leaves first."""
+    task = asyncio.ensure_future(work())
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        raise ClientGone()
+    return task.result()
+
+
+class OpenAIServing:
+    """The OpenAI generation endpoints of one engine."""
+
+    def __init__(self, engine: Engine, prompts: PromptBuilder):
+        self.engine = engine
+        self.prompts = prompts
+        self.model = engine.model_name
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                                f"{self.model!r}", param="model", code="model_not_found")
+
+    async def completions(self, request: Request) -> Response:
+        body = parse_body(await request.body(), CompletionRequest)
+        self.check_model(body.model)
+        if isinstance(body.prompt, str):
+            token_ids = self.prompts.encode_text(body.prompt)
+        else:
+            token_ids = list(body.prompt)
+        return await self._generate(request, "completion", "cmpl", body, token_ids)
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = parse_body(await request.body(), ChatCompletionRequest)
+        self.check_model(body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            token_ids = self.prompts.encode_chat(messages)
+        except PromptError as err:
+            raise APIError(400, str(err), param="messages") from None
+        return await self._generate(request, "chat", "chatcmpl", body, token_ids)
+
+    async def _generate(self, request: Request, kind: Kind, id_prefix: str,
+                        body: CompletionRequest | ChatCompletionRequest,
+                        token_ids: list[int]) -> Response:
+        max_tokens = max_new_tokens(body)
+        check_context_length(kind, len(token_ids), max_tokens, self.engine.max_model_len)
+        engine_request = EngineRequest(f"{id_prefix}-{uuid.uuid4().hex}", token_ids,
+                                       sampling_params(body, max_tokens))
+        shape = ResponseShape.new(kind, engine_request.request_id, self.model)
+        deltas = self.engine.generate(engine_request)
+        try:
+            if not body.stream:
+                return JSONResponse(await while_connected(
+                    request, lambda: self._collect(shape, deltas)))
+            first = await while_connected(request, lambda: _first(deltas))
+        except ClientGone:
+            await deltas.aclose()
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except BaseException:
+            await deltas.aclose()
+            raise
+        return StreamingResponse(sse_events(shape, first, deltas, body.include_usage()),
+                                 media_type="text/event-stream")
+
+    async def _collect(self, shape: ResponseShape,
+                       deltas: AsyncGenerator[TokenDelta, None]) -> dict[str, Any]:
+        try:
+            last = await _first(deltas)
+            texts = [last.text]
+            while last.finish_reason is None:
+                last = await anext(deltas)
+                texts.append(last.text)
+        finally:
+            await deltas.aclose()
+        if last.finish_reason == "error":
+            raise engine_failed(last.error)
+        return shape.full("".join(texts), last.finish_reason, last.usage)
+
+
+async def _first(deltas: AsyncGenerator[TokenDelta, None]) -> TokenDelta:
+    """The first delta; the engine's refusals as HTTP errors."""
+    try:
+        return await anext(deltas)
+    except EngineInputError as err:
+        raise engine_input_error(err) from None
+    except EngineUnavailableError as err:
+        raise APIError(503, str(err), type_="service_unavailable_error",
+                       code="engine_unavailable") from None

@@ -1,0 +1,53 @@
+"""vLLM's scheduler and cache gauges, read from the engine when Prometheus scrapes.
+
+Routers and autoscalers of the vLLM ecosystem (and kvroute's own external-worker backend)
+read a worker's load from these names, so a kvroute engine exports them as vLLM v1 does:
+labels `model_name` and `engine`, usage as a fraction in [0, 1] despite the `_perc` name.
+`gpu_cache_usage_perc` is the older (v0) name of `kv_cache_usage_perc`; both are exported
+because consumers still read either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from worker.api import EngineStats
+
+LABELS = ("model_name", "engine")
+
+
+def kv_cache_usage(stats: EngineStats) -> float:
+    """Blocks that cannot be handed out now, as a fraction of the pool: held by requests or
+    pinned. Cached blocks nobody references are evictable, so they count as free (as in
+    vLLM)."""
+    if stats.num_blocks == 0:
+        return 0.0
+    return (stats.num_used_blocks + stats.num_pinned_blocks) / stats.num_blocks
+
+
+class VLLMGaugeCollector(Collector):
+    """Collects the gauges from `stats()` at scrape time, so they are never stale."""
+
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str,
+                 engine_index: int = 0):
+        self._stats = stats
+        self._label_values = [model_name, str(engine_index)]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._stats()
+        usage = kv_cache_usage(stats)
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.",
+             stats.num_running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+             stats.num_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage),
+            ("vllm:gpu_cache_usage_perc", "KV-cache usage (the v0 name). 1 means 100 percent "
+             "usage.", usage),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=LABELS)
+            family.add_metric(self._label_values, value)
+            yield family

@@ -19,11 +19,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 READY = re.compile(r"kvroute engine: serving '(?P<model>[^']*)' at (?P<url>http://\S+)/v1")
+KV_EVENTS = re.compile(r"KV events \(vLLM format\) on (?P<endpoint>\S+), "
+                       r"replay on (?P<replay>\S+),")
 SIM_TINY_ARGS = ("--engine", "sim", "--sim-preset", "tiny")
 
 
 class EngineWorker:
-    """One `kvroute engine` subprocess; `base_url` ends in /v1, `url` is the server root."""
+    """One `kvroute engine` subprocess; `base_url` ends in /v1, `url` is the server root;
+    with --kv-events-port, `kv_events_endpoint` and `kv_events_replay_endpoint` are its ZMQ
+    sockets."""
 
     def __init__(self, args: Sequence[str] = SIM_TINY_ARGS, host: str = "127.0.0.1"):
         """Starts the process; `wait_ready()` before using it (or use `start`)."""
@@ -34,6 +38,8 @@ class EngineWorker:
         cmd = [str(kvroute), "engine", *self.args, "--host", host, "--port", "0"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True)
         self.url = self.base_url = self.model = ""
+        self.kv_events_endpoint: str | None = None
+        self.kv_events_replay_endpoint: str | None = None
 
     @classmethod
     def start(cls, args: Sequence[str] = SIM_TINY_ARGS, ready_timeout_s: float = 180.0
@@ -63,6 +69,10 @@ class EngineWorker:
                 line = self.proc.stdout.readline()
                 if not line:  # EOF: the process is gone
                     break
+                events = KV_EVENTS.search(line)
+                if events:
+                    self.kv_events_endpoint = events["endpoint"]
+                    self.kv_events_replay_endpoint = events["replay"]
                 match = READY.search(line)
                 if match:
                     return match["url"], match["model"]

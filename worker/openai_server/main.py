@@ -2,7 +2,8 @@
 
 The engine is built (and the model loaded) before the server binds, so a listening port
 means a ready engine; the line `kvroute engine: serving MODEL at http://HOST:PORT/v1` on
-stdout says so (with the port really bound, also for --port 0). SIGTERM or SIGINT stops
+stdout says so (with the port really bound, also for --port 0); with --kv-events-port, a
+line before it names the KV event sockets. SIGTERM or SIGINT stops
 accepting connections, lets the accepted requests finish (up to
 --graceful-shutdown-timeout-s), drains the engine and exits 0; a second SIGINT forces out.
 """
@@ -16,11 +17,15 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from worker.engine_config import EngineConfig
-from worker.openai_server.kv_events import EventPump, EventPumpConfig, KVEventSink
+from worker.openai_server.kv_events import EventPump, EventPumpConfig
+
+if TYPE_CHECKING:  # zmq and the publisher load only when events are published
+    from worker.openai_server.vllm_sink import VllmEventsConfig
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,9 @@ class ServerConfig:
     port: int = 8000  # 0: any free port (printed when ready)
     graceful_shutdown_timeout_s: float = 60.0  # then requests still running are cancelled
     kv_events_interval_s: float = 0.01
+    kv_events_port: int | None = None  # vLLM-format KV events on ZMQ; None: not published
+    kv_events_replay_port: int | None = None  # default: kv_events_port + 1 (0: any)
+    kv_events_topic: str = ""
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -37,6 +45,17 @@ class ServerConfig:
             raise ValueError(f"graceful_shutdown_timeout_s must be > 0, got "
                              f"{self.graceful_shutdown_timeout_s}")
         EventPumpConfig(self.kv_events_interval_s)  # validates the interval
+        if self.kv_events_port is None and self.kv_events_replay_port is not None:
+            raise ValueError("kv_events_replay_port needs kv_events_port")
+        if self.kv_events_port is not None:
+            self.vllm_events()  # validates the ports
+
+    def vllm_events(self) -> VllmEventsConfig:
+        from worker.openai_server.vllm_sink import VllmEventsConfig
+
+        assert self.kv_events_port is not None
+        return VllmEventsConfig(self.host, self.kv_events_port, self.kv_events_replay_port,
+                                self.kv_events_topic)
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,6 +88,14 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "HOSTNAME-PID)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP listen address")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
+    p.add_argument("--kv-events-port", type=int, default=None,
+                   help="publish the KV cache events in vLLM's format on this port of --host "
+                        "(ZMQ PUB: [topic, 8-byte seq, msgpack KVEventBatch]; 0: any free "
+                        "port); off by default")
+    p.add_argument("--kv-events-replay-port", type=int, default=None,
+                   help="the replay socket (ZMQ ROUTER) that resends batches from a seq "
+                        "(default: --kv-events-port + 1; any free port when that is 0)")
+    p.add_argument("--kv-events-topic", default="", help="the topic frame of every batch")
     p.add_argument("--graceful-shutdown-timeout-s", type=float, default=60.0,
                    help="on SIGTERM, how long accepted requests may run before they are "
                         "cancelled")
@@ -84,7 +111,10 @@ def configs_from(ns: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens)
     server = ServerConfig(host=ns.host, port=ns.port,
-                          graceful_shutdown_timeout_s=ns.graceful_shutdown_timeout_s)
+                          graceful_shutdown_timeout_s=ns.graceful_shutdown_timeout_s,
+                          kv_events_port=ns.kv_events_port,
+                          kv_events_replay_port=ns.kv_events_replay_port,
+                          kv_events_topic=ns.kv_events_topic)
     return engine, server
 
 
@@ -103,21 +133,37 @@ class _Server(uvicorn.Server):
                   flush=True)
 
 
-def run_engine(ns: argparse.Namespace, sink: KVEventSink | None = None) -> int:
+def run_engine(ns: argparse.Namespace) -> int:
     """Runs `kvroute engine` with parsed flags; the exit status."""
     from worker.engine import Engine
     from worker.openai.prompt import PromptBuilder
     from worker.openai_server.app import create_app
     from worker.tokenizer_files import tokenizer_dir
 
+    publisher = None
     try:
         engine_config, server_config = configs_from(ns)
+        if server_config.kv_events_port is not None:  # bound first: a taken port fails fast
+            from worker.openai_server.vllm_sink import open_publisher
+
+            publisher = open_publisher(server_config.vllm_events(),
+                                       engine_config.served_model_name, engine_config.block_size)
         engine = Engine.from_config(engine_config)
         prompts = PromptBuilder(tokenizer_dir(engine_config.model), engine.model_name,
                                 engine_config.block_size)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # FileNotFoundError: no such model
+        if publisher is not None:
+            publisher.close()
         print(f"kvroute engine: {err}", file=sys.stderr)
         return 2
+    sink = None
+    if publisher is not None:
+        from worker.openai_server.vllm_sink import VllmEventSink
+
+        sink = VllmEventSink(publisher, engine)
+        print(f"kvroute engine: KV events (vLLM format) on {publisher.endpoint}, replay on "
+              f"{publisher.replay_endpoint}, topic {server_config.kv_events_topic!r}",
+              flush=True)
     pump = EventPump(engine.drain_events, sink,
                      EventPumpConfig(server_config.kv_events_interval_s))
     app = create_app(engine, prompts, pump)

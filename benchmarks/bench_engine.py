@@ -90,7 +90,7 @@ async def bench_ttft(path: Path, rng: random.Random, n_tokens: int, repeats: int
         prompt = tokens(rng, n_tokens)
         await ttft(warm_eng, f"prefix{i}", prompt[:cut] + tokens(rng, n_tokens - cut))
         cached.append(await ttft(warm_eng, f"cached{i}", prompt))
-    hit = warm_eng.kv.stats.device_hit_tokens // repeats
+    hit = warm_eng.core.kv.stats.device_hit_tokens // repeats
     await warm_eng.shutdown()
     return {"cold_s": statistics.median(cold), "cached_s": statistics.median(cached),
             "cold_samples_s": cold, "cached_samples_s": cached, "hit_tokens": hit}

@@ -221,7 +221,7 @@ class ClusterSim:
         batch = rep.drain_events()
         if self.feed_index:
             self._push(self.now + self.config.event_delay_s, _DELIVER, (i, batch, rep.stats()))
-        if rep.is_busy or rep.scheduler.has_work:
+        if rep.is_busy or rep.core.has_work:
             self._mark_dirty(i)
 
     def _on_deliver(self, arg) -> None:

@@ -77,7 +77,7 @@ async def test_closing_the_stream_aborts_and_frees_blocks():
     stream = engine.generate(EngineRequest("x", prompt(40), SamplingParams(max_tokens=500)))
     await stream.__anext__()
     await stream.aclose()
-    assert "x" not in engine.scheduler.requests
+    assert "x" not in engine.core.scheduler.requests
     assert engine.stats().num_used_blocks == 0
     await engine.shutdown()
 
@@ -91,8 +91,8 @@ async def test_events_rebuild_the_engine_cache_contents():
                                                          SamplingParams(max_tokens=3)))
                            for i in range(5)))
     assert not tracker.apply_batch(engine.drain_events()).needs_snapshot
-    assert index.contents[engine.config.replica_id]["device"] == set(engine.kv.pool.cached)
-    assert engine.kv.pool.num_evictions > 0
+    assert index.contents[engine.config.replica_id]["device"] == set(engine.core.kv.pool.cached)
+    assert engine.core.kv.pool.num_evictions > 0
     await engine.shutdown()
 
 

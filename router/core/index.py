@@ -101,8 +101,8 @@ class PrefixIndex:
         def on_event(medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
             (self._add if op == "add" else self._remove)(rep, medium, hashes)
 
-        def on_clear(medium: Medium | None) -> None:
-            for m in MEDIA if medium is None else (medium,):
+        def on_clear() -> None:
+            for m in MEDIA:
                 self._remove(rep, m, tuple(held[m]))
 
         rep = _Replica(slot, held, ReplicaEventTracker(on_event, on_clear))

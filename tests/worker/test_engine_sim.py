@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from kv.events import SetIndex
+from kv.events import ReplicaSets
 from kv.hashing import block_hashes, namespace_root
 from worker.api import (
     EngineInputError,
@@ -84,14 +84,14 @@ async def test_closing_the_stream_aborts_and_frees_blocks():
 
 async def test_events_rebuild_the_engine_cache_contents():
     engine = make_engine(num_blocks=8)
-    index = SetIndex()
-    tracker = index.tracker(engine.config.replica_id)
+    sets = ReplicaSets()
+    tracker = sets.tracker
     tracker.apply_snapshot(engine.snapshot())
     await asyncio.gather(*(collect(engine, EngineRequest(f"r{i}", prompt(50, i * 7),
                                                          SamplingParams(max_tokens=3)))
                            for i in range(5)))
     assert not tracker.apply_batch(engine.drain_events()).needs_snapshot
-    assert index.contents[engine.config.replica_id]["device"] == set(engine.core.kv.pool.cached)
+    assert sets.contents["device"] == set(engine.core.kv.pool.cached)
     assert engine.core.kv.pool.num_evictions > 0
     await engine.shutdown()
 

@@ -77,7 +77,7 @@ async def ttft(eng, rid: str, prompt: list[int]) -> float:
 async def bench_ttft(path: Path, rng: random.Random, n_tokens: int, repeats: int) -> dict:
     """Median of `repeats` cold and `repeats` 90%-cached TTFTs, each on its own random
     prompt (random prompts share no block, so every cold run is a full miss); one sample
-    on a shared 2-core box swings by 2x with the neighbours' load."""
+    on a shared 2-core box swings with the neighbours' load."""
     cut = int(n_tokens * 0.9)
     cold_eng = engine(path)
     await ttft(cold_eng, "warmup", tokens(rng, 64))

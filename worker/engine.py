@@ -167,7 +167,7 @@ class Engine:
         self._queues[req.request_id] = asyncio.Queue()
         self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer,
                                                              request.sampling.stop)
-        self.metrics.l(self.metrics.prompt_tokens).inc(req.num_prompt_tokens)
+        self.metrics.series(self.metrics.prompt_tokens).inc(req.num_prompt_tokens)
         self._ensure_loop()
         self._wake.set()
         return req
@@ -255,8 +255,8 @@ class Engine:
         now = time.monotonic()
         if req.first_token_time is None:
             req.first_token_time = now
-            self.metrics.l(self.metrics.ttft).observe(now - req.arrival_time)
-        self.metrics.l(self.metrics.generation_tokens).inc()
+            self.metrics.series(self.metrics.ttft).observe(now - req.arrival_time)
+        self.metrics.series(self.metrics.generation_tokens).inc()
         detok = self._detok.get(req.request_id)
         text, hit_stop = "", False
         if detok is not None:
@@ -271,11 +271,11 @@ class Engine:
         if finish_reason is not None:
             usage = Usage(req.num_prompt_tokens, req.num_output_tokens,
                           req.num_cached_device_tokens, req.num_cached_host_tokens)
-            self.metrics.l(self.metrics.finished, reason=finish_reason).inc()
+            self.metrics.series(self.metrics.finished, reason=finish_reason).inc()
             now = time.monotonic()
-            self.metrics.l(self.metrics.e2e).observe(now - req.arrival_time)
+            self.metrics.series(self.metrics.e2e).observe(now - req.arrival_time)
             if req.first_token_time is not None and req.num_output_tokens > 1:
-                self.metrics.l(self.metrics.tpot).observe(
+                self.metrics.series(self.metrics.tpot).observe(
                     (now - req.first_token_time) / (req.num_output_tokens - 1))
             self._finish_pin(req)
         queue = self._queues.get(req.request_id)

@@ -55,8 +55,8 @@ class PrefixIndex:
         self.pending = PendingMarks(pending_ttl_s)
         self._masks: dict[BlockHash, int] = {}
         # One object per distinct hash, shared by every replica's contents: each replica's
-        # deserialized events bring their own 49-byte copies, and keeping one saves ~70%
-        # of the index's memory at 4 holdings per block (and makes key compares `is`).
+        # deserialized events bring their own copies, and keeping one saves most of the
+        # index's memory when blocks have several holders (and makes key compares `is`).
         self._canonical: dict[BlockHash, BlockHash] = {}
         self._device_bits = 0  # bit 2s of every slot s ever used: 0b0101...
         self._num_blocks: dict[Medium, int] = {m: 0 for m in MEDIA}  # hashes with a bit set

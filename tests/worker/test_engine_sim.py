@@ -41,8 +41,8 @@ async def test_stream_then_usage_with_cached_tokens_on_the_second_request():
     second = await collect(engine, EngineRequest("b", p + [9], SamplingParams(max_tokens=2)))
     assert second[-1].usage.cached_tokens_device == 64  # 4 full blocks of 16
     m = engine.metrics
-    assert m.l(m.hit_tokens, medium="device")._value.get() == 64
-    assert m.l(m.query_tokens)._value.get() == 141
+    assert m.series(m.hit_tokens, medium="device")._value.get() == 64
+    assert m.series(m.query_tokens)._value.get() == 141
     await engine.shutdown()
 
 
@@ -108,9 +108,9 @@ async def test_pinned_prefix_survives_pressure():
     with pytest.raises(EngineInputError, match="pin budget"):
         await engine.pin_prefix("big", prompt(64, 200))
     m = engine.metrics
-    assert m.l(m.kv_blocks, state="pinned")._value.get() == 2
+    assert m.series(m.kv_blocks, state="pinned")._value.get() == 2
     assert engine.unpin_prefix("sys") and not engine.unpin_prefix("sys")
-    assert m.l(m.kv_blocks, state="pinned")._value.get() == 0  # at once, not after a step
+    assert m.series(m.kv_blocks, state="pinned")._value.get() == 0  # at once, not after a step
     await engine.shutdown()
 
 

@@ -136,10 +136,6 @@ class KVCacheManager:
         """The request's block table. Shared and never changed afterwards: do not mutate."""
         return self._requests[request_id].block_ids
 
-    def num_blocks_of(self, request_id: str) -> int:
-        req = self._requests.get(request_id)
-        return len(req.blocks) if req else 0
-
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._requests
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kv.events import EventBatch, EventLog, Snapshot
+from kv.events import EventLog
 from kv.manager import KVCacheConfig
-from worker.api import EngineStats
 from worker.engine_core import EngineCore, StepPlan
 from worker.request import Request
 from worker.scheduler import SchedulerConfig
@@ -95,12 +94,3 @@ class SimReplica:
         plan, self._plan = self._plan, None
         assert plan is not None, "no step in flight"
         return self.core.update(plan.step, self._sampled)
-
-    def stats(self) -> EngineStats:
-        return self.core.stats()
-
-    def drain_events(self) -> EventBatch:
-        return self.core.drain_events()
-
-    def snapshot(self) -> Snapshot:
-        return self.core.snapshot()

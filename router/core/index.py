@@ -204,11 +204,6 @@ class PrefixIndex:
         if rep is not None:
             self.pending.release(rep.device_bit, block_hashes, self.clock())
 
-    def has_pending(self, replica_id: str) -> bool:
-        """True when the replica has pending marks (its device runs may include some)."""
-        rep = self._replicas.get(replica_id)
-        return rep is not None and bool(self.pending.bits_mask & rep.device_bit)
-
     def pending_blocks(self, replica_id: str) -> frozenset[BlockHash]:
         rep = self._replicas.get(replica_id)
         return self.pending.marked(rep.device_bit) if rep else frozenset()

@@ -298,10 +298,6 @@ class KVCacheManager:
         return True
 
     @property
-    def pinned_names(self) -> list[str]:
-        return list(self._pins)
-
-    @property
     def num_pinned_blocks(self) -> int:
         return len(self._pin_counts)
 
@@ -338,6 +334,7 @@ class KVCacheManager:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
         for blocks in self._pins.values():
             for b in blocks:
+                assert b.block_hash is not None, f"pinned {b} lost its hash"
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
         for block in self.pool.blocks:
             assert block.ref_cnt == refs.get(block.block_id, 0), (

@@ -73,11 +73,6 @@ class PrefixIndex:
     def __contains__(self, replica_id: str) -> bool:
         return replica_id in self._replicas
 
-    def is_synced(self, replica_id: str) -> bool:
-        """True once the replica's events are applied from a snapshot on (no open gap)."""
-        rep = self._replicas.get(replica_id)
-        return rep is not None and rep.tracker.synced
-
     def next_seq(self, replica_id: str) -> int | None:
         """The sequence number of the next event expected from the replica (None: unknown)."""
         rep = self._replicas.get(replica_id)

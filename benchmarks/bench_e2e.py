@@ -56,14 +56,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-concurrency", type=int, default=16,
                    help="requests in flight (the pool holds 8 running requests per replica "
                         "next to its half of the system prompts)")
-    # MLP-heavy and shallow: on this engine's CPU path a 1,088-token prefill costs ~3x the
-    # 32-token decode, so the cache decides the speed (measured, see RESULTS.md).
+    # MLP-heavy and shallow: on this engine's CPU path a cold prefill then costs several
+    # times the decode, so the cache decides the speed (RESULTS.md, "End to end").
     p.add_argument("--hidden-size", type=int, default=256)
     p.add_argument("--intermediate-size", type=int, default=8192)
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--policies", default="cache_aware,round_robin")
     p.add_argument("--load-weight", type=float, default=0.1,
-                   help="kvroute serve --load-weight: at the router's default (0.5) the long "
+                   help="kvroute serve --load-weight: at 0.5 the long "
                         "CPU prefill queues push a group's requests to the replica without "
                         "its prefix and both replicas end up thrashing (RESULTS.md)")
     p.add_argument("--pending-ttl-s", type=float, default=None,

@@ -77,7 +77,7 @@ async def ttft(eng, rid: str, prompt: list[int]) -> float:
 async def bench_ttft(path: Path, rng: random.Random, n_tokens: int, repeats: int) -> dict:
     """Median of `repeats` cold and `repeats` 90%-cached TTFTs, each on its own random
     prompt (random prompts share no block, so every cold run is a full miss); one sample
-    on a shared 2-core box swings by 2x with the neighbours' load."""
+    on a shared 2-core box swings with the neighbours' load."""
     cut = int(n_tokens * 0.9)
     cold_eng = engine(path)
     await ttft(cold_eng, "warmup", tokens(rng, 64))
@@ -90,7 +90,7 @@ async def bench_ttft(path: Path, rng: random.Random, n_tokens: int, repeats: int
         prompt = tokens(rng, n_tokens)
         await ttft(warm_eng, f"prefix{i}", prompt[:cut] + tokens(rng, n_tokens - cut))
         cached.append(await ttft(warm_eng, f"cached{i}", prompt))
-    hit = warm_eng.kv.stats.device_hit_tokens // repeats
+    hit = warm_eng.core.kv.stats.device_hit_tokens // repeats
     await warm_eng.shutdown()
     return {"cold_s": statistics.median(cold), "cached_s": statistics.median(cached),
             "cold_samples_s": cold, "cached_samples_s": cached, "hit_tokens": hit}

@@ -11,7 +11,7 @@ from kv.events import (
     EventLog,
     KVEvent,
     ReplicaEventTracker,
-    SetIndex,
+    ReplicaSets,
     Snapshot,
 )
 from kv.hashing import BlockHash, block_hashes, hash_block, namespace_root, tokens_to_bytes
@@ -22,5 +22,5 @@ __all__ = [
     "AllBlocksCleared", "Block", "BlockHash", "BlockPool", "BlockRemoved", "BlockStored",
     "CopyPlan", "EventBatch", "EventLog", "FreeBlockQueue", "HostTier", "KVCacheConfig",
     "KVCacheManager", "KVEvent", "MatchResult", "PrefixCacheStats", "ReplicaEventTracker",
-    "SetIndex", "Snapshot", "block_hashes", "hash_block", "namespace_root", "tokens_to_bytes",
+    "ReplicaSets", "Snapshot", "block_hashes", "hash_block", "namespace_root", "tokens_to_bytes",
 ]

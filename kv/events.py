@@ -115,7 +115,8 @@ class EventLog:
 
 class ApplyResult(NamedTuple):
     applied: int  # events applied
-    needs_snapshot: bool  # a gap or a new epoch: call `apply_snapshot` next
+    needs_snapshot: bool  # a gap is open or the epoch is new: call `apply_snapshot` next
+    batches: tuple[EventBatch, ...] = ()  # what was applied, each trimmed to what was new
 
 
 @dataclass
@@ -123,24 +124,29 @@ class _ReplicaState:
     epoch: str | None = None
     next_seq: int = 0
     synced: bool = False
-    pending: dict[int, EventBatch] = field(default_factory=dict)  # first_seq -> early batch
+    held: dict[int, EventBatch] = field(default_factory=dict)  # first_seq -> early batch
 
 
 class ReplicaEventTracker:
     """Applies one replica's batches in order; detects gaps, reordering and restarts.
 
-    Batches that arrive early (reordered) are held and applied once the gap before them
-    fills; a gap or a new epoch also asks for a snapshot, which resolves it either way.
-    `on_event(medium, op, hashes)` receives the effect of each event: op is "add" or
-    "remove"; `on_clear(medium | None)` clears one medium or all.
+    The one Protocol 2 consumer: the router's index and the index actor's per-replica log
+    both keep their contents through it. Batches that arrive early (reordered) are held and
+    applied once the gap before them fills; while a gap is open it asks for a snapshot,
+    which resolves it either way. A snapshot older than what was applied is ignored.
+    `on_event(medium, op, hashes)` receives the effect of each event (op is "add" or
+    "remove"); `on_clear()` empties every medium (an AllBlocksCleared, or a snapshot
+    before its contents arrive as "add"s).
     """
 
     def __init__(
         self,
         on_event: Callable[[Medium, str, tuple[BlockHash, ...]], None],
-        on_clear: Callable[[Medium | None], None],
+        on_clear: Callable[[], None],
         max_held_batches: int = 64,
     ):
+        if max_held_batches < 1:
+            raise ValueError(f"max_held_batches must be >= 1, got {max_held_batches}")
         self._on_event = on_event
         self._on_clear = on_clear
         self._max_held = max_held_batches
@@ -149,6 +155,10 @@ class ReplicaEventTracker:
     @property
     def synced(self) -> bool:
         return self._state.synced
+
+    @property
+    def epoch(self) -> str | None:
+        return self._state.epoch
 
     @property
     def next_seq(self) -> int:
@@ -161,69 +171,76 @@ class ReplicaEventTracker:
         if batch.next_seq <= st.next_seq:
             return ApplyResult(0, False)  # an old duplicate
         if batch.first_seq > st.next_seq:  # a gap: hold the batch, it may be reordered
-            st.pending[batch.first_seq] = batch
-            if len(st.pending) > self._max_held:
-                st.pending.clear()
+            st.held[batch.first_seq] = batch
+            if len(st.held) > self._max_held:
+                st.held.clear()
                 st.synced = False
             return ApplyResult(0, True)
-        applied = self._apply_events(batch, skip=st.next_seq - batch.first_seq)
-        while st.pending:  # drain held batches that now connect
-            later = [b for s, b in st.pending.items() if s <= st.next_seq]
-            if not later:
+        applied = [self._apply_events(batch)]
+        while True:  # held batches that now connect, in sequence order
+            ready = sorted(s for s in st.held if s <= st.next_seq)
+            if not ready:
                 break
-            for b in later:
-                del st.pending[b.first_seq]
-                if b.next_seq > st.next_seq:
-                    applied += self._apply_events(b, skip=st.next_seq - b.first_seq)
-        return ApplyResult(applied, False)
+            for first_seq in ready:
+                held = st.held.pop(first_seq)
+                if held.next_seq > st.next_seq:
+                    applied.append(self._apply_events(held))
+        return ApplyResult(sum(len(b.events) for b in applied), bool(st.held), tuple(applied))
 
-    def apply_snapshot(self, snap: Snapshot) -> None:
+    def apply_snapshot(self, snap: Snapshot) -> ApplyResult | None:
+        """Replaces the contents with the snapshot's, then applies the held batches that
+        follow it. Returns what those batches applied; None when the snapshot is older
+        than what is applied already (ignored)."""
         st = self._state
-        self._on_clear(None)
+        if st.synced and snap.epoch == st.epoch and snap.next_seq < st.next_seq:
+            return None
+        self._on_clear()
         self._on_event("device", "add", tuple(snap.device_hashes))
         self._on_event("host", "add", tuple(snap.host_hashes))
-        held = [b for b in st.pending.values() if b.epoch == snap.epoch]
+        held = [b for b in st.held.values() if b.epoch == snap.epoch]
         self._state = _ReplicaState(snap.epoch, snap.next_seq, True)
-        for b in sorted(held, key=lambda b: b.first_seq):
-            self.apply_batch(b)
+        results = [self.apply_batch(b) for b in sorted(held, key=lambda b: b.first_seq)]
+        return ApplyResult(sum(r.applied for r in results), bool(self._state.held),
+                           tuple(b for r in results for b in r.batches))
 
-    def _apply_events(self, batch: EventBatch, skip: int) -> int:
-        for ev in batch.events[skip:]:
+    def check_invariants(self) -> None:
+        st = self._state
+        assert all(s > st.next_seq for s in st.held), "a connecting batch is held"
+        assert all(b.epoch == st.epoch for b in st.held.values()), "held from another epoch"
+
+    def _apply_events(self, batch: EventBatch) -> EventBatch:
+        """Applies the events of `batch` from `next_seq` on; returns that part."""
+        skip = self._state.next_seq - batch.first_seq
+        if skip:
+            batch = EventBatch(batch.replica_id, batch.epoch, batch.first_seq + skip,
+                               batch.events[skip:])
+        for ev in batch.events:
             if isinstance(ev, BlockStored):
                 self._on_event(ev.medium, "add", ev.block_hashes)
             elif isinstance(ev, BlockRemoved):
                 self._on_event(ev.medium, "remove", ev.block_hashes)
             else:
-                self._on_clear(None)
+                self._on_clear()
         self._state.next_seq = batch.next_seq
-        return len(batch.events) - skip
+        return batch
 
 
-class SetIndex:
-    """The simplest consumer: per replica and medium, the set of hashes it holds."""
+class ReplicaSets:
+    """One replica's contents as a set of hashes per medium, kept by its own tracker."""
 
-    def __init__(self) -> None:
-        self.contents: dict[str, dict[Medium, set[BlockHash]]] = {}
-        self._trackers: dict[str, ReplicaEventTracker] = {}
+    def __init__(self, max_held_batches: int = 64) -> None:
+        self.contents: dict[Medium, set[BlockHash]] = {m: set() for m in MEDIA}
+        self.tracker = ReplicaEventTracker(self._on_event, self._on_clear, max_held_batches)
 
-    def tracker(self, replica_id: str) -> ReplicaEventTracker:
-        if replica_id not in self._trackers:
-            sets: dict[Medium, set[BlockHash]] = {m: set() for m in MEDIA}
-            self.contents[replica_id] = sets
+    def _on_event(self, medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
+        if op == "add":
+            self.contents[medium].update(hashes)
+        else:
+            self.contents[medium].difference_update(hashes)
 
-            def on_event(medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
-                (sets[medium].update if op == "add" else sets[medium].difference_update)(hashes)
-
-            def on_clear(medium: Medium | None) -> None:
-                for m in MEDIA if medium is None else (medium,):
-                    sets[m].clear()
-
-            self._trackers[replica_id] = ReplicaEventTracker(on_event, on_clear)
-        return self._trackers[replica_id]
-
-    def forget(self, replica_id: str) -> None:
-        self._trackers.pop(replica_id, None)
-        self.contents.pop(replica_id, None)
+    def _on_clear(self) -> None:
+        for hashes in self.contents.values():
+            hashes.clear()
 
 
 @dataclass(frozen=True)

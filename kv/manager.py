@@ -136,10 +136,6 @@ class KVCacheManager:
         """The request's block table. Shared and never changed afterwards: do not mutate."""
         return self._requests[request_id].block_ids
 
-    def num_blocks_of(self, request_id: str) -> int:
-        req = self._requests.get(request_id)
-        return len(req.blocks) if req else 0
-
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._requests
 
@@ -307,10 +303,6 @@ class KVCacheManager:
         return True
 
     @property
-    def pinned_names(self) -> list[str]:
-        return list(self._pins)
-
-    @property
     def num_pinned_blocks(self) -> int:
         return len(self._pin_counts)
 
@@ -347,6 +339,7 @@ class KVCacheManager:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
         for blocks in self._pins.values():
             for b in blocks:
+                assert b.block_hash is not None, f"pinned {b} lost its hash"
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
         for block in self.pool.blocks:
             assert block.ref_cnt == refs.get(block.block_id, 0), (

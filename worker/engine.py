@@ -1,8 +1,9 @@
-"""One engine replica: scheduler + KV manager + executor behind an async API.
+"""One engine replica: the engine core (worker/engine_core.py) + an executor behind an
+async API.
 
 The step loop runs on the event loop that first calls `generate`; each step's compute runs
-in one worker thread so the loop keeps accepting requests and streaming tokens. Scheduler
-and KV state are touched only on the event loop.
+in one worker thread so the loop keeps accepting requests and streaming tokens. The core
+(scheduler and KV state) is touched only on the event loop.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kv.events import EventBatch, EventLog, Snapshot
 from kv.hashing import namespace_root
-from kv.manager import KVCacheConfig, KVCacheManager
+from kv.manager import KVCacheConfig
 from worker.api import (
     EngineInputError,
     EngineRequest,
@@ -29,10 +30,11 @@ from worker.api import (
 )
 from worker.detokenizer import IncrementalDetokenizer
 from worker.engine_config import EngineConfig
+from worker.engine_core import EngineCore
 from worker.executor import Executor
 from worker.metrics import EngineMetrics
 from worker.request import Request
-from worker.scheduler import Scheduler, SchedulerConfig
+from worker.scheduler import SchedulerConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +47,16 @@ class Engine:
         self.tokenizer = tokenizer
         self.model_name = config.served_model_name
         self.max_model_len = min(max_model_len, config.num_blocks * config.block_size)
-        self.event_log = EventLog(config.replica_id)
-        self.kv = KVCacheManager(KVCacheConfig(
-            num_blocks=config.num_blocks, block_size=config.block_size,
-            num_host_blocks=config.num_host_blocks,
-            enable_prefix_caching=config.enable_prefix_caching,
-            pin_budget_blocks=config.pin_budget_blocks), self.event_log)
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len, eos_token_ids=executor.eos_token_ids), self.kv)
+        self.core = EngineCore(
+            KVCacheConfig(num_blocks=config.num_blocks, block_size=config.block_size,
+                          num_host_blocks=config.num_host_blocks,
+                          enable_prefix_caching=config.enable_prefix_caching,
+                          pin_budget_blocks=config.pin_budget_blocks),
+            SchedulerConfig(max_num_seqs=config.max_num_seqs,
+                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            max_model_len=self.max_model_len,
+                            eos_token_ids=executor.eos_token_ids),
+            EventLog(config.replica_id))
         self.metrics = EngineMetrics(self.model_name, config.replica_id)
         self.registry = self.metrics.registry
         self._queues: dict[str, asyncio.Queue[TokenDelta]] = {}
@@ -93,7 +95,7 @@ class Engine:
             await deltas.aclose()  # now, not at garbage collection: aborts if unfinished
 
     def abort(self, request_id: str) -> None:
-        req = self.scheduler.finish(request_id, "abort")
+        req = self.core.finish(request_id, "abort")
         if req is not None:
             self._emit(req, [], "", "abort")
 
@@ -117,22 +119,15 @@ class Engine:
         return await done
 
     def unpin_prefix(self, name: str) -> bool:
-        unpinned = self.kv.unpin(name)
+        unpinned = self.core.unpin(name)
         self._update_metrics()  # the block gauges move now, not at the next step
         return unpinned
 
     def stats(self) -> EngineStats:
-        usage = self.kv.usage()
-        return EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_queued_prefill_tokens=self.scheduler.num_queued_prefill_tokens(),
-            num_blocks=self.kv.pool.num_blocks, num_used_blocks=usage["used"],
-            num_cached_blocks=usage["cached"], num_pinned_blocks=usage["pinned"],
-            num_free_blocks=usage["free"], num_host_blocks=self.kv.host.num_blocks,
-            num_host_cached_blocks=len(self.kv.host))
+        return self.core.stats()
 
     def drain_events(self) -> EventBatch:
-        return self.event_log.drain()
+        return self.core.drain_events()
 
     def namespaces(self) -> list[tuple[str, str]]:
         """The (adapter, cache salt) pairs of the requests admitted so far: the namespace
@@ -140,7 +135,7 @@ class Engine:
         return list(self._roots)
 
     def snapshot(self) -> Snapshot:
-        return self.kv.snapshot()
+        return self.core.snapshot()
 
     def check_health(self, max_failed_steps: int = 3) -> None:
         """Raises EngineUnhealthyError when the engine cannot serve: its step loop died, or
@@ -155,7 +150,7 @@ class Engine:
 
     async def shutdown(self) -> None:
         """Finishes what was accepted, then stops the loop and the executor."""
-        while self.scheduler.has_work and self._loop_task and not self._loop_task.done():
+        while self.core.has_work and self._loop_task and not self._loop_task.done():
             await self._idle.wait()
         self._closed = True
         self._wake.set()
@@ -173,11 +168,11 @@ class Engine:
         root = self._root(request.adapter, request.cache_salt)
         req = Request(request.request_id, request.prompt_token_ids, request.sampling,
                       self.config.block_size, root, request.block_hashes)
-        self.scheduler.add(req)
+        self.core.add(req)
         self._queues[req.request_id] = asyncio.Queue()
         self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer,
                                                              request.sampling.stop)
-        self.metrics.l(self.metrics.prompt_tokens).inc(req.num_prompt_tokens)
+        self.metrics.series(self.metrics.prompt_tokens).inc(req.num_prompt_tokens)
         self._ensure_loop()
         self._wake.set()
         return req
@@ -193,7 +188,7 @@ class Engine:
         vocab = self.executor.vocab_size
         if any(not 0 <= t < vocab for t in request.prompt_token_ids):
             raise EngineInputError(f"prompt token ids must be in [0, {vocab})")
-        if request.request_id in self.scheduler.requests:
+        if request.request_id in self.core.scheduler.requests:
             raise EngineInputError(f"duplicate request id {request.request_id!r}")
         expected = n // self.config.block_size
         if request.block_hashes is not None and len(request.block_hashes) != expected:
@@ -215,7 +210,7 @@ class Engine:
                 if delta.finish_reason is not None:
                     return
         finally:
-            if request_id in self.scheduler.requests:  # the consumer left early
+            if request_id in self.core.scheduler.requests:  # the consumer left early
                 self.abort(request_id)
             self._forget(request_id)
 
@@ -233,30 +228,30 @@ class Engine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closed:
-            if not self.scheduler.has_work:
+            if not self.core.has_work:
                 self._idle.set()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             self._idle.clear()
-            out = self.scheduler.schedule()
-            if out.is_empty:
-                self._fail_unschedulable()
+            plan, unfit = self.core.plan_step()
+            for req in unfit:
+                self._on_failed(req, f"request needs more KV blocks than this replica has "
+                                     f"({self.core.kv.pool.num_blocks})")
+            if plan is None:
                 continue
-            sampling = {s.request_id: self.scheduler.requests[s.request_id].sampling
-                        for s in out.step.seqs if s.sample}
             try:
                 sampled = await loop.run_in_executor(self._thread, self.executor.execute,
-                                                     out.step, sampling)
+                                                     plan.step, plan.sampling)
             except Exception as exc:  # the step failed: fail its requests, keep serving
                 log.exception("step failed")
                 self._num_failed_steps += 1
                 self._last_step_error = repr(exc)
-                for seq in out.step.seqs:
-                    self._fail(seq.request_id, f"engine step failed: {exc}")
+                for req in self.core.fail_step(plan.step):
+                    self._on_failed(req, f"engine step failed: {exc}")
                 continue
             self._num_failed_steps = 0
-            for req in self.scheduler.update(out.step, sampled):
+            for req in self.core.update(plan.step, sampled):
                 self._on_token(req)
             self._update_metrics()
         self._idle.set()
@@ -265,14 +260,14 @@ class Engine:
         now = time.monotonic()
         if req.first_token_time is None:
             req.first_token_time = now
-            self.metrics.l(self.metrics.ttft).observe(now - req.arrival_time)
-        self.metrics.l(self.metrics.generation_tokens).inc()
+            self.metrics.series(self.metrics.ttft).observe(now - req.arrival_time)
+        self.metrics.series(self.metrics.generation_tokens).inc()
         detok = self._detok.get(req.request_id)
         text, hit_stop = "", False
         if detok is not None:
             text, hit_stop = detok.step(req.output_token_ids, req.is_finished)
         if hit_stop and not req.is_finished:
-            self.scheduler.finish(req.request_id, "stop")
+            self.core.finish(req.request_id, "stop")
         self._emit(req, [req.token_ids[-1]], text, req.finish_reason)
 
     def _emit(self, req: Request, token_ids: list[int], text: str,
@@ -281,11 +276,11 @@ class Engine:
         if finish_reason is not None:
             usage = Usage(req.num_prompt_tokens, req.num_output_tokens,
                           req.num_cached_device_tokens, req.num_cached_host_tokens)
-            self.metrics.l(self.metrics.finished, reason=finish_reason).inc()
+            self.metrics.series(self.metrics.finished, reason=finish_reason).inc()
             now = time.monotonic()
-            self.metrics.l(self.metrics.e2e).observe(now - req.arrival_time)
+            self.metrics.series(self.metrics.e2e).observe(now - req.arrival_time)
             if req.first_token_time is not None and req.num_output_tokens > 1:
-                self.metrics.l(self.metrics.tpot).observe(
+                self.metrics.series(self.metrics.tpot).observe(
                     (now - req.first_token_time) / (req.num_output_tokens - 1))
             self._finish_pin(req)
         queue = self._queues.get(req.request_id)
@@ -299,7 +294,7 @@ class Engine:
         name, hashes, done = pin
         # The prefix's blocks were just freed into the cache; nothing ran since, so they are
         # all still there.
-        n = self.kv.pin(name, hashes) if req.finish_reason != "abort" else None
+        n = self.core.pin(name, hashes) if req.finish_reason != "abort" else None
         if n is None:
             done.set_exception(EngineInputError(
                 f"prefix {name!r} ({len(hashes)} blocks) does not fit the pin budget of "
@@ -307,23 +302,15 @@ class Engine:
         else:
             done.set_result(n)
 
-    def _fail(self, request_id: str, message: str) -> None:
-        req = self.scheduler.finish(request_id, "error")
-        if req is None:
-            return
+    def _on_failed(self, req: Request, message: str) -> None:
+        """Tells the client of a request the core finished with "error"."""
         self._finish_pin(req)
-        queue = self._queues.get(request_id)
+        queue = self._queues.get(req.request_id)
         if queue is not None:
             usage = Usage(req.num_prompt_tokens, req.num_output_tokens, 0, 0)
-            queue.put_nowait(TokenDelta(request_id, [], "", "error", usage, message))
-
-    def _fail_unschedulable(self) -> None:
-        """Nothing could run although work is waiting: the oldest request can never fit."""
-        req = self.scheduler.waiting[0]
-        self._fail(req.request_id, f"request needs more KV blocks than this replica has "
-                                   f"({self.kv.pool.num_blocks})")
+            queue.put_nowait(TokenDelta(req.request_id, [], "", "error", usage, message))
 
     def _update_metrics(self) -> None:
-        s = self.scheduler
-        self.metrics.update_from(self.kv, s.num_preemptions, len(s.running), len(s.waiting),
+        s = self.core.scheduler
+        self.metrics.update_from(self.core.kv, s.num_preemptions, len(s.running), len(s.waiting),
                                  s.num_queued_prefill_tokens())

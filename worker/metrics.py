@@ -60,7 +60,8 @@ class EngineMetrics:
         self._seen = {"query": 0, "device": 0, "host": 0, "evict_device": 0, "evict_host": 0,
                       "preempt": 0}
 
-    def l(self, metric, **extra):  # noqa: E743 - short on purpose: labels of this replica
+    def series(self, metric, **extra):
+        """This replica's series of `metric` (its model and replica labels, plus `extra`)."""
         return metric.labels(**self._labels, **extra)
 
     def update_from(self, kv: KVCacheManager, num_preemptions: int, num_running: int,
@@ -71,16 +72,16 @@ class EngineMetrics:
                "evict_host": kv.host.num_evictions, "preempt": num_preemptions}
         d = {k: now[k] - self._seen[k] for k in now}
         self._seen = now
-        self.l(self.query_tokens).inc(d["query"])
-        self.l(self.hit_tokens, medium="device").inc(d["device"])
-        self.l(self.hit_tokens, medium="host").inc(d["host"])
-        self.l(self.evictions, medium="device").inc(d["evict_device"])
-        self.l(self.evictions, medium="host").inc(d["evict_host"])
-        self.l(self.preemptions).inc(d["preempt"])
+        self.series(self.query_tokens).inc(d["query"])
+        self.series(self.hit_tokens, medium="device").inc(d["device"])
+        self.series(self.hit_tokens, medium="host").inc(d["host"])
+        self.series(self.evictions, medium="device").inc(d["evict_device"])
+        self.series(self.evictions, medium="host").inc(d["evict_host"])
+        self.series(self.preemptions).inc(d["preempt"])
         for state, n in kv.usage().items():
-            self.l(self.kv_blocks, state=state).set(n)
-        self.l(self.capacity, medium="device").set(kv.pool.num_blocks)
-        self.l(self.capacity, medium="host").set(kv.host.num_blocks)
-        self.l(self.requests, state="running").set(num_running)
-        self.l(self.requests, state="waiting").set(num_waiting)
-        self.l(self.queued_prefill).set(num_queued_prefill_tokens)
+            self.series(self.kv_blocks, state=state).set(n)
+        self.series(self.capacity, medium="device").set(kv.pool.num_blocks)
+        self.series(self.capacity, medium="host").set(kv.host.num_blocks)
+        self.series(self.requests, state="running").set(num_running)
+        self.series(self.requests, state="waiting").set(num_waiting)
+        self.series(self.queued_prefill).set(num_queued_prefill_tokens)

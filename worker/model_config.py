@@ -71,10 +71,6 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
 
-    @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
     def check_tp_size(self, tp_size: int) -> None:
         """Raise ValueError unless every sharded dimension divides evenly by tp_size."""
         if tp_size < 1:

@@ -24,7 +24,7 @@ from worker.model_config import ModelConfig, parse_dtype
 from worker.model_runner import ModelRunner
 from worker.step import StepInput
 from worker.tp import SingleProcessCommunicator
-from worker.tp_workers import RankSpec, TPWorkerGroup, build_runner, free_local_port
+from worker.tp_workers import RankSpec, TPWorkerGroup, build_runner, free_port
 
 if TYPE_CHECKING:
     from worker.ray_tp import RayTPWorkerGroup
@@ -81,7 +81,7 @@ class ModelExecutor:
             num_host_blocks=config.num_host_blocks,
             dtype=config.dtype,
             device_type=config.device,
-            init_method=f"tcp://127.0.0.1:{free_local_port()}",
+            init_method=f"tcp://127.0.0.1:{free_port()}",
             timeout_s=config.dist_timeout_s,
         )
         if config.tp_size == 1:

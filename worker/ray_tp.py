@@ -27,7 +27,6 @@ actors and leaves the group (logging, not raising), and the replica has to be re
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import fields
 
 import ray
@@ -37,7 +36,7 @@ from ray.util.placement_group import PlacementGroup, get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from worker.step import StepInput
-from worker.tp_workers import RankSpec, Shutdown, _rank_main, join_group
+from worker.tp_workers import RankSpec, Shutdown, free_port, join_group, rank_main
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +68,7 @@ class RankActor:
 
     def serve(self) -> None:
         """Join the group, build the runner, run steps until Shutdown (the rank's life)."""
-        _rank_main(self.spec, self.rank)
-
-
-def free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
+        rank_main(self.spec, self.rank)
 
 
 def current_placement_group(tp_size: int, device_type: str) -> PlacementGroup:

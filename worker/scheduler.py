@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from kv.manager import KVCacheManager
 from worker.request import Request, RequestStatus
-from worker.step import CopyPlan, ScheduledSeq, StepInput
+from worker.step import ScheduledSeq, StepInput
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,7 @@ class Scheduler:
         if not preempted:
             budget = self._admit(budget, seqs, admitted)
 
-        plan = self.kv.take_copy_plan()
-        step = StepInput(seqs, CopyPlan(plan.swap_out, plan.swap_in))
+        step = StepInput(seqs, self.kv.take_copy_plan())
         return SchedulerOutput(step, preempted, admitted)
 
     def _grow(self, req: Request, num_new: int, preempted: list[str]) -> list[int] | None:

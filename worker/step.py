@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kv.manager import CopyPlan
+
 
 @dataclass(frozen=True)
 class ScheduledSeq:
@@ -16,15 +18,9 @@ class ScheduledSeq:
 
 
 @dataclass(frozen=True)
-class CopyPlan:
-    swap_out: list[tuple[int, int]]  # (device_block_id, host_slot), done before anything else
-    swap_in: list[tuple[int, int]]  # (host_slot, device_block_id), done after swap_out
-
-
-@dataclass(frozen=True)
 class StepInput:
     seqs: list[ScheduledSeq]
-    copies: CopyPlan
+    copies: CopyPlan  # the KV manager's host-tier copies, run before the forward
 
     @property
     def num_tokens(self) -> int:

@@ -9,9 +9,6 @@ reader never sees a half-written checkpoint, even with several processes racing.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -25,7 +22,13 @@ from worker.byte_tokenizer import (
     write_byte_tokenizer,
 )
 from worker.random_weights import llama_weight_shapes, random_tensor
-from worker.tokenizer_files import TINY_MAX_POSITION_EMBEDDINGS, TINY_NAME, default_cache_root
+from worker.staged_dir import build_dir_once
+from worker.tokenizer_files import (
+    TINY_MAX_POSITION_EMBEDDINGS,
+    TINY_NAME,
+    checkpoint_dir,
+    default_cache_root,
+)
 
 TINY_SEED = 0
 # Bump when the generated content changes, so stale caches are rebuilt.
@@ -79,34 +82,11 @@ def ensure_tiny(cache_dir: str | Path | None = None) -> Path:
     """The `tiny` checkpoint directory under cache_dir (default: default_cache_root()),
     generated there on first use. Deterministic: the same bytes on every machine."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
-    target = root / TINY_NAME
-    if _is_complete(target):
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
-    try:
-        _write_tiny(staging)
-        if target.exists() and not _is_complete(target):  # stale or broken: move it aside
-            stale = Path(tempfile.mkdtemp(prefix=".tiny-stale-", dir=root))
-            os.replace(target, stale / TINY_NAME)
-            shutil.rmtree(stale, ignore_errors=True)
-        os.replace(staging, target)
-    except OSError:
-        # Another process renamed its copy into place first; theirs is identical.
-        if not _is_complete(target):
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_dir_once(root / TINY_NAME, _write_tiny, _is_complete)
 
 
 def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """'tiny' -> the embedded checkpoint (generated if needed); else an existing directory."""
     if str(name_or_path) == TINY_NAME:
         return ensure_tiny(cache_dir)
-    path = Path(name_or_path).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"model {str(name_or_path)!r} is neither {TINY_NAME!r} nor a checkpoint directory"
-        )
-    return path
+    return checkpoint_dir(name_or_path)

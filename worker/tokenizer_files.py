@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from worker.byte_tokenizer import write_byte_tokenizer
+from worker.staged_dir import build_dir_once
 
 TINY_NAME = "tiny"
 TINY_MAX_POSITION_EMBEDDINGS = 2048
@@ -47,29 +46,24 @@ def require_dir(model_dir: str | Path) -> Path:
     return model_dir
 
 
+def checkpoint_dir(name_or_path: str | Path) -> Path:
+    """A checkpoint directory named by the user (not `tiny`), checked to exist."""
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model {str(name_or_path)!r} is neither {TINY_NAME!r} "
+                                f"nor a checkpoint directory")
+    return path
+
+
 def tokenizer_dir(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """The directory with the model's tokenizer.json ('tiny': its byte tokenizer only)."""
     if str(name_or_path) != TINY_NAME:
-        path = Path(name_or_path).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"model {str(name_or_path)!r} is neither {TINY_NAME!r} "
-                                    f"nor a checkpoint directory")
-        return path
+        return checkpoint_dir(name_or_path)
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
-    target = root / "tiny-tokenizer"
-    if (target / "tokenizer_config.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-tokenizer-", dir=root))
-    try:
-        write_byte_tokenizer(staging, TINY_MAX_POSITION_EMBEDDINGS)
-        os.replace(staging, target)
-    except OSError:  # another process renamed its identical copy into place first
-        if not (target / "tokenizer_config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_dir_once(
+        root / "tiny-tokenizer",
+        lambda staging: write_byte_tokenizer(staging, TINY_MAX_POSITION_EMBEDDINGS),
+        lambda target: (target / "tokenizer_config.json").is_file())
 
 
 def load_tokenizer_files(model_dir: str | Path) -> TokenizerFiles:

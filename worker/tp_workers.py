@@ -51,9 +51,10 @@ class RankSpec:
         return torch.device("cuda", rank) if self.device_type == "cuda" else torch.device("cpu")
 
 
-def free_local_port() -> int:
+def free_port(ip: str = "127.0.0.1") -> int:
+    """A TCP port free on `ip` now (for the group's rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((ip, 0))
         return s.getsockname()[1]
 
 
@@ -105,7 +106,7 @@ def build_runner(spec: RankSpec, rank: int, comm: TPCommunicator) -> ModelRunner
     return runner
 
 
-def _rank_main(spec: RankSpec, rank: int) -> None:
+def rank_main(spec: RankSpec, rank: int) -> None:
     """Entry point of a spawned rank: follow rank 0's steps until Shutdown."""
     comm = join_group(spec, rank)
     try:
@@ -126,7 +127,7 @@ class TPWorkerGroup:
     def __init__(self, spec: RankSpec) -> None:
         ctx = mp.get_context("spawn")
         self.processes = [
-            ctx.Process(target=_rank_main, args=(spec, rank), daemon=True, name=f"tp-rank-{rank}")
+            ctx.Process(target=rank_main, args=(spec, rank), daemon=True, name=f"tp-rank-{rank}")
             for rank in range(1, spec.tp_size)
         ]
         for p in self.processes:

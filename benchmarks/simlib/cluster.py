@@ -119,7 +119,7 @@ class ClusterSim:
         wall0 = time.perf_counter()
         if self.feed_index:
             for rep in self.replicas:
-                self.router.apply_snapshot(rep.snapshot())
+                self.router.apply_snapshot(rep.core.snapshot())
         for item in self.workload.items:
             if item.parent_id is None:
                 self._push(item.arrival_s, _ARRIVAL, item)
@@ -218,16 +218,16 @@ class ClusterSim:
     def _on_publish(self, i: int) -> None:
         self._publish_due[i] = False
         rep = self.replicas[i]
-        batch = rep.drain_events()
+        batch = rep.core.drain_events()
         if self.feed_index:
-            self._push(self.now + self.config.event_delay_s, _DELIVER, (i, batch, rep.stats()))
-        if rep.is_busy or rep.scheduler.has_work:
+            self._push(self.now + self.config.event_delay_s, _DELIVER, (i, batch, rep.core.stats()))
+        if rep.is_busy or rep.core.has_work:
             self._mark_dirty(i)
 
     def _on_deliver(self, arg) -> None:
         i, batch, stats = arg
         rep = self.replicas[i]
         if self.router.apply_batch(batch):
-            self.router.apply_snapshot(rep.snapshot())
+            self.router.apply_snapshot(rep.core.snapshot())
             self.num_snapshots += 1
         self.router.update_stats(rep.replica_id, stats)

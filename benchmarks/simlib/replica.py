@@ -1,22 +1,21 @@
-"""One simulated engine replica: the production scheduler, KV manager, event log and host
-tier, with `worker.sim.SimExecutor` (modelled step time, deterministic tokens) in place of
-the forward pass. The discrete-event cluster (benchmarks/simlib/cluster.py) drives it:
-`start_step` schedules and costs a step, `finish_step` applies it when the virtual clock
-reaches its end, as the live engine loop (worker/engine.py) does around its worker thread.
+"""One simulated engine replica: the engine's own core (worker/engine_core.py: scheduler, KV
+manager, event log, host tier) with `worker.sim.SimExecutor` (modelled step time,
+deterministic tokens) in place of the forward pass. The discrete-event cluster
+(benchmarks/simlib/cluster.py) drives it: `start_step` plans and costs a step,
+`finish_step` applies it when the virtual clock reaches its end, as the live engine loop
+(worker/engine.py) does around its worker thread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kv.events import EventBatch, EventLog, Snapshot
-from kv.manager import KVCacheConfig, KVCacheManager
-from worker.api import EngineStats
-from worker.engine import Engine
+from kv.events import EventLog
+from kv.manager import KVCacheConfig
+from worker.engine_core import EngineCore, StepPlan
 from worker.request import Request
-from worker.scheduler import Scheduler, SchedulerConfig
+from worker.scheduler import SchedulerConfig
 from worker.sim import SimExecutor, get_preset
-from worker.step import StepInput
 
 
 @dataclass(frozen=True)
@@ -50,18 +49,17 @@ class SimReplica:
     def __init__(self, replica_id: str, config: ReplicaConfig):
         self.replica_id = replica_id
         self.config = config
-        self.event_log = EventLog(replica_id, epoch=f"{replica_id}/sim")
-        self.kv = KVCacheManager(KVCacheConfig(
-            num_blocks=config.num_blocks, block_size=config.block_size,
-            num_host_blocks=config.num_host_blocks), self.event_log)
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=config.max_model_len), self.kv)
+        self.core = EngineCore(
+            KVCacheConfig(num_blocks=config.num_blocks, block_size=config.block_size,
+                          num_host_blocks=config.num_host_blocks),
+            SchedulerConfig(max_num_seqs=config.max_num_seqs,
+                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            max_model_len=config.max_model_len),
+            EventLog(replica_id, epoch=f"{replica_id}/sim"))
         self.executor = SimExecutor(config.preset, vocab_size=config.vocab_size,
                                     realtime=False, block_size=config.block_size)
         self.failed: list[Request] = []  # could never be scheduled; the cluster drains it
-        self._step: StepInput | None = None
+        self._plan: StepPlan | None = None
         self._sampled: dict[str, int] = {}
         self.num_steps = 0
         self.num_tokens_computed = 0  # prefill (uncached, recomputed too) + decode tokens
@@ -70,47 +68,29 @@ class SimReplica:
     @property
     def is_busy(self) -> bool:
         """A step is in flight (between start_step and finish_step)."""
-        return self._step is not None
+        return self._plan is not None
 
     def add(self, req: Request) -> None:
-        self.scheduler.add(req)
+        self.core.add(req)
 
     def start_step(self) -> float | None:
-        """Schedules the next step and returns its modelled duration; None when there is
+        """Plans the next step and returns its modelled duration; None when there is
         nothing to run. A request that can never fit fails, as in the live engine."""
-        assert self._step is None, "a step is already in flight"
-        scheduler = self.scheduler
-        while scheduler.has_work:
-            out = scheduler.schedule()
-            if out.is_empty:
-                req = scheduler.finish(scheduler.waiting[0].request_id, "error")
-                assert req is not None
-                self.failed.append(req)
-                continue
-            requests = scheduler.requests
-            sampling = {s.request_id: requests[s.request_id].sampling
-                        for s in out.step.seqs if s.sample}
-            self._sampled = self.executor.execute(out.step, sampling)
-            self._step = out.step
-            duration_s = self.executor.last_step_time_s
-            self.num_steps += 1
-            self.num_tokens_computed += out.step.num_tokens
-            self.busy_s += duration_s
-            return duration_s
-        return None
+        assert self._plan is None, "a step is already in flight"
+        plan, unfit = self.core.plan_step()
+        self.failed.extend(unfit)
+        if plan is None:
+            return None
+        self._sampled = self.executor.execute(plan.step, plan.sampling)
+        self._plan = plan
+        duration_s = self.executor.last_step_time_s
+        self.num_steps += 1
+        self.num_tokens_computed += plan.step.num_tokens
+        self.busy_s += duration_s
+        return duration_s
 
     def finish_step(self) -> list[Request]:
         """Applies the step in flight; returns the requests that got a token or finished."""
-        step, self._step = self._step, None
-        assert step is not None, "no step in flight"
-        return self.scheduler.update(step, self._sampled)
-
-    def stats(self) -> EngineStats:
-        # The live engine's own method: it reads only `scheduler` and `kv`, which we share.
-        return Engine.stats(self)  # type: ignore[arg-type]
-
-    def drain_events(self) -> EventBatch:
-        return self.event_log.drain()
-
-    def snapshot(self) -> Snapshot:
-        return self.kv.snapshot()
+        plan, self._plan = self._plan, None
+        assert plan is not None, "no step in flight"
+        return self.core.update(plan.step, self._sampled)

@@ -98,7 +98,7 @@ def summarize(run: RunResult, label: str, rate_qps: float, wall_s: float, cpu_s:
         throughput_tok_s=output_tokens / span_s if span_s > 0 else float("nan"),
         load_share=max(work) / (sum(work) / len(work)) if sum(work) else 1.0,
         request_share=max(routed) / (sum(routed) / len(routed)) if sum(routed) else 1.0,
-        num_preemptions=sum(rep.scheduler.num_preemptions for rep in run.replicas),
+        num_preemptions=sum(rep.core.scheduler.num_preemptions for rep in run.replicas),
         sim_duration_s=run.sim_duration_s, wall_s=wall_s, cpu_s=cpu_s)
 
 

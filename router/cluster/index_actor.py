@@ -178,9 +178,6 @@ class KVIndex:
             del self._router_views[router_id]
         return {rid: view for rid, (_, view) in self._router_views.items()}
 
-    def forget_router(self, router_id: str) -> None:
-        self._router_views.pop(router_id, None)
-
     # ---- pinned prefixes (router/cluster/prefix_registry.py) ----
 
     def put_prefix(self, record: PrefixRecord) -> PrefixRecord | None:

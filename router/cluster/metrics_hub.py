@@ -10,7 +10,6 @@ has one HELP/TYPE header per name as the format requires. A source that stops pu
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import weakref
@@ -21,6 +20,7 @@ import ray
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 
+from router.cluster.actor_link import ActorLink
 from router.cluster.actors import get_or_create_actor
 
 log = logging.getLogger(__name__)
@@ -149,36 +149,27 @@ class MetricsPusher:
         self._before_push = before_push  # refreshes gauges computed on demand
         self._registry = registry
         self._config = config or MetricsHubConfig()
-        self._task: asyncio.Task | None = None
-        self._hub: ray.actor.ActorHandle | None = None
+        self._hub = ActorLink(f"metrics push from {source_id}",
+                              lambda: get_metrics_hub(self._config))
         _LOCAL_PUSHERS.add(self)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        interval_s = self._config.push_interval_s
+        self._hub.start(self._push, interval_s, retry_interval_s=interval_s)
 
     async def push_once(self) -> None:
-        if self._hub is None:
-            self._hub = await asyncio.to_thread(get_metrics_hub, self._config)
-        if self._before_push is not None:
-            self._before_push()
-        await self._hub.push.remote(self.source_id, list(self._registry.collect()))
+        await self._hub.call(self._push)
 
     async def stop(self, drop: bool = True) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-        if drop and self._hub is not None:
+        self._hub.stop()
+        hub = self._hub.found_handle
+        if drop and hub is not None:
             try:
-                await self._hub.drop.remote(self.source_id)
+                await hub.drop.remote(self.source_id)
             except ray.exceptions.RayError:
                 pass
 
-    async def _run(self) -> None:
-        while ray.is_initialized():  # a driver that shut Ray down leaves this loop running
-            try:
-                await self.push_once()
-            except Exception as err:  # hub restarting (or Ray going down): retry next tick
-                log.warning("metrics push from %s failed: %r", self.source_id, err)
-                self._hub = None
-            await asyncio.sleep(self._config.push_interval_s)
+    async def _push(self, hub: ray.actor.ActorHandle) -> None:
+        if self._before_push is not None:
+            self._before_push()
+        await hub.push.remote(self.source_id, list(self._registry.collect()))

@@ -12,16 +12,16 @@ from router.core.policies import POLICY_NAMES
 class RouterConfig:
     policy: str = "cache_aware"  # one of router.core.policies.POLICY_NAMES
     block_size: int = 16  # tokens per block; must equal the engine's
-    # Cost of one token of outstanding work, in prefill tokens (cache_aware). 0.2 kept the
-    # hits and the balance on every simulated workload (benchmarks/RESULTS.md); 0.5 split
-    # conversations off their cache on the Mooncake trace and llm-d's shared_prefix.
+    # Cost of one token of outstanding work, in prefill tokens (cache_aware). Heavier
+    # weights split conversations off their cache; lighter ones break the balance
+    # (benchmarks/RESULTS.md, router findings 2 and 4, has the runs that chose it).
     load_weight: float = 0.2
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded
     # before the cache gain must pay for the gap in full (cache_aware); inf (the default)
-    # turns it off: one long queued prompt then no longer pushes every conversation off
-    # its cache (Mooncake: 0.81 of the pooled bound with a 16,384-token guard, 0.98 without).
+    # turns it off: with a guard, one long queued prompt pushes every conversation off its
+    # cache (benchmarks/RESULTS.md, router finding 2).
     imbalance_threshold: float = math.inf
     # A routed block counts as cached on its replica until an event confirms it, while its
     # request is outstanding and this long after it finished.

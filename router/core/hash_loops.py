@@ -1,8 +1,8 @@
 """C-speed loops over a prompt's block hashes.
 
 A decision touches hundreds of hashes several times (marking, expiring, evicting); a Python
-`for` loop costs ~50-100 ns per hash where map/compress/takewhile over builtin methods
-run in C at a fraction of that. These helpers keep that trick in one place.
+`for` loop pays the interpreter per hash, where map/compress/takewhile over builtin methods
+run the loop in C. These helpers keep that trick in one place.
 """
 
 from __future__ import annotations

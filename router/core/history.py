@@ -26,10 +26,24 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
+from typing import NamedTuple
 
 from kv.hashing import BlockHash
 from router.core.hash_loops import delete_keys, keys_stamped
 from router.core.index import PrefixIndex, PrefixMatch
+
+
+class _RoutedPrompt(NamedTuple):
+    """One routed prompt in a replica's FIFO."""
+
+    serial: int  # the replica's count of routed prompts before this one
+    expires_at_s: float  # on the history's clock
+    hashes_tail_first: tuple[BlockHash, ...]  # the prompt's block hashes, last block first
+    num_evicted: int  # leading entries of hashes_tail_first evicted already (tail first)
+
+    @property
+    def live_hashes(self) -> tuple[BlockHash, ...]:
+        return self.hashes_tail_first[self.num_evicted:]
 
 
 class _Routed:
@@ -43,9 +57,8 @@ class _Routed:
         self.replaying = False  # being warmed: LRU and index kept for the first entries
         self.num_replayed = 0  # while replaying: leading queue entries in the LRU and index
         self.last_serial: dict[BlockHash, int] = {}  # only while warm or replaying
-        # [serial, expires_at, hashes tail first, next position]: oldest prompt first
-        self.queue: deque[list] = deque()
-        self.num_queued = 0  # hashes in the queue from their entries' positions on
+        self.queue: deque[_RoutedPrompt] = deque()  # oldest prompt first
+        self.num_queued = 0  # live hashes in the queue (not evicted)
         self.next_serial = 0
 
 
@@ -103,8 +116,8 @@ class RoutedHistory:
                 routed.replaying = True
                 self.index.slot_of(rid)
             seen = routed.last_serial
-            for serial, _, hashes, pos in islice(routed.queue, routed.num_replayed, None):
-                part = hashes[pos:]
+            for prompt in islice(routed.queue, routed.num_replayed, None):
+                serial, part = prompt.serial, prompt.live_hashes
                 self.index.add_blocks(rid, "device", [h for h in part if h not in seen])
                 seen.update(dict.fromkeys(part, serial))
                 routed.num_replayed += 1
@@ -130,7 +143,8 @@ class RoutedHistory:
             return
         serial = routed.next_serial
         routed.next_serial += 1
-        routed.queue.append([serial, now + self.ttl_s, tuple(reversed(block_hashes)), 0])
+        routed.queue.append(_RoutedPrompt(serial, now + self.ttl_s,
+                                          tuple(reversed(block_hashes)), 0))
         routed.num_queued += len(block_hashes)
         if routed.warm:
             seen = routed.last_serial
@@ -140,7 +154,7 @@ class RoutedHistory:
             if len(seen) > self.capacity_blocks:
                 self._evict(replica_id, routed, len(seen) - self.capacity_blocks)
         queue = routed.queue
-        while routed.num_queued - (len(queue[0][2]) - queue[0][3]) >= 2 * self.capacity_blocks:
+        while routed.num_queued - len(queue[0].live_hashes) >= 2 * self.capacity_blocks:
             self._pop_oldest(replica_id, routed)  # what is left still spans 2 x capacity
 
     def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str],
@@ -157,18 +171,19 @@ class RoutedHistory:
 
     def _expire(self, replica_id: str, routed: _Routed, now: float) -> None:
         queue = routed.queue
-        while queue and queue[0][1] <= now:
+        while queue and queue[0].expires_at_s <= now:
             self._pop_oldest(replica_id, routed)
 
     def _pop_oldest(self, replica_id: str, routed: _Routed) -> None:
         """Forgets the oldest routed prompt's blocks that no later prompt refreshed."""
-        serial, _, hashes, pos = routed.queue.popleft()
-        routed.num_queued -= len(hashes) - pos
+        prompt = routed.queue.popleft()
+        live = prompt.live_hashes
+        routed.num_queued -= len(live)
         if routed.replaying and routed.num_replayed:
             routed.num_replayed -= 1
         elif not routed.warm:
             return  # not in the LRU yet
-        gone = keys_stamped(routed.last_serial, hashes[pos:], serial)
+        gone = keys_stamped(routed.last_serial, live, prompt.serial)
         delete_keys(routed.last_serial, gone)
         self.index.remove_blocks(replica_id, "device", gone)
 
@@ -177,9 +192,9 @@ class RoutedHistory:
         seen, queue = routed.last_serial, routed.queue
         gone: list[BlockHash] = []
         while len(gone) < num_blocks:
-            entry = queue[0]
-            serial, _, hashes, pos = entry
-            live = keys_stamped(seen, hashes[pos:], serial)  # not refreshed since
+            prompt = queue[0]
+            hashes, pos = prompt.hashes_tail_first, prompt.num_evicted
+            live = keys_stamped(seen, hashes[pos:], prompt.serial)  # not refreshed since
             need = num_blocks - len(gone)
             if len(live) <= need:
                 gone += live
@@ -191,7 +206,7 @@ class RoutedHistory:
                 gone += live[:need]
                 end = hashes.index(live[need - 1], pos) + 1
                 routed.num_queued -= end - pos
-                entry[3] = end
+                queue[0] = prompt._replace(num_evicted=end)
         delete_keys(seen, gone)
         self.index.remove_blocks(replica_id, "device", gone)
 
@@ -212,8 +227,8 @@ class RoutedHistory:
         if routed.warm:
             return frozenset(routed.last_serial)
         order: dict[BlockHash, None] = {}  # least recent first, as an LRU would hold them
-        for _, _, hashes, pos in routed.queue:
-            for h in hashes[pos:]:
+        for prompt in routed.queue:
+            for h in prompt.live_hashes:
                 order.pop(h, None)
                 order[h] = None
         keep = list(order)[max(0, len(order) - self.capacity_blocks):]
@@ -240,15 +255,15 @@ class RoutedHistory:
                 if routed.replaying:
                     assert routed.num_replayed <= len(entries), f"{rid} replayed too far"
                     entries = entries[: routed.num_replayed]
-                queued = {(h, e[0]) for e in entries for h in e[2][e[3]:]}
+                queued = {(h, e.serial) for e in entries for h in e.live_hashes}
                 assert all((h, s) in queued for h, s in seen.items()), f"{rid}: a block never ages"
             else:
                 assert not seen, f"{rid}: a cold replica keeps no LRU"
             if self._active and not routed.warm:
                 assert rid in self._cold, f"{rid} cold but not queued for warming"
-            assert routed.num_queued == sum(len(e[2]) - e[3] for e in routed.queue)
-            serials = [e[0] for e in routed.queue]
+            assert routed.num_queued == sum(len(e.live_hashes) for e in routed.queue)
+            serials = [e.serial for e in routed.queue]
             assert serials == sorted(serials), f"{rid} history out of order"
-            times = [e[1] for e in routed.queue]
+            times = [e.expires_at_s for e in routed.queue]
             assert times == sorted(times), f"{rid} history out of expiry order"
         assert self.index.num_blocks("host") == 0, "history has no host tier"

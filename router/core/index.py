@@ -55,8 +55,8 @@ class PrefixIndex:
         self.pending = PendingMarks(pending_ttl_s)
         self._masks: dict[BlockHash, int] = {}
         # One object per distinct hash, shared by every replica's contents: each replica's
-        # deserialized events bring their own 49-byte copies, and keeping one saves ~70%
-        # of the index's memory at 4 holdings per block (and makes key compares `is`).
+        # deserialized events bring their own copies, and keeping one saves most of the
+        # index's memory when blocks have several holders (and makes key compares `is`).
         self._canonical: dict[BlockHash, BlockHash] = {}
         self._device_bits = 0  # bit 2s of every slot s ever used: 0b0101...
         self._num_blocks: dict[Medium, int] = {m: 0 for m in MEDIA}  # hashes with a bit set
@@ -72,11 +72,6 @@ class PrefixIndex:
 
     def __contains__(self, replica_id: str) -> bool:
         return replica_id in self._replicas
-
-    def is_synced(self, replica_id: str) -> bool:
-        """True once the replica's events are applied from a snapshot on (no open gap)."""
-        rep = self._replicas.get(replica_id)
-        return rep is not None and rep.tracker.synced
 
     def next_seq(self, replica_id: str) -> int | None:
         """The sequence number of the next event expected from the replica (None: unknown)."""
@@ -101,8 +96,8 @@ class PrefixIndex:
         def on_event(medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
             (self._add if op == "add" else self._remove)(rep, medium, hashes)
 
-        def on_clear(medium: Medium | None) -> None:
-            for m in MEDIA if medium is None else (medium,):
+        def on_clear() -> None:
+            for m in MEDIA:
                 self._remove(rep, m, tuple(held[m]))
 
         rep = _Replica(slot, held, ReplicaEventTracker(on_event, on_clear))
@@ -203,11 +198,6 @@ class PrefixIndex:
         rep = self._replicas.get(replica_id)
         if rep is not None:
             self.pending.release(rep.device_bit, block_hashes, self.clock())
-
-    def has_pending(self, replica_id: str) -> bool:
-        """True when the replica has pending marks (its device runs may include some)."""
-        rep = self._replicas.get(replica_id)
-        return rep is not None and bool(self.pending.bits_mask & rep.device_bit)
 
     def pending_blocks(self, replica_id: str) -> frozenset[BlockHash]:
         rep = self._replicas.get(replica_id)

@@ -12,13 +12,17 @@ with `mark` are held by no request and expire `ttl_s` after they were set.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import ge, sub
+from operator import ne
 
 from kv.hashing import BlockHash
 from router.core.hash_loops import delete_keys, keys_stamped
+
+# A held mark expires at no time until its last holder releases it.
+_NEVER = math.inf
 
 
 class PendingMarks:
@@ -28,18 +32,22 @@ class PendingMarks:
     replica, not in one hash -> bitmask dict: the walk asks about them only when a replica's
     confirmed device run is about to end, while marking and expiring (every decision,
     hundreds of hashes) become bulk updates of small per-replica dicts. A mark's value is
-    its expiry time (> 0), or minus the number of outstanding requests holding it. Timed
-    marks expire in the order they were set (one TTL for all), so expiry pops a FIFO.
+    when it expires: `ttl_s` after it was set, or never (inf) while a request holds it. A
+    block held by several requests at once (rare: they share a prefix nobody confirmed
+    yet) counts its holders beyond the first apart, so the common hold is one dict update.
+    Timed marks expire in the order they were set (one TTL for all), so expiry pops a FIFO.
     """
 
     def __init__(self, ttl_s: float):
         if not ttl_s > 0:
             raise ValueError(f"pending ttl_s must be positive, got {ttl_s}")
         self.ttl_s = ttl_s
-        # replica bit -> {hash: expires_at > 0, or -holders}; a replica's latest timed mark
-        # of a hash wins, queue entries of earlier ones are stale and skipped
+        # replica bit -> {hash: expires_at_s}; a replica's latest timed mark of a hash wins,
+        # queue entries of earlier ones are stale and skipped
         self.by_bit: dict[int, dict[BlockHash, float]] = {}
         self.bits_mask = 0  # bits of the replicas with at least one mark
+        # replica bit -> {hash: holders of a held mark beyond the first (>= 1)}
+        self._more_holders: dict[int, dict[BlockHash, int]] = {}
         self._queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
 
     def __len__(self) -> int:
@@ -52,8 +60,8 @@ class PendingMarks:
     def mark(self, bit: int, block_hashes: Sequence[BlockHash], now: float) -> None:
         """Marks blocks for `ttl_s` from now (blocks held by a request stay held)."""
         mine = self.by_bit.get(bit)
-        hashes = (tuple(compress(block_hashes, map(ge, map(mine.get, block_hashes,
-                                                           repeat(0.0)), repeat(0.0))))
+        hashes = (tuple(compress(block_hashes, map(ne, map(mine.get, block_hashes),
+                                                   repeat(_NEVER))))
                   if mine else tuple(block_hashes))
         self._stamp(bit, hashes, now + self.ttl_s)
 
@@ -62,13 +70,11 @@ class PendingMarks:
         if not block_hashes:
             return
         mine = self._mine(bit)
-        if mine.keys().isdisjoint(block_hashes):  # the common case: all new marks
-            mine.update(dict.fromkeys(block_hashes, -1.0))
-            return
-        # -1 for a new or timed mark, one more holder for a held one
-        mine.update(zip(block_hashes, map(sub, map(min, map(mine.get, block_hashes,
-                                                            repeat(0.0)), repeat(0.0)),
-                                          repeat(1.0))))
+        if not mine.keys().isdisjoint(block_hashes):  # some held already: one more holder
+            more = self._more_holders.setdefault(bit, {})
+            for h in keys_stamped(mine, block_hashes, _NEVER):
+                more[h] = more.get(h, 0) + 1
+        mine.update(dict.fromkeys(block_hashes, _NEVER))
 
     def release(self, bit: int, block_hashes: Sequence[BlockHash], now: float) -> None:
         """The request that `hold`s these blocks finished: the marks no other request holds
@@ -80,16 +86,18 @@ class PendingMarks:
         mine = self.by_bit.get(bit)
         if mine is None:
             return
-        ended = []
-        for h in block_hashes:
-            n = mine.get(h)
-            if n is None or n > 0:
-                continue  # confirmed, or held no more
-            if n < -1.0:
-                mine[h] = n + 1.0
-            else:
-                ended.append(h)
-        self._stamp(bit, ended, now + self.ttl_s)
+        held = keys_stamped(mine, block_hashes, _NEVER)
+        more = self._more_holders.get(bit)
+        if more:
+            ended = []
+            for h in held:
+                n = more.pop(h, 0)
+                if n > 1:
+                    more[h] = n - 1
+                elif n == 0:
+                    ended.append(h)
+            held = ended
+        self._stamp(bit, held, now + self.ttl_s)
 
     def _mine(self, bit: int) -> dict[BlockHash, float]:
         mine = self.by_bit.get(bit)
@@ -122,7 +130,12 @@ class PendingMarks:
         mine = self.by_bit.get(bit)
         if mine is None:
             return
-        delete_keys(mine, [h for h in block_hashes if h in mine])
+        gone = [h for h in block_hashes if h in mine]
+        delete_keys(mine, gone)
+        more = self._more_holders.get(bit)
+        if more:
+            for h in gone:
+                more.pop(h, None)
         if not mine:
             self._drop(bit)
 
@@ -134,6 +147,7 @@ class PendingMarks:
 
     def _drop(self, bit: int) -> None:
         del self.by_bit[bit]
+        self._more_holders.pop(bit, None)
         self.bits_mask &= ~bit
 
     def check_invariants(self) -> None:
@@ -142,12 +156,15 @@ class PendingMarks:
         for bit, mine in self.by_bit.items():
             assert mine, f"empty pending entry for bit {bit:#x}"
             bits |= bit
-            for h, value in mine.items():
-                assert value != 0, f"mark {h.hex()} neither timed nor held"
-                if value > 0:
-                    assert (h, bit, value) in queued, f"mark {h.hex()} never expires"
-                else:
-                    assert value == int(value), f"mark {h.hex()}: {value} holders"
+            for h, expires_at in mine.items():
+                assert expires_at > 0, f"mark {h.hex()} expires at {expires_at}"
+                if expires_at != _NEVER:
+                    assert (h, bit, expires_at) in queued, f"mark {h.hex()} never expires"
+        for bit, more in self._more_holders.items():
+            mine = self.by_bit.get(bit, {})
+            for h, n in more.items():
+                assert n >= 1, f"mark {h.hex()}: {n} more holders"
+                assert mine.get(h) == _NEVER, f"mark {h.hex()} has holders but is not held"
         assert self.bits_mask == bits, "pending bits mask != replicas with marks"
         times = [t for t, _, _ in self._queue]
         assert times == sorted(times), "pending queue out of expiry order"

@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from kv.events import ContentsDigest, Cursor, contents_digest
+from router.cluster.actor_link import ActorLink
 from router.cluster.index_actor import PollReply, PollRequest, get_index_actor
 from router.core.router import Router
 
@@ -49,26 +50,25 @@ class IndexMirror:
         self.router_id = router_id
         self.config = config or MirrorConfig()
         self._lock = lock
-        self._index = index
+        self._index = ActorLink(f"router {router_id}: index poll", get_index_actor, index,
+                                on_failure=lambda _: self._set_fallback("index_unreachable"))
         self._cursors: dict[str, Cursor] = {}
         self._view: dict[str, ContentsDigest] = {}
         self._view_dirty = True
         self._last_ok_s: float | None = None
         self.fallback_reason: str | None = "index_unreachable"  # until the first good poll
         self.num_polls = 0
-        self._task: asyncio.Task | None = None
         self._first_poll: asyncio.Future | None = None
 
     def start(self) -> None:
-        if self._task is None:
-            loop = asyncio.get_running_loop()
-            self._first_poll = loop.create_future()
-            self._task = loop.create_task(self._run())
+        if self._first_poll is None:
+            self._first_poll = asyncio.get_running_loop().create_future()
+        # The long poll itself waits for news: the next starts as soon as one returns.
+        self._index.start(lambda index: self._poll(index, self.config.poll_wait_s),
+                          interval_s=0.0, retry_interval_s=self.config.retry_interval_s)
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        self._index.stop()
 
     async def wait_first_poll(self) -> None:
         """Waits (up to poll_timeout_s) until the mirror has been filled once, so the first
@@ -87,11 +87,16 @@ class IndexMirror:
         return self.fallback_reason
 
     async def poll_once(self, wait_s: float = 0.0) -> PollReply:
-        if self._index is None:
-            self._index = await asyncio.to_thread(get_index_actor)
+        return await self._index.call(lambda index: self._poll(index, wait_s))
+
+    async def sync_once(self, wait_s: float = 0.0) -> bool:
+        """One poll; on failure, approximate mode until a poll succeeds. True on success."""
+        return await self._index.try_call(lambda index: self._poll(index, wait_s))
+
+    async def _poll(self, index: Any, wait_s: float) -> PollReply:
         with self._lock:
             request = PollRequest(self.router_id, dict(self._cursors), wait_s, self._digests())
-        reply = await asyncio.wait_for(self._index.poll.remote(request),
+        reply = await asyncio.wait_for(index.poll.remote(request),
                                        timeout=wait_s + self.config.poll_timeout_s)
         with self._lock:
             self._apply(reply)
@@ -102,22 +107,6 @@ class IndexMirror:
         if self.fallback_reason is not None:
             self._set_fallback(None)
         return reply
-
-    async def sync_once(self, wait_s: float = 0.0) -> bool:
-        """One poll; on failure, approximate mode until a poll succeeds. True on success."""
-        try:
-            await self.poll_once(wait_s)
-            return True
-        except Exception as err:  # RayError, a timeout, or Ray itself going down
-            log.warning("router %s: index actor unreachable: %r", self.router_id, err)
-            self._index = None  # found again (or re-created) by name next time
-            self._set_fallback("index_unreachable")
-            return False
-
-    async def _run(self) -> None:
-        while ray.is_initialized():  # a driver that shut Ray down leaves this loop running
-            if not await self.sync_once(self.config.poll_wait_s):
-                await asyncio.sleep(self.config.retry_interval_s)
 
     def _apply(self, reply: PollReply) -> None:
         router = self.router
@@ -147,9 +136,7 @@ class IndexMirror:
     async def report_dead(self, replica_id: str) -> None:
         """Tells the index actor now, rather than after the replica's lease runs out."""
         try:
-            if self._index is None:
-                self._index = await asyncio.to_thread(get_index_actor)
-            await self._index.forget_replica.remote(replica_id)
+            await self._index.call(lambda index: index.forget_replica.remote(replica_id))
         except ray.exceptions.RayError as err:
             log.warning("could not report dead replica %s: %r", replica_id, err)
 

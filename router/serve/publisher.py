@@ -9,7 +9,6 @@ retry buffer here.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any, Protocol
 import ray
 
 from kv.events import EventBatch, Snapshot
+from router.cluster.actor_link import ActorLink
 from worker.api import EngineStats
 
 log = logging.getLogger(__name__)
@@ -48,41 +48,30 @@ class ReplicaPublisher:
     def __init__(self, engine: EventSource, get_index: Callable[[], Any],
                  config: PublisherConfig | None = None):
         self._engine = engine
-        self._get_index = get_index
-        self._index: Any = None
+        self._index = ActorLink("publishing KV events", get_index)
         self._config = config or PublisherConfig()
-        self._task: asyncio.Task | None = None
         self.num_snapshots_sent = 0
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        interval_s = self._config.publish_interval_s
+        self._index.start(self._publish, interval_s, retry_interval_s=interval_s)
 
     async def publish_once(self) -> None:
-        if self._index is None:
-            self._index = await asyncio.to_thread(self._get_index)
-        batch = self._engine.drain_events()
-        stats = self._engine.stats()
-        if await self._index.publish.remote(batch, stats):
-            await self._index.publish_snapshot.remote(self._engine.snapshot(), stats)
-            self.num_snapshots_sent += 1
+        await self._index.call(self._publish)
 
     async def stop(self, replica_id: str) -> None:
         """Stops publishing and tells the actor to forget this replica."""
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        self._index.stop()
+        index = self._index.found_handle
         try:
-            if self._index is not None:
-                await self._index.forget_replica.remote(replica_id)
+            if index is not None:
+                await index.forget_replica.remote(replica_id)
         except ray.exceptions.RayError as err:
             log.warning("goodbye to the index actor failed: %s", err)
 
-    async def _run(self) -> None:
-        while ray.is_initialized():
-            try:
-                await self.publish_once()
-            except Exception as err:  # RayError or Ray going down: the next tick retries
-                log.warning("publishing KV events failed: %r", err)
-                self._index = None
-            await asyncio.sleep(self._config.publish_interval_s)
+    async def _publish(self, index: Any) -> None:
+        batch = self._engine.drain_events()
+        stats = self._engine.stats()
+        if await index.publish.remote(batch, stats):
+            await index.publish_snapshot.remote(self._engine.snapshot(), stats)
+            self.num_snapshots_sent += 1

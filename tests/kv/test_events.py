@@ -6,7 +6,7 @@ from kv.events import (
     BlockStored,
     EventBatch,
     EventLog,
-    SetIndex,
+    ReplicaSets,
 )
 from tests.kv.conftest import admit, hashes, make_manager
 
@@ -33,8 +33,8 @@ def truth(mgr):
 def test_consumer_with_gaps_reordering_and_snapshots_ends_with_pool_contents():
     rng = random.Random(7)
     mgr = make_manager(12, num_host_blocks=6)
-    index = SetIndex()
-    tracker = index.tracker("r0")
+    sets = ReplicaSets()
+    tracker = sets.tracker
     tracker.apply_snapshot(mgr.snapshot())  # start in sync
     held = []
     num_snapshots = 0
@@ -57,13 +57,13 @@ def test_consumer_with_gaps_reordering_and_snapshots_ends_with_pool_contents():
     if tracker.apply_batch(final).needs_snapshot:
         tracker.apply_snapshot(mgr.snapshot())
     assert num_snapshots > 0
-    assert index.contents["r0"] == truth(mgr)
+    assert sets.contents == truth(mgr)
 
 
 def test_reordered_batches_apply_without_snapshot_when_nothing_is_lost():
     log = EventLog("r", epoch="e")
-    index = SetIndex()
-    tracker = index.tracker("r")
+    sets = ReplicaSets()
+    tracker = sets.tracker
     tracker.apply_snapshot(log.snapshot([]))
     log.append(BlockStored((b"a" * 16,), None))
     first = log.drain()
@@ -72,13 +72,13 @@ def test_reordered_batches_apply_without_snapshot_when_nothing_is_lost():
     second = log.drain()
     assert tracker.apply_batch(second).needs_snapshot  # a gap, held
     assert tracker.apply_batch(first).applied == 3  # fills it, drains the held batch
-    assert index.contents["r"]["device"] == {b"b" * 16}
+    assert sets.contents["device"] == {b"b" * 16}
     assert tracker.apply_batch(first).applied == 0  # duplicates are ignored
 
 
 def test_restart_gives_new_epoch_and_snapshot_replaces_contents():
-    index = SetIndex()
-    tracker = index.tracker("r")
+    sets = ReplicaSets()
+    tracker = sets.tracker
     log = EventLog("r", epoch="e1")
     tracker.apply_snapshot(log.snapshot([b"x" * 16]))
     restarted = EventLog("r", epoch="e2")
@@ -86,16 +86,16 @@ def test_restart_gives_new_epoch_and_snapshot_replaces_contents():
     batch = restarted.drain()
     assert tracker.apply_batch(batch).needs_snapshot
     tracker.apply_snapshot(restarted.snapshot([b"y" * 16]))
-    assert index.contents["r"]["device"] == {b"y" * 16}
+    assert sets.contents["device"] == {b"y" * 16}
     restarted.append(AllBlocksCleared())
     assert not tracker.apply_batch(restarted.drain()).needs_snapshot
-    assert index.contents["r"]["device"] == set()
+    assert sets.contents["device"] == set()
 
 
 def test_overflowing_log_drops_oldest_and_consumer_resyncs():
     log = EventLog("r", epoch="e", max_buffered=2)
-    index = SetIndex()
-    tracker = index.tracker("r")
+    sets = ReplicaSets()
+    tracker = sets.tracker
     tracker.apply_snapshot(log.snapshot([]))
     for c in b"abc":
         log.append(BlockStored((bytes([c]) * 16,), None))

@@ -94,10 +94,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def invariants_hold(self):
-        self.mgr.check_invariants()
-        for name in self.mgr.pinned_names:
-            for block in self.mgr._pins[name]:
-                assert block.block_hash is not None, "a pinned block lost its hash"
+        self.mgr.check_invariants()  # among them: no pinned block loses its hash
 
 
 TestManagerMachine = ManagerMachine.TestCase

@@ -43,9 +43,9 @@ def test_hits_are_what_the_kv_managers_count_including_the_host_tier(policy):
     rep = run.replicas[0]
     device = sum(r.cached_device_tokens for r in run.records)
     host = sum(r.cached_host_tokens for r in run.records)
-    assert device == rep.kv.stats.device_hit_tokens > 0
-    assert host == rep.kv.stats.host_hit_tokens > 0
-    assert sum(r.num_prompt_tokens for r in run.records) == rep.kv.stats.query_tokens
+    assert device == rep.core.kv.stats.device_hit_tokens > 0
+    assert host == rep.core.kv.stats.host_hit_tokens > 0
+    assert sum(r.num_prompt_tokens for r in run.records) == rep.core.kv.stats.query_tokens
 
 
 def check_all_done_once(sim, run, workload):
@@ -56,9 +56,9 @@ def check_all_done_once(sim, run, workload):
         assert r.finish_reason == "length" and r.num_output_tokens == by_id[r.request_id].max_tokens
         assert r.arrival_s <= r.first_token_s <= r.finish_s
     for rep in run.replicas:
-        assert not rep.scheduler.has_work and not rep.is_busy
-        assert rep.kv.usage()["used"] == 0
-        rep.scheduler.check_invariants()
+        assert not rep.core.scheduler.has_work and not rep.is_busy
+        assert rep.core.kv.usage()["used"] == 0
+        rep.core.scheduler.check_invariants()
     assert all(sim.router.loads.num_outstanding(rid) == 0 for rid in sim.replica_ids)
     sim.router.check_invariants()
 

@@ -56,5 +56,5 @@ def test_the_router_index_holds_what_the_replicas_hold_once_events_arrive():
     sim = make_sim(script(), num_replicas=2)
     run = sim.run()  # ends when the last event batch is delivered
     for rep in run.replicas:
-        assert sim.router.index.blocks_of(rep.replica_id) == frozenset(rep.kv.pool.cached)
+        assert sim.router.index.blocks_of(rep.replica_id) == frozenset(rep.core.kv.pool.cached)
     assert sim.num_snapshots == 0  # in-order delivery never opens a gap

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 
+from kv.manager import CopyPlan
 from worker.model_runner import ModelRunner
-from worker.step import CopyPlan, ScheduledSeq, StepInput
+from worker.step import ScheduledSeq, StepInput
 from worker.tp import SingleProcessCommunicator
 
 BLOCK_SIZE = 4  # small, so short prompts cross several block boundaries

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from kv.events import SetIndex
+from kv.events import ReplicaSets
 from kv.hashing import block_hashes, namespace_root
 from worker.api import (
     EngineInputError,
@@ -41,8 +41,8 @@ async def test_stream_then_usage_with_cached_tokens_on_the_second_request():
     second = await collect(engine, EngineRequest("b", p + [9], SamplingParams(max_tokens=2)))
     assert second[-1].usage.cached_tokens_device == 64  # 4 full blocks of 16
     m = engine.metrics
-    assert m.l(m.hit_tokens, medium="device")._value.get() == 64
-    assert m.l(m.query_tokens)._value.get() == 141
+    assert m.series(m.hit_tokens, medium="device")._value.get() == 64
+    assert m.series(m.query_tokens)._value.get() == 141
     await engine.shutdown()
 
 
@@ -77,22 +77,22 @@ async def test_closing_the_stream_aborts_and_frees_blocks():
     stream = engine.generate(EngineRequest("x", prompt(40), SamplingParams(max_tokens=500)))
     await stream.__anext__()
     await stream.aclose()
-    assert "x" not in engine.scheduler.requests
+    assert "x" not in engine.core.scheduler.requests
     assert engine.stats().num_used_blocks == 0
     await engine.shutdown()
 
 
 async def test_events_rebuild_the_engine_cache_contents():
     engine = make_engine(num_blocks=8)
-    index = SetIndex()
-    tracker = index.tracker(engine.config.replica_id)
+    sets = ReplicaSets()
+    tracker = sets.tracker
     tracker.apply_snapshot(engine.snapshot())
     await asyncio.gather(*(collect(engine, EngineRequest(f"r{i}", prompt(50, i * 7),
                                                          SamplingParams(max_tokens=3)))
                            for i in range(5)))
     assert not tracker.apply_batch(engine.drain_events()).needs_snapshot
-    assert index.contents[engine.config.replica_id]["device"] == set(engine.kv.pool.cached)
-    assert engine.kv.pool.num_evictions > 0
+    assert sets.contents["device"] == set(engine.core.kv.pool.cached)
+    assert engine.core.kv.pool.num_evictions > 0
     await engine.shutdown()
 
 
@@ -108,9 +108,9 @@ async def test_pinned_prefix_survives_pressure():
     with pytest.raises(EngineInputError, match="pin budget"):
         await engine.pin_prefix("big", prompt(64, 200))
     m = engine.metrics
-    assert m.l(m.kv_blocks, state="pinned")._value.get() == 2
+    assert m.series(m.kv_blocks, state="pinned")._value.get() == 2
     assert engine.unpin_prefix("sys") and not engine.unpin_prefix("sys")
-    assert m.l(m.kv_blocks, state="pinned")._value.get() == 0  # at once, not after a step
+    assert m.series(m.kv_blocks, state="pinned")._value.get() == 0  # at once, not after a step
     await engine.shutdown()
 
 

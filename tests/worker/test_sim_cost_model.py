@@ -6,8 +6,9 @@ Reading the weights once (2 x 8.03e9 bytes) takes 6.8486 ms: the floor of every 
 
 import pytest
 
+from kv.manager import CopyPlan
 from worker.sim import PRESETS, SimExecutor, step_time_s
-from worker.step import CopyPlan, ScheduledSeq, StepInput
+from worker.step import ScheduledSeq, StepInput
 
 H100 = PRESETS["h100-llama3-8b"]
 FLOPS = 989e12 * 0.5

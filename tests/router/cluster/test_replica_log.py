@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kv.events import BlockRemoved, BlockStored, Cursor, EventLog, SetIndex, contents_digest
+from kv.events import BlockRemoved, BlockStored, Cursor, EventLog, ReplicaSets, contents_digest
 from router.cluster.replica_log import ReplicaLog
 
 
@@ -88,9 +88,9 @@ def test_a_trimmed_log_sends_old_cursors_to_snapshots():
        st.lists(st.sampled_from(["deliver", "drop", "dup", "delay"]), min_size=1,
                 max_size=40))
 def test_converges_after_any_loss_reordering_and_restart(ops, fates):
-    """The replica's contents reach the log and, through cursors, a consumer's SetIndex."""
+    """The replica's contents reach the log and, through cursors, a consumer's ReplicaSets."""
     src, rep = Source(), ReplicaLog("r0", max_logged_events=16)
-    consumer, cursor = SetIndex(), None
+    consumer, cursor = ReplicaSets(), None
     delayed: list = []
     fate_i = 0
 
@@ -101,7 +101,7 @@ def test_converges_after_any_loss_reordering_and_restart(ops, fates):
     def sync_consumer() -> None:
         nonlocal cursor
         delta = rep.delta_since(cursor)
-        tracker = consumer.tracker("r0")
+        tracker = consumer.tracker
         if delta is None:
             snap = rep.snapshot()
             if snap is None:
@@ -144,5 +144,5 @@ def test_converges_after_any_loss_reordering_and_restart(ops, fates):
     rep.check_invariants()
     sync_consumer()
     assert rep.contents["device"] == src.device
-    assert consumer.contents["r0"]["device"] == src.device
+    assert consumer.contents["device"] == src.device
     assert rep.digest() == contents_digest(src.device, set())

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog
+from kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, EventLog
 from kv.manager import KVCacheConfig, KVCacheManager
 from router.core.index import PrefixIndex, PrefixMatch
 from tests.router.core.core_helpers import BLOCK_SIZE, FakeClock, chain, h
@@ -72,7 +72,7 @@ def test_pending_marks_count_as_device_expire_and_are_confirmed_by_events():
     prompt = [h(i) for i in range(4)]
     index.mark_pending("fresh", prompt)  # a replica with no events yet
     assert index.match(prompt, ["fresh"]) == {"fresh": PrefixMatch(4, 0)}
-    assert not index.is_synced("fresh")
+    assert index.apply_batch(EventBatch("fresh", "e0", 0, ()))  # not synced: snapshot first
     clock.advance(1.0)
     index.mark_pending("fresh", prompt[:2])  # refreshed: these live until t = 3
     clock.advance(1.0)  # t = 2: the first marks expire, the refreshed ones stay

@@ -58,7 +58,7 @@ class VllmEventSink:
     def __init__(self, publisher: VllmEventPublisher, engine: Engine):
         self.publisher = publisher
         self._engine = engine
-        engine.event_log.with_token_ids = True  # before the first request is admitted
+        engine.core.event_log.with_token_ids = True  # before the first request is admitted
 
     def publish(self, batch: EventBatch) -> None:
         if self.publisher.publish(batch, self._engine.namespaces()):

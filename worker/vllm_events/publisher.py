@@ -13,7 +13,7 @@ additions, both invisible to consumers that do not use them:
 One thread owns the sockets, the translator and the replay buffer, so a snapshot is always
 consistent with the seq it is sent with. The engine side calls, every publish interval:
 
-    engine.event_log.with_token_ids = True  # once, before the first request
+    engine.core.event_log.with_token_ids = True  # once, before the first request
     publisher = VllmEventPublisher(VllmPublisherConfig(...), model, engine.config.block_size)
     publisher.publish_from(engine)          # drains the log; a snapshot after a gap
     publisher.close()                       # at shutdown

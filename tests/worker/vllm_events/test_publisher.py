@@ -45,7 +45,7 @@ async def test_the_stream_maps_back_to_the_engines_own_hashes():
     it evicts into, rebuild exactly the engine's contents once mapped to router hashes."""
     engine = build_engine(EngineConfig(model="tiny", engine="sim", sim_preset="tiny",
                                        num_blocks=24, num_host_blocks=10, block_size=B))
-    engine.event_log.with_token_ids = True
+    engine.core.event_log.with_token_ids = True
     publisher = VllmEventPublisher(VllmPublisherConfig(topic="kv"), engine.model_name, B)
     shared = prompt(3 * B, 1)
     requests = [(shared + prompt(2 * B + 3, 100 + i), adapter, salt)

@@ -1,0 +1,117 @@
+"""Servers a benchmark starts in subprocesses: `kvroute serve`, `kvroute engine`, and the
+trivial Ray Serve app of serve_floor.py. Each binds 127.0.0.1 on a free port, logs to a
+file, is ready when its readiness URL says so, and is stopped with its process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+KVROUTE = str(ROOT / ".venv" / "bin" / "kvroute")
+PYTHON = str(ROOT / ".venv" / "bin" / "python")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """One server subprocess (its own session, so stop() ends its whole group)."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, log_path: Path,
+                 is_ready: Callable[[str], bool], env: dict[str, str] | None = None):
+        self.name = name
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self._is_ready = is_ready
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     env={**os.environ, **(env or {})},
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; the end "
+                                   f"of its log:\n{self.log_tail()}")
+            try:
+                if self._is_ready(self.base_url):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.5)  # polling a starting server, not synchronisation
+        raise RuntimeError(f"{self.name} was not ready after {timeout_s} s; the end of its "
+                           f"log:\n{self.log_tail()}")
+
+    def log_tail(self, num_chars: int = 3000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-num_chars:]
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # whatever the server left behind in its group (Ray's local processes)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._log.close()
+
+
+def _replicas_ready(num_replicas: int) -> Callable[[str], bool]:
+    def check(base_url: str) -> bool:
+        ready = httpx.get(f"{base_url}/ready", timeout=5).json()
+        return len(ready.get("replicas", [])) == num_replicas
+    return check
+
+
+def _answers_models(base_url: str) -> bool:
+    return httpx.get(f"{base_url}/v1/models", timeout=5).status_code == 200
+
+
+def kvroute_serve(args: list[str], log_path: Path, num_replicas: int,
+                  env: dict[str, str] | None = None) -> ServerProcess:
+    """`kvroute serve ARGS --replicas N` on a free port."""
+    port = free_port()
+    cmd = [KVROUTE, "serve", *args, "--replicas", str(num_replicas),
+           "--host", "127.0.0.1", "--port", str(port)]
+    return ServerProcess("kvroute serve", cmd, port, log_path,
+                         _replicas_ready(num_replicas), env)
+
+
+def standalone_engine_available() -> bool:
+    """Whether this checkout has `kvroute engine` (the standalone OpenAI server)."""
+    out = subprocess.run([KVROUTE, "engine", "--help"], capture_output=True, cwd=ROOT)
+    return out.returncode == 0
+
+
+def kvroute_engine(args: list[str], log_path: Path) -> ServerProcess:
+    """`kvroute engine ARGS` (one replica, standalone) on a free port."""
+    port = free_port()
+    cmd = [KVROUTE, "engine", *args, "--host", "127.0.0.1", "--port", str(port)]
+    return ServerProcess("kvroute engine", cmd, port, log_path, _answers_models)
+
+
+def serve_floor(log_path: Path, num_hops: int, env: dict[str, str] | None = None
+                ) -> ServerProcess:
+    """The trivial Ray Serve app (benchmarks/simlib/serve_floor.py) on a free port."""
+    port = free_port()
+    cmd = [PYTHON, "-m", "benchmarks.simlib.serve_floor", "--port", str(port),
+           "--hops", str(num_hops)]
+    return ServerProcess("serve floor app", cmd, port, log_path, _answers_models, env)

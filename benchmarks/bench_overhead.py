@@ -90,11 +90,11 @@ def measure(name: str, base_urls: list[str], args: argparse.Namespace) -> dict:
 
 
 def run_standalone(args: argparse.Namespace, workdir: Path) -> dict:
-    engines = [servers.kvroute_engine(SIM_ARGS, workdir / f"engine-{i}.log")
-               for i in range(args.replicas)]
+    engines = []
     try:
-        for engine in engines:
-            engine.wait_ready()
+        for i in range(args.replicas):
+            engines.append(servers.start(
+                lambda i=i: servers.kvroute_engine(SIM_ARGS, workdir / f"engine-{i}.log")))
         return measure("standalone", [e.base_url for e in engines], args)
     finally:
         for engine in engines:
@@ -102,10 +102,9 @@ def run_standalone(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def run_serve(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict:
-    server = servers.kvroute_serve(SIM_ARGS + args.serve_arg, workdir / "serve.log",
-                                   args.replicas, env)
+    server = servers.start(lambda: servers.kvroute_serve(
+        SIM_ARGS + args.serve_arg, workdir / "serve.log", args.replicas, env))
     try:
-        server.wait_ready()
         return measure("kvroute serve", [server.base_url], args)
     finally:
         server.stop()
@@ -113,9 +112,9 @@ def run_serve(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> d
 
 def run_floor(num_hops: int, env: dict[str, str], args: argparse.Namespace,
               workdir: Path) -> dict:
-    server = servers.serve_floor(workdir / f"floor-{num_hops}.log", num_hops, env)
+    server = servers.start(
+        lambda: servers.serve_floor(workdir / f"floor-{num_hops}.log", num_hops, env))
     try:
-        server.wait_ready()
         return measure(f"serve floor {num_hops}hop", [server.base_url], args)
     finally:
         server.stop()

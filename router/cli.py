@@ -47,14 +47,24 @@ def local_cpus_per_rank(settings: ServeSettings, num_cpus: int | None) -> ServeS
     return settings.model_copy(update={"cpus_per_rank": share})
 
 
-def start_ray(address: str | None, num_cpus: int | None) -> None:
+def start_ray(address: str | None, num_cpus: int | None, env: dict[str, str]) -> None:
     import ray
 
-    if address:
-        ray.init(address=address, namespace="serve")
+    if address:  # the Serve processes of a joined cluster take the job's env
+        ray.init(address=address, namespace="serve", runtime_env={"env_vars": env})
     else:  # a small local footprint: no dashboard, a modest object store
         ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="serve",
                  object_store_memory=256 * 1024**2)
+
+
+def serve_path_env(local: bool) -> dict[str, str]:
+    """Ray Serve's settings (router/serve/serve_env.py) in this process's environment, before
+    anything imports Ray Serve; a variable the user set already is left as it is."""
+    from router.serve.serve_env import ServePathConfig
+
+    for name, value in ServePathConfig().env(local).items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in os.environ if name.startswith("RAY_SERVE_")}
 
 
 def run_serve(ns: argparse.Namespace) -> int:
@@ -66,6 +76,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     except SettingsError as err:
         print(f"kvroute serve: {err}", file=sys.stderr)
         return 2
+    env = serve_path_env(local=not launch.address)
     from ray import serve
 
     from router.serve.app import serve_application
@@ -73,8 +84,11 @@ def run_serve(ns: argparse.Namespace) -> int:
     num_cpus = None if launch.address else (launch.num_cpus or os.cpu_count() or 1)
     settings = local_cpus_per_rank(settings, num_cpus)
     model = settings.engine_config().served_model_name
-    start_ray(launch.address, num_cpus)
-    serve.start(http_options={"host": launch.host, "port": launch.port})
+    start_ray(launch.address, num_cpus, env)
+    # A joined cluster's Serve controller takes the env from here (its proxies and our
+    # replicas inherit the controller's and the job's); on a local instance it is there.
+    serve.start(http_options={"host": launch.host, "port": launch.port},
+                controller_options={"runtime_env": {"env_vars": env}})
     serve.run(serve_application(settings), name=APP_NAME, route_prefix="/")
     base = f"http://{launch.host}:{launch.port}"
     print(f"\nkvroute: serving {model!r} from {settings.replicas} replica(s) x TP "

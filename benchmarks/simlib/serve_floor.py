@@ -7,9 +7,9 @@ one chunk per token, then usage and [DONE]). With `--hops 2` the ingress asks a 
 deployment for the chunks through a streaming handle, as kvroute's gateway asks its engine
 replicas. Whatever this costs per request and per token, Serve itself costs kvroute.
 Environment variables (RAY_SERVE_*) reach the Serve processes from this driver's env.
+(No `from __future__ import annotations`: FastAPI must see `Request` itself in the
+signatures Serve's ingress wraps.)
 """
-
-from __future__ import annotations
 
 import argparse
 import json

@@ -74,6 +74,23 @@ class ServerProcess:
         self._log.close()
 
 
+def start(factory: Callable[[], ServerProcess], attempts: int = 3) -> ServerProcess:
+    """A started, ready server; a start that fails is tried again (on a crowded box a local
+    Ray instance can miss its own 30 s startup deadline)."""
+    for attempt in range(attempts):
+        server = factory()
+        try:
+            server.wait_ready()
+            return server
+        except RuntimeError as err:
+            server.stop()
+            if attempt == attempts - 1:
+                raise
+            print(f"{server.name} failed to start, trying again: {str(err)[-300:]}",
+                  flush=True)
+    raise AssertionError("unreachable")
+
+
 def _replicas_ready(num_replicas: int) -> Callable[[str], bool]:
     def check(base_url: str) -> bool:
         ready = httpx.get(f"{base_url}/ready", timeout=5).json()

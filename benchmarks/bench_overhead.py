@@ -1,14 +1,14 @@
 """What `kvroute serve` adds over its engines: latency per request, cost per token.
 
-    python benchmarks/bench_overhead.py [--floor] [--serve-env RAY_SERVE_...=1]
+    python benchmarks/bench_overhead.py [--floor 1hop] [--serve-env RAY_SERVE_...=1]
 
 Serves the simulated engine (preset tiny, well under a millisecond a step) in one run, two
 ways, one after the other on the same box:
   (a) standalone: N `kvroute engine` processes, the client round-robining over them itself
       (skipped, with its ratios null, while this checkout has no `kvroute engine`);
   (b) `kvroute serve --engine sim --sim-preset tiny --replicas N`.
-With --floor it also serves a trivial Ray Serve app that does no work (1 and 2 hops,
-benchmarks/simlib/serve_floor.py): the part of (b) that is Serve's own.
+With --floor MODE it also serves a trivial Ray Serve app that does no work
+(benchmarks/simlib/serve_floor.py; 1hop, 2hop, direct): the part of (b) that is Serve's own.
 
 Each gets the same three phases (benchmarks/simlib/overhead_client.py): 1 request in flight
 with max_tokens 1 (p50 ms), 32 in flight with max_tokens 1 (req/s), 64 streams in flight of
@@ -33,8 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.simlib import servers  # noqa: E402
 from benchmarks.simlib.overhead_client import ClientConfig, OverheadClient  # noqa: E402
+from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 
 SIM_ARGS = ["--engine", "sim", "--sim-preset", "tiny"]
+FLOOR_MODES = ("1hop", "2hop", "direct")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,10 +53,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="environment of `kvroute serve` (and of the floor app), repeatable")
     p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                    help="an extra `kvroute serve` argument, repeatable")
+    p.add_argument("--compare", action="append", default=[], metavar="NAME:K=V,K=V",
+                   help="also measure `kvroute serve` with these extra env variables, "
+                        "side by side (repeatable), e.g. before:RAY_SERVE_THROUGHPUT_"
+                        "OPTIMIZED=0")
+    p.add_argument("--ray-per-server", action="store_true",
+                   help="let each server start its own local Ray instance (default: one "
+                        "instance for the run, which each server joins in turn)")
     p.add_argument("--no-standalone", action="store_true", help="skip (a)")
     p.add_argument("--no-serve", action="store_true", help="skip (b)")
-    p.add_argument("--floor", action="store_true",
-                   help="also measure the trivial Serve app, 1 and 2 hops")
+    p.add_argument("--floor", action="append", default=[], choices=FLOOR_MODES,
+                   help="also measure the trivial Serve app this way (repeatable): 1hop, "
+                        "2hop (ingress + a streaming handle), direct (HAProxy + an ingress "
+                        "request router + ingress replicas answering HTTP)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON line here too")
     args = p.parse_args(argv)
     for pair in args.serve_env:
@@ -101,23 +112,35 @@ def run_standalone(args: argparse.Namespace, workdir: Path) -> dict:
             engine.stop()
 
 
-def run_serve(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict:
+def run_serve(name: str, args: argparse.Namespace, env: dict[str, str], workdir: Path,
+              head: RayHead | None) -> dict:
+    address = head.address if head is not None else None
     server = servers.start(lambda: servers.kvroute_serve(
-        SIM_ARGS + args.serve_arg, workdir / "serve.log", args.replicas, env))
+        SIM_ARGS + args.serve_arg, workdir / f"serve-{name}.log", args.replicas, env,
+        address))
     try:
-        return measure("kvroute serve", [server.base_url], args)
+        return measure(name, [server.base_url], args)
     finally:
         server.stop()
+        if head is not None:
+            head.reset_serve()
 
 
-def run_floor(num_hops: int, env: dict[str, str], args: argparse.Namespace,
-              workdir: Path) -> dict:
-    server = servers.start(
-        lambda: servers.serve_floor(workdir / f"floor-{num_hops}.log", num_hops, env))
+def run_floor(mode: str, env: dict[str, str], args: argparse.Namespace, workdir: Path,
+              head: RayHead | None) -> dict:
+    address = head.address if head is not None else None
+    server = servers.start(lambda: servers.serve_floor(
+        workdir / f"floor-{mode}.log", mode, env, address))
     try:
-        return measure(f"serve floor {num_hops}hop", [server.base_url], args)
+        return measure(f"floor {mode}", [server.base_url], args)
     finally:
         server.stop()
+        if head is not None:
+            head.reset_serve()
+
+
+def parse_env(text: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in text.split(",") if pair)
 
 
 def ratios(standalone: dict | None, serve: dict | None) -> dict:
@@ -148,11 +171,20 @@ def main(argv: list[str] | None = None) -> dict:
             else:
                 print("standalone      skipped: this checkout has no `kvroute engine`",
                       flush=True)
-        if not args.no_serve:
-            results["serve"] = run_serve(args, env, workdir)
-        if args.floor:
-            results["floor_1hop"] = run_floor(1, env, args, workdir)
-            results["floor_2hop"] = run_floor(2, env, args, workdir)
+        head = None if args.ray_per_server else RayHead(workdir)
+        try:
+            if not args.no_serve:
+                results["serve"] = run_serve("kvroute serve", args, env, workdir, head)
+            for spec in args.compare:
+                name, _, extra = spec.partition(":")
+                results[f"serve_{name}"] = run_serve(f"serve {name}", args,
+                                                     {**env, **parse_env(extra)}, workdir,
+                                                     head)
+            for mode in args.floor:
+                results[f"floor_{mode}"] = run_floor(mode, env, args, workdir, head)
+        finally:
+            if head is not None:
+                head.stop()
     out = {**ratios(results["standalone"], results["serve"]), "serve_env": env,
            "replicas": args.replicas, **results}
     line = json.dumps(out)

@@ -17,6 +17,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 KVROUTE = str(ROOT / ".venv" / "bin" / "kvroute")
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
+# On a crowded box the raylet gives up waiting for its dashboard agent (30 s by default) and
+# the local Ray instance never starts: give the agent longer.
+SLOW_BOX_ENV = {"RAY_agent_register_timeout_ms": "180000", "RAY_raylet_start_wait_time_s": "180"}
 
 
 def free_port() -> int:
@@ -37,7 +40,7 @@ class ServerProcess:
         self._is_ready = is_ready
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, **(env or {})},
+                                     env={**os.environ, **SLOW_BOX_ENV, **(env or {})},
                                      start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
@@ -74,7 +77,7 @@ class ServerProcess:
         self._log.close()
 
 
-def start(factory: Callable[[], ServerProcess], attempts: int = 3) -> ServerProcess:
+def start(factory: Callable[[], ServerProcess], attempts: int = 5) -> ServerProcess:
     """A started, ready server; a start that fails is tried again (on a crowded box a local
     Ray instance can miss its own 30 s startup deadline)."""
     for attempt in range(attempts):
@@ -103,11 +106,14 @@ def _answers_models(base_url: str) -> bool:
 
 
 def kvroute_serve(args: list[str], log_path: Path, num_replicas: int,
-                  env: dict[str, str] | None = None) -> ServerProcess:
-    """`kvroute serve ARGS --replicas N` on a free port."""
+                  env: dict[str, str] | None = None, address: str | None = None
+                  ) -> ServerProcess:
+    """`kvroute serve ARGS --replicas N` on a free port (joining `address` if given)."""
     port = free_port()
     cmd = [KVROUTE, "serve", *args, "--replicas", str(num_replicas),
            "--host", "127.0.0.1", "--port", str(port)]
+    if address is not None:
+        cmd += ["--address", address]
     return ServerProcess("kvroute serve", cmd, port, log_path,
                          _replicas_ready(num_replicas), env)
 
@@ -125,10 +131,20 @@ def kvroute_engine(args: list[str], log_path: Path) -> ServerProcess:
     return ServerProcess("kvroute engine", cmd, port, log_path, _answers_models)
 
 
-def serve_floor(log_path: Path, num_hops: int, env: dict[str, str] | None = None
-                ) -> ServerProcess:
-    """The trivial Ray Serve app (benchmarks/simlib/serve_floor.py) on a free port."""
+def serve_floor(log_path: Path, mode: str, env: dict[str, str] | None = None,
+                address: str | None = None) -> ServerProcess:
+    """The trivial Ray Serve app (benchmarks/simlib/serve_floor.py) on a free port; mode
+    `1hop`, `2hop` or `direct` (HAProxy and an ingress request router, env set here)."""
     port = free_port()
-    cmd = [PYTHON, "-m", "benchmarks.simlib.serve_floor", "--port", str(port),
-           "--hops", str(num_hops)]
+    cmd = [PYTHON, "-m", "benchmarks.simlib.serve_floor", "--port", str(port)]
+    if address is not None:
+        cmd += ["--address", address]
+    if mode == "direct":
+        cmd.append("--direct")
+        env = {**(env or {}), "RAY_SERVE_ENABLE_HA_PROXY": "1",
+               "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY": "1",
+               "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+               "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+    else:
+        cmd += ["--hops", mode[0]]
     return ServerProcess("serve floor app", cmd, port, log_path, _answers_models, env)

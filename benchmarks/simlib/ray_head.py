@@ -1,0 +1,76 @@
+"""One local Ray instance for a whole benchmark run, which each server joins in turn.
+
+On a crowded box a local Ray instance often misses its own startup deadlines (the raylet
+waits about 15 s for its dashboard agent): starting one instance per server multiplies the
+failures. `RayHead` starts one (again until it comes up) in a holder process, and
+`reset_serve` clears what a server left in it (Serve, kvroute's named actors) so the next
+server starts as on a fresh instance, Serve's environment included.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from benchmarks.simlib.servers import PYTHON, ROOT, SLOW_BOX_ENV, ServerProcess
+
+_HOLDER = """
+import signal, sys, threading, ray
+ray.init(num_cpus=int(sys.argv[1]), include_dashboard=False, namespace="serve",
+         object_store_memory=256 * 1024**2)
+print("RAY_ADDRESS", ray.get_runtime_context().gcs_address, flush=True)
+stop = threading.Event()
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda *_: stop.set())
+stop.wait()
+"""
+
+_RESET = """
+import sys, ray
+from ray import serve
+ray.init(address=sys.argv[1], namespace="serve", log_to_driver=False)
+serve.shutdown()
+for name in ("kvroute-index", "kvroute-metrics"):
+    try:
+        ray.kill(ray.get_actor(name, namespace="kvroute"), no_restart=True)
+    except ValueError:
+        pass
+"""
+
+
+def _address_of(log_text: str) -> str | None:
+    for line in log_text.splitlines():
+        if line.startswith("RAY_ADDRESS "):
+            return line.split(" ", 1)[1].strip()
+    return None
+
+
+class RayHead:
+    """A local Ray instance with `num_cpus` CPUs, up until `stop()`."""
+
+    def __init__(self, log_dir, num_cpus: int = 2, attempts: int = 8):
+        for attempt in range(attempts):
+            log_path = log_dir / f"ray-head-{attempt}.log"
+            holder = ServerProcess(
+                "ray head", [PYTHON, "-c", _HOLDER, str(num_cpus)], 0, log_path,
+                lambda _, path=log_path: _address_of(path.read_text()) is not None)
+            try:
+                holder.wait_ready(timeout_s=240)
+            except RuntimeError as err:
+                holder.stop()
+                print(f"ray head failed to start, trying again: {str(err)[-200:]}",
+                      flush=True)
+                continue
+            self._holder = holder
+            self.address = _address_of(log_path.read_text())
+            return
+        raise RuntimeError(f"no local Ray instance came up in {attempts} attempts")
+
+    def reset_serve(self) -> None:
+        """Shuts Serve down and kills kvroute's named actors in this instance."""
+        subprocess.run([PYTHON, "-c", _RESET, self.address], cwd=ROOT, check=True,
+                       env={**os.environ, **SLOW_BOX_ENV}, capture_output=True, timeout=300)
+
+    def stop(self) -> None:
+        self._holder.stop()
+

@@ -37,6 +37,16 @@ log = logging.getLogger(__name__)
 
 _SWEEP_AT_DECISIONS = 1024  # undispatched decisions kept before looking for abandoned ones
 _ABANDONED_AFTER_S = 60.0
+_DIRECT_LOST_AFTER_S = 600.0  # a direct route whose end never came back (longer than any
+# request runs here): its load is released
+
+
+def _max_tokens(call: Any) -> int:
+    """Decode tokens the call asks for: `EngineRequest.sampling` or `RouteCall.max_tokens`."""
+    sampling = getattr(call, "sampling", None)
+    if sampling is not None:
+        return sampling.max_tokens
+    return getattr(call, "max_tokens", 0)
 
 
 def gateway_process_id() -> str:
@@ -63,7 +73,8 @@ class KVRouteRequestRouter(RequestRouter):
                                      before_push=self._refresh_gauges)
         # internal request id -> (decision, prompt tokens, decision seconds, decided at)
         self._decisions: dict[str, tuple[Any, int, float, float]] = {}
-        self._routed: dict[str, str] = {}  # internal request id -> replica id
+        self._routed: dict[str, str] = {}  # internal request id or route id -> replica id
+        self._direct_at: dict[str, float] = {}  # direct route id -> routed at (monotonic s)
         self._started = False
 
     # ---- Serve hooks ----
@@ -83,19 +94,29 @@ class KVRouteRequestRouter(RequestRouter):
         if pending_request is None or token_ids is None:
             return [candidate_replicas]  # not a prompt (an admin call): Serve's least queue
         await self.mirror.wait_first_poll()
-        sampling = getattr(call, "sampling", None)
-        request_id = pending_request.metadata.internal_request_id
+        # A direct-streaming route (router/serve/ingress_router.py) goes out over HTTP, not
+        # through Serve: it is routed now, and its end comes back from the engine replica
+        # through the index actor (`routes_finished`).
+        route_id = getattr(call, "route_id", None)
+        request_id = route_id or pending_request.metadata.internal_request_id
         start_s = time.perf_counter()
         with self._lock:
             reason = self.mirror.check_stale()
             decision = self.router.route(
                 request_id, getattr(call, "block_hashes", None) or [], len(token_ids),
-                list(by_id), sampling.max_tokens if sampling is not None else 0)
+                list(by_id), _max_tokens(call))
         elapsed_s = time.perf_counter() - start_s
         if reason is not None and not self.router.config.approximate:
             self.metrics.observe_fallback(reason)
-        self._decisions[request_id] = (decision, len(token_ids), elapsed_s, time.monotonic())
-        if len(self._decisions) > _SWEEP_AT_DECISIONS:
+        if route_id is not None:
+            self.metrics.observe_decision(decision, len(token_ids), elapsed_s)
+            self._routed[route_id] = decision.replica_id
+            self._direct_at[route_id] = time.monotonic()
+            self._update_outstanding(decision.replica_id)
+        else:
+            self._decisions[request_id] = (decision, len(token_ids), elapsed_s,
+                                           time.monotonic())
+        if len(self._decisions) + len(self._direct_at) > _SWEEP_AT_DECISIONS:
             self._sweep_abandoned()
         return [[by_id[decision.replica_id]]]
 
@@ -117,6 +138,17 @@ class KVRouteRequestRouter(RequestRouter):
         with self._lock:
             self.router.on_finished(internal_request_id)
         self._update_outstanding(replica_id.unique_id)
+
+    def routes_finished(self, route_ids: list[str]) -> None:
+        """Direct-streaming requests that ended on their replica (from the index actor)."""
+        for route_id in route_ids:
+            self._direct_at.pop(route_id, None)
+            replica_id = self._routed.pop(route_id, None)
+            if replica_id is None:
+                continue
+            with self._lock:
+                self.router.on_finished(route_id)
+            self._update_outstanding(replica_id)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         old_ids = {rid.unique_id for rid in self._replica_id_set}
@@ -142,18 +174,23 @@ class KVRouteRequestRouter(RequestRouter):
 
     def _sweep_abandoned(self) -> None:
         """Decisions never dispatched (the caller gave up while Serve was routing) get no
-        completion callback: release their load after a while."""
-        cutoff = time.monotonic() - _ABANDONED_AFTER_S
+        completion callback, and a direct route's end can be lost (the index actor
+        restarted): release their load after a while."""
+        now = time.monotonic()
+        cutoff = now - _ABANDONED_AFTER_S
         for request_id in [r for r, e in self._decisions.items() if e[3] < cutoff]:
             del self._decisions[request_id]
             with self._lock:
                 self.router.on_finished(request_id)
+        cutoff = now - _DIRECT_LOST_AFTER_S
+        self.routes_finished([r for r, t in self._direct_at.items() if t < cutoff])
 
     def _drop_replica(self, replica_id: str, dead: bool) -> None:
         self.mirror.forget_replica(replica_id)
         self.metrics.remove_replica(replica_id)
         for request_id in [r for r, rep in self._routed.items() if rep == replica_id]:
             del self._routed[request_id]
+            self._direct_at.pop(request_id, None)
         if dead:  # tell the index now rather than after the replica's lease runs out
             self._event_loop.create_task(self.mirror.report_dead(replica_id))
 

@@ -1,0 +1,136 @@
+"""Direct streaming's routing step: HAProxy asks this deployment which engine replica serves
+a request, then sends the request straight to that replica's own HTTP port.
+
+HAProxy (Ray Serve's HAProxy ingress with an ingress request router, as Serve LLM's direct
+streaming uses it) calls `POST /internal/route` with the client's body for every POST to the
+app. This deployment does the gateway's routing work once: the tenant from the API key
+(HAProxy forwards the client's `Authorization` as Serve's session header, which kvroute
+sets to `authorization` in this mode), the prompt's token ids (chat template included) and
+their Protocol 1 block hashes; then the engine deployment's own request router
+(`KVRouteRequestRouter`, through `handle.choose_replica`) picks the replica. The answer names
+the replica and adds a trusted header (HAProxy strips client values of the `x-serve-router-`
+prefix) that tells the engine replica which router to report the request's end to, so the
+router's outstanding load drops when the request finishes.
+
+A body it cannot route (not JSON, not a completion, a bad key) still gets a replica, by load:
+that replica's own API answers the client with the right 4xx.
+
+(No `from __future__ import annotations`: FastAPI must see `Request` itself in the routes
+Serve's ingress wraps.)
+"""
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+from ray.serve.exceptions import DeploymentUnavailableError
+
+from router.gateway.openai_schema import (
+    DEFAULT_MAX_TOKENS,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_body,
+)
+from router.gateway.prompt import PromptBuilder, PromptError
+from router.gateway.tenants import TenantAuth, load_api_keys
+from router.serve.request_router import gateway_process_id
+from worker.tokenizer_files import tokenizer_dir
+
+log = logging.getLogger(__name__)
+
+ROUTE_HEADER = "x-serve-router-kvroute-route"  # "<router id> <route id>"
+
+
+@dataclass(frozen=True)
+class RouteCall:
+    """What `KVRouteRequestRouter.choose_replicas` reads to route a direct request (the
+    same fields as an `EngineRequest`, plus the id its end is reported under)."""
+
+    route_id: str
+    prompt_token_ids: list[int]
+    block_hashes: list[bytes]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class IngressRouterConfig:
+    model: str  # "tiny" or a checkpoint directory (tokenizer and chat template)
+    served_model_name: str  # the hash namespace
+    block_size: int
+    api_keys_file: str | None = None
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise ValueError("IngressRouterConfig: block_size >= 1 required")
+
+
+class RouteCalls:
+    """Client bodies to `RouteCall`s (None when the body cannot be routed by its prompt)."""
+
+    def __init__(self, prompts: PromptBuilder, auth: TenantAuth):
+        self.prompts = prompts
+        self.auth = auth
+
+    def of(self, body: bytes, authorization: str | None) -> RouteCall | None:
+        try:
+            tenant = self.auth.tenant_of(authorization)
+            if b'"messages"' in body:
+                chat = parse_body(body, ChatCompletionRequest)
+                token_ids = self.prompts.encode_chat(
+                    [{"role": m.role, "content": m.text()} for m in chat.messages])
+                max_tokens = chat.max_new_tokens()
+            else:
+                completion = parse_body(body, CompletionRequest)
+                prompt = completion.prompt
+                token_ids = (self.prompts.encode_text(prompt) if isinstance(prompt, str)
+                             else list(prompt))
+                max_tokens = completion.max_tokens
+        except (APIError, PromptError):
+            return None  # the replica's API answers the client with the 4xx
+        if not token_ids:
+            return None
+        return RouteCall(uuid.uuid4().hex, token_ids,
+                         self.prompts.block_hashes(token_ids, tenant),
+                         max_tokens or DEFAULT_MAX_TOKENS)
+
+
+router_app = FastAPI(title="kvroute ingress request router", docs_url=None, redoc_url=None,
+                     openapi_url=None)
+
+
+@serve.deployment(name="KVRouteIngressRouter", max_ongoing_requests=1000,
+                  ray_actor_options={"num_cpus": 0})
+@serve.ingress(router_app)
+class IngressRouter:
+    def __init__(self, engine_handle, config: IngressRouterConfig):
+        self.router_id = gateway_process_id()
+        prompts = PromptBuilder(tokenizer_dir(config.model), config.served_model_name,
+                                config.block_size)
+        self.calls = RouteCalls(prompts, TenantAuth(load_api_keys(config.api_keys_file)))
+        self.engine = engine_handle
+
+    @router_app.post("/internal/route")
+    async def route(self, request: Request) -> JSONResponse:
+        call = self.calls.of(await request.body(), request.headers.get("authorization"))
+        try:
+            async with self.engine.choose_replica(*((call,) if call else ()),
+                                                  _reserve=False) as selection:
+                replica = selection._replica  # Serve LLM's LLMRouter reads the same fields
+        except (DeploymentUnavailableError, RuntimeError) as err:
+            return JSONResponse({"detail": f"no engine replica: {err}"}, status_code=503)
+        endpoint = replica.backend_http_endpoint
+        if endpoint is None:
+            return JSONResponse({"detail": f"replica {selection.replica_id} has no HTTP "
+                                           f"port"}, status_code=503)
+        headers = {ROUTE_HEADER: f"{self.router_id} {call.route_id}"} if call else {}
+        return JSONResponse({"host": endpoint[0], "port": endpoint[1],
+                             "replica_id": replica.replica_id.to_full_id_str(),
+                             "request_headers": headers})
+
+    @router_app.get("/health")
+    async def health(self) -> dict:
+        return {"status": "ok"}

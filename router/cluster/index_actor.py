@@ -13,6 +13,9 @@ runtime; they never time out, and each one's mode (events | approximate) comes w
 poll reply. A restarted actor has forgotten them: whoever added them adds them again when
 `get_incarnation()` changes.
 
+With direct streaming, replicas also publish the ends of requests a router routed, and each
+router's poll takes its own (router/cluster/route_ends.py).
+
 The actor also keeps the named pinned prefixes (router/cluster/prefix_registry.py) and the
 index digests routers report, so tests and operators can check that views converge.
 """
@@ -34,6 +37,7 @@ from router.cluster.external_workers import ExternalWorkers, ExternalWorkerStatu
 from router.cluster.metrics_hub import MetricsPusher
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry
 from router.cluster.replica_log import ReplicaLog
+from router.cluster.route_ends import RouteEnds
 from worker.api import EngineStats
 
 INDEX_ACTOR_NAME = "kvroute-index"
@@ -72,6 +76,8 @@ class PollReply:
     # external workers' KV event mode, "events" | "approximate" (approximate: route the
     # worker from this router's own history; its index is a subset or stale)
     worker_modes: dict[str, str] = field(default_factory=dict)
+    # direct-streaming requests this router routed that ended on their replica
+    ended_route_ids: tuple[str, ...] = ()
 
 
 @dataclass
@@ -89,6 +95,7 @@ class KVIndex:
         self.incarnation = uuid.uuid4().hex  # new after every (re)start of the actor
         self._replicas: dict[str, _Replica] = {}
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
+        self.route_ends = RouteEnds(self._config.router_timeout_s)
         self.prefixes = PrefixRegistry()
         self._waiters: set[asyncio.Future] = set()  # long polls waiting for news
         # the followed external workers (their metrics collector; tests read it too)
@@ -97,12 +104,16 @@ class KVIndex:
 
     # ---- replicas ----
 
-    def publish(self, batch: EventBatch, stats: EngineStats | None = None) -> bool:
-        """Applies a replica's batch; True asks the replica for `publish_snapshot`."""
+    def publish(self, batch: EventBatch, stats: EngineStats | None = None,
+                ended_routes: dict[str, tuple[str, ...]] | None = None) -> bool:
+        """Applies a replica's batch (and queues the route ids that ended there, by router
+        id); True asks the replica for `publish_snapshot`."""
         rep = self._touch(batch.replica_id)
         if stats is not None:
             rep.stats = stats
         needs_snapshot = rep.log.publish(batch)
+        if ended_routes:
+            self.route_ends.add(ended_routes)
         self._notify()
         return needs_snapshot
 
@@ -159,7 +170,8 @@ class KVIndex:
         self._router_views[request.router_id] = (time.monotonic(), dict(request.view))
         reply = self._delta(request)
         wait_s = min(request.wait_s, self._config.max_poll_wait_s)
-        if wait_s > 0 and not (reply.snapshots or reply.batches or reply.removed_replica_ids):
+        if wait_s > 0 and not (reply.snapshots or reply.batches or reply.removed_replica_ids
+                               or reply.ended_route_ids):
             news = asyncio.get_running_loop().create_future()
             self._waiters.add(news)
             try:
@@ -224,7 +236,7 @@ class KVIndex:
         removed = tuple(sorted(set(request.cursors) - set(self._replicas)))
         stats = {rid: rep.stats for rid, rep in self._replicas.items() if rep.stats is not None}
         return PollReply(tuple(snapshots), tuple(batches), stats, removed,
-                         self.external_workers.modes())
+                         self.external_workers.modes(), self.route_ends.take(request.router_id))
 
     def _touch(self, replica_id: str) -> _Replica:
         rep = self._replicas.get(replica_id)

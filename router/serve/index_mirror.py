@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +46,10 @@ class IndexMirror:
     routing path, which may run on another thread)."""
 
     def __init__(self, router: Router, router_id: str, lock: threading.Lock,
-                 config: MirrorConfig | None = None, index: Any = None):
+                 config: MirrorConfig | None = None, index: Any = None,
+                 on_routes_ended: Callable[[tuple[str, ...]], None] | None = None):
         self.router = router
+        self._on_routes_ended = on_routes_ended  # direct routes that ended on a replica
         self.router_id = router_id
         self.config = config or MirrorConfig()
         self._lock = lock
@@ -100,6 +103,8 @@ class IndexMirror:
                                        timeout=wait_s + self.config.poll_timeout_s)
         with self._lock:
             self._apply(reply)
+        if reply.ended_route_ids and self._on_routes_ended is not None:
+            self._on_routes_ended(reply.ended_route_ids)
         self._last_ok_s = time.monotonic()
         self.num_polls += 1
         if self._first_poll is not None and not self._first_poll.done():

@@ -4,7 +4,9 @@ Every `publish_interval_s` it drains the engine's event log and sends the batch 
 engine's stats (an empty batch is the heartbeat that keeps the replica known). When the
 actor answers that it saw a gap or a new epoch, it sends a snapshot. A failed send loses
 that batch on purpose: the actor sees the gap and asks for a snapshot, so nothing needs a
-retry buffer here.
+retry buffer here. With direct streaming each publish also carries the routes that ended
+here since the last one (router/cluster/route_ends.py); a lost publish loses them too, and
+the routers release that load after a long timeout instead.
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ class ReplicaPublisher:
     remote methods `publish`, `publish_snapshot` and `forget_replica`."""
 
     def __init__(self, engine: EventSource, get_index: Callable[[], Any],
-                 config: PublisherConfig | None = None):
+                 config: PublisherConfig | None = None,
+                 take_route_ends: Callable[[], dict[str, tuple[str, ...]]] | None = None):
         self._engine = engine
         self._index = ActorLink("publishing KV events", get_index)
+        # direct-streaming requests that ended here since the last publish, by router id
+        self._take_route_ends = take_route_ends
         self._config = config or PublisherConfig()
         self.num_snapshots_sent = 0
 
@@ -72,6 +77,7 @@ class ReplicaPublisher:
     async def _publish(self, index: Any) -> None:
         batch = self._engine.drain_events()
         stats = self._engine.stats()
-        if await index.publish.remote(batch, stats):
+        ended = self._take_route_ends() if self._take_route_ends is not None else None
+        if await index.publish.remote(batch, stats, ended or None):
             await index.publish_snapshot.remote(self._engine.snapshot(), stats)
             self.num_snapshots_sent += 1

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ray import serve
@@ -66,7 +67,8 @@ class KVRouteRequestRouter(RequestRouter):
         self._lock = threading.RLock()
         self.router = Router(RouterConfig(**(router or {})))
         self.mirror = IndexMirror(self.router, self.gateway_id, self._lock,
-                                  MirrorConfig(**(mirror or {})))
+                                  MirrorConfig(**(mirror or {})),
+                                  on_routes_ended=self.routes_finished)
         self.metrics = RouterMetrics(model, self.gateway_id, self.router.policy.name)
         self._pusher = MetricsPusher(f"router/{self.gateway_id}", self.metrics.registry,
                                      MetricsHubConfig(**(metrics or {})),
@@ -139,7 +141,7 @@ class KVRouteRequestRouter(RequestRouter):
             self.router.on_finished(internal_request_id)
         self._update_outstanding(replica_id.unique_id)
 
-    def routes_finished(self, route_ids: list[str]) -> None:
+    def routes_finished(self, route_ids: Sequence[str]) -> None:
         """Direct-streaming requests that ended on their replica (from the index actor)."""
         for route_id in route_ids:
             self._direct_at.pop(route_id, None)

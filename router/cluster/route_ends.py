@@ -1,0 +1,47 @@
+"""Ends of direct-streaming requests, on their way from engine replicas to the routers that
+routed them.
+
+With direct streaming the request goes from HAProxy straight to the engine replica's HTTP
+port, so the router that picked the replica never sees it end. The replica tells it through
+the index actor: each publish carries the route ids that ended since the last one, by router
+id, and each router's next poll takes its own. A router that stops polling for
+`router_timeout_s` loses its outbox (it is gone, or restarted under a new id: nothing would
+take them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+
+class RouteEnds:
+    def __init__(self, router_timeout_s: float):
+        self._router_timeout_s = router_timeout_s
+        self._outbox: dict[str, list[str]] = {}  # router id -> ended route ids
+        self._last_poll_s: dict[str, float] = {}  # router id -> last take (monotonic s)
+
+    def add(self, ended: Mapping[str, Sequence[str]]) -> bool:
+        """Queues route ids for their routers; True when any router gets news."""
+        now = time.monotonic()
+        news = False
+        for router_id, route_ids in ended.items():
+            last = self._last_poll_s.get(router_id)
+            if not route_ids or last is None or now - last > self._router_timeout_s:
+                continue  # a router that never polled or stopped: nothing would take them
+            self._outbox.setdefault(router_id, []).extend(route_ids)
+            news = True
+        return news
+
+    def take(self, router_id: str) -> tuple[str, ...]:
+        """The router's ended route ids since its last take (it is polling: keep its box)."""
+        now = time.monotonic()
+        self._last_poll_s[router_id] = now
+        cutoff = now - self._router_timeout_s
+        for gone in [r for r, t in self._last_poll_s.items() if t < cutoff]:
+            del self._last_poll_s[gone]
+            self._outbox.pop(gone, None)
+        return tuple(self._outbox.pop(router_id, ()))
+
+    def num_queued(self) -> int:
+        return sum(len(ids) for ids in self._outbox.values())

@@ -57,14 +57,14 @@ def start_ray(address: str | None, num_cpus: int | None, env: dict[str, str]) ->
                  object_store_memory=256 * 1024**2)
 
 
-def serve_path_env(local: bool) -> dict[str, str]:
-    """Ray Serve's settings (router/serve/serve_env.py) in this process's environment, before
-    anything imports Ray Serve; a variable the user set already is left as it is."""
-    from router.serve.serve_env import ServePathConfig
+def apply_serve_env(ingress: str, local: bool) -> dict[str, str]:
+    """Ray Serve's settings for this ingress (router/serve/serve_env.py) in this process's
+    environment, before anything imports Ray Serve. Returns every RAY_SERVE_ variable, for
+    the processes of a joined cluster."""
+    from router.serve.serve_env import serve_env
 
-    for name, value in ServePathConfig().env(local).items():
-        os.environ.setdefault(name, value)
-    return {name: os.environ[name] for name in os.environ if name.startswith("RAY_SERVE_")}
+    os.environ.update(serve_env(ingress, local, os.environ))
+    return {name: value for name, value in os.environ.items() if name.startswith("RAY_SERVE_")}
 
 
 def run_serve(ns: argparse.Namespace) -> int:
@@ -76,7 +76,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     except SettingsError as err:
         print(f"kvroute serve: {err}", file=sys.stderr)
         return 2
-    env = serve_path_env(local=not launch.address)
+    env = apply_serve_env(settings.ingress, local=not launch.address)
     from ray import serve
 
     from router.serve.app import serve_application

@@ -84,7 +84,16 @@ class ServeSettings(BaseModel):
         _ROUTER_DEFAULTS.host_cost_fraction, ge=0, le=1,
         description="cache_aware: cost of a host-cached prompt token as a fraction of "
                     "recomputing it (0: as good as a device hit, 1: no better than a miss)")
-    gateways: PositiveInt = Field(1, description="gateway (HTTP ingress) processes")
+    gateways: PositiveInt = Field(
+        1, description="gateway processes: the HTTP ingress (ingress gateway) or the ingress "
+                       "request routers (ingress direct)")
+    ingress: Literal["gateway", "direct"] = Field(
+        "gateway", description="gateway: requests enter through Serve's proxy and kvroute's "
+                               "gateway deployment, which streams from the engine replica over "
+                               "Ray; direct: HAProxy (bundled with ray[serve]) asks kvroute's "
+                               "router for a replica and sends the request to that engine "
+                               "replica's own HTTP server (Serve's direct streaming: no Python "
+                               "proxy, no Ray hop per token)")
     cpus_per_rank: float | None = Field(
         None, gt=0, description="CPUs reserved per TP rank (unset: 1, or with `kvroute serve` "
                                 "on a local Ray instance a fair share of its CPUs when the "

@@ -2,7 +2,7 @@
 
 On a crowded box a local Ray instance often misses its own startup deadlines (the raylet
 waits about 15 s for its dashboard agent): starting one instance per server multiplies the
-failures. `RayHead` starts one (again until it comes up) in a holder process, and
+failures. `RayHead` starts one (again until it comes up), and
 `reset_serve` clears what a server left in it (Serve, kvroute's named actors) so the next
 server starts as on a fresh instance, Serve's environment included.
 """
@@ -10,19 +10,34 @@ server starts as on a fresh instance, Serve's environment included.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
-from benchmarks.simlib.servers import PYTHON, ROOT, SLOW_BOX_ENV, ServerProcess
+from benchmarks.simlib.servers import PYTHON, ROOT, SLOW_BOX_ENV, ServerProcess, free_port
 
-_HOLDER = """
-import signal, sys, threading, ray
-ray.init(num_cpus=int(sys.argv[1]), include_dashboard=False, namespace="serve",
-         object_store_memory=256 * 1024**2)
-print("RAY_ADDRESS", ray.get_runtime_context().gcs_address, flush=True)
-stop = threading.Event()
-for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, lambda *_: stop.set())
-stop.wait()
+# `ray start` (its CLI, in this process) with the node's registration awaited for up to
+# 5 minutes instead of 30 s: on a crowded box the raylet registers late, not never.
+_START = """
+import sys, time
+import ray._private.services as services
+from ray.scripts.scripts import cli
+
+_get_node = services.get_node
+
+
+def patient_get_node(*args, **kwargs):
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            return _get_node(*args, **kwargs)
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+services.get_node = patient_get_node
+cli(["start", *sys.argv[1:]])
 """
 
 _RESET = """
@@ -39,23 +54,33 @@ for name in ("kvroute-index", "kvroute-metrics"):
 
 
 def _address_of(log_text: str) -> str | None:
-    for line in log_text.splitlines():
-        if line.startswith("RAY_ADDRESS "):
-            return line.split(" ", 1)[1].strip()
-    return None
+    """The GCS address `ray start` prints once the head is up."""
+    m = re.search(r"--address='([^']+)'", log_text)
+    return m.group(1) if m else None
 
 
 class RayHead:
-    """A local Ray instance with `num_cpus` CPUs, up until `stop()`."""
+    """A local Ray instance with `num_cpus` CPUs, up until `stop()`.
+
+    `ray start --head --block` with every agent port given (the raylet then does not wait
+    for its agents to report their ports, a wait that times out on a crowded box) and the
+    node's registration awaited patiently."""
 
     def __init__(self, log_dir, num_cpus: int = 2, attempts: int = 8):
         for attempt in range(attempts):
+            gcs_port = free_port()
+            cmd = [PYTHON, "-c", _START, "--head", "--block", "--port", str(gcs_port),
+                   "--num-cpus", str(num_cpus), "--include-dashboard", "false",
+                   "--object-store-memory", str(256 * 1024**2), "--disable-usage-stats",
+                   "--dashboard-agent-grpc-port", str(free_port()),
+                   "--dashboard-agent-listen-port", str(free_port()),
+                   "--metrics-export-port", str(free_port()),
+                   "--runtime-env-agent-port", str(free_port())]
             log_path = log_dir / f"ray-head-{attempt}.log"
-            holder = ServerProcess(
-                "ray head", [PYTHON, "-c", _HOLDER, str(num_cpus)], 0, log_path,
-                lambda _, path=log_path: _address_of(path.read_text()) is not None)
+            holder = ServerProcess("ray head", cmd, 0, log_path,
+                                   lambda _, path=log_path: _address_of(path.read_text()))
             try:
-                holder.wait_ready(timeout_s=240)
+                holder.wait_ready(timeout_s=420)
             except RuntimeError as err:
                 holder.stop()
                 print(f"ray head failed to start, trying again: {str(err)[-200:]}",

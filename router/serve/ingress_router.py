@@ -28,16 +28,12 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.exceptions import DeploymentUnavailableError
 
-from router.gateway.openai_schema import (
-    DEFAULT_MAX_TOKENS,
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_body,
-)
-from router.gateway.prompt import PromptBuilder, PromptError
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
+from worker.openai.engine_params import max_new_tokens
+from worker.openai.errors import APIError
+from worker.openai.prompt import PromptBuilder, PromptError
+from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -79,23 +75,20 @@ class RouteCalls:
         try:
             tenant = self.auth.tenant_of(authorization)
             if b'"messages"' in body:
-                chat = parse_body(body, ChatCompletionRequest)
+                parsed = parse_body(body, ChatCompletionRequest)
                 token_ids = self.prompts.encode_chat(
-                    [{"role": m.role, "content": m.text()} for m in chat.messages])
-                max_tokens = chat.max_new_tokens()
+                    [{"role": m.role, "content": m.text()} for m in parsed.messages])
             else:
-                completion = parse_body(body, CompletionRequest)
-                prompt = completion.prompt
+                parsed = parse_body(body, CompletionRequest)
+                prompt = parsed.prompt
                 token_ids = (self.prompts.encode_text(prompt) if isinstance(prompt, str)
                              else list(prompt))
-                max_tokens = completion.max_tokens
         except (APIError, PromptError):
             return None  # the replica's API answers the client with the 4xx
         if not token_ids:
             return None
         return RouteCall(uuid.uuid4().hex, token_ids,
-                         self.prompts.block_hashes(token_ids, tenant),
-                         max_tokens or DEFAULT_MAX_TOKENS)
+                         self.prompts.block_hashes(token_ids, tenant), max_new_tokens(parsed))
 
 
 router_app = FastAPI(title="kvroute ingress request router", docs_url=None, redoc_url=None,

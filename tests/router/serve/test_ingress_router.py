@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from router.gateway.openai_schema import DEFAULT_MAX_TOKENS
-from router.gateway.prompt import PromptBuilder
 from router.gateway.tenants import TenantAuth
 from router.serve.ingress_router import RouteCalls
+from worker.openai.prompt import PromptBuilder
+from worker.openai.schema import DEFAULT_MAX_TOKENS
 from worker.tokenizer_files import tokenizer_dir
 
 

@@ -17,8 +17,11 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from router.gateway.app import Gateway, GatewayConfig
+from router.serve.engine_http import DirectEngineReplica, EngineHTTPConfig
 from router.serve.engine_replica import EngineReplica, ReplicaResources, engine_deployment_options
-from router.serve.settings import ServeSettings, load_settings
+from router.serve.ingress_router import IngressRouter, IngressRouterConfig
+from router.serve.settings import ServeSettings, SettingsError, load_settings
+from worker.engine_config import EngineConfig
 
 REQUEST_ROUTER_CLASS = "router.serve.request_router:KVRouteRequestRouter"
 
@@ -48,8 +51,11 @@ def serve_application(serve_args: ServeSettings) -> Application:
     resources = ReplicaResources(cpus_per_rank=(1.0 if serve_args.cpus_per_rank is None
                                                 else serve_args.cpus_per_rank),
                                  gpus_per_rank=_gpus_per_rank(serve_args))
-    engine = EngineReplica.options(**engine_deployment_options(
-        serve_args.replicas, serve_args.tp, resources, router_config)).bind(engine_config)
+    options = engine_deployment_options(serve_args.replicas, serve_args.tp, resources,
+                                        router_config)
+    if serve_args.ingress == "direct":
+        return _direct_application(serve_args, engine_config, options)
+    engine = EngineReplica.options(**options).bind(engine_config)
     gateway_config = GatewayConfig(
         model=serve_args.model, served_model_name=engine_config.served_model_name,
         block_size=serve_args.block_size,
@@ -58,3 +64,24 @@ def serve_application(serve_args: ServeSettings) -> Application:
         num_replicas=serve_args.gateways, max_ongoing_requests=1024,
         ray_actor_options={"num_cpus": 0},
     ).bind(engine, gateway_config)
+
+
+def _direct_application(serve_args: ServeSettings, engine_config: EngineConfig,
+                        engine_options: dict[str, Any]) -> Application:
+    """Ingress direct: the engine replicas are the ingress, each answering HTTP itself, and
+    HAProxy asks the ingress request routers (`gateways` of them) which one serves a POST."""
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        raise SettingsError(
+            "ingress direct needs Ray Serve's HAProxy ingress: set the variables of "
+            "router/serve/serve_env.py (RAY_SERVE_ENABLE_HA_PROXY=1, ...) in the environment "
+            "of every Ray process; `kvroute serve` and the Helm chart set them")
+    engine = DirectEngineReplica.options(**engine_options).bind(
+        engine_config, EngineHTTPConfig(model=serve_args.model,
+                                        block_size=serve_args.block_size,
+                                        api_keys_file=serve_args.api_keys_file))
+    router = IngressRouter.options(num_replicas=serve_args.gateways).bind(
+        engine, IngressRouterConfig(model=serve_args.model,
+                                    served_model_name=engine_config.served_model_name,
+                                    block_size=serve_args.block_size,
+                                    api_keys_file=serve_args.api_keys_file))
+    return engine._with_ingress_request_router(router)  # Serve LLM's direct streaming hook

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,17 +55,20 @@ class ReplicaResources:
         return out
 
 
-@serve.deployment(name="EngineReplica")
-class EngineReplica:
-    """Serve replica wrapping one engine; its replica id is Serve's replica tag."""
+class EngineReplicaBody:
+    """Serve replica wrapping one engine; its replica id is Serve's replica tag. (The class
+    the deployments wrap: `EngineReplica` here, `DirectEngineReplica` with its own HTTP
+    server in router/serve/engine_http.py.)"""
 
     async def __init__(self, engine_config: EngineConfig,
                  publisher_config: PublisherConfig | None = None,
-                 metrics_config: MetricsHubConfig | None = None):
+                 metrics_config: MetricsHubConfig | None = None,
+                 take_route_ends: Callable[[], dict[str, tuple[str, ...]]] | None = None):
         self.replica_id = serve.get_replica_context().replica_tag
         config = dataclasses.replace(engine_config, replica_id=self.replica_id)
         self.engine = await asyncio.to_thread(Engine.from_config, config)
-        self._publisher = ReplicaPublisher(self.engine, get_index_actor, publisher_config)
+        self._publisher = ReplicaPublisher(self.engine, get_index_actor, publisher_config,
+                                           take_route_ends)
         await self._publisher.publish_once()  # known to the index before the first request
         self._publisher.start()
         self._metrics = MetricsPusher(f"engine/{self.replica_id}", self.engine.registry,
@@ -106,6 +109,9 @@ class EngineReplica:
         await self.engine.shutdown()
         await self._publisher.stop(self.replica_id)
         await self._metrics.stop()
+
+
+EngineReplica = serve.deployment(name="EngineReplica")(EngineReplicaBody)
 
 
 def engine_deployment_options(num_replicas: int, tp: int, resources: ReplicaResources,

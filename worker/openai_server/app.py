@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -44,8 +44,16 @@ def create_app(engine: Engine, prompts: PromptBuilder, pump: EventPump) -> FastA
     app = FastAPI(title="kvroute engine", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     install_error_handlers(app)
-    app.add_api_route("/v1/completions", serving.completions, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", serving.chat_completions, methods=["POST"])
+
+    # Wrapped, so FastAPI does not offer the methods' cache_salt as a query parameter: a
+    # standalone engine has no tenants.
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serving.completions(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serving.chat_completions(request)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -83,16 +83,18 @@ class OpenAIServing:
             raise APIError(404, f"the model {model!r} does not exist; this server serves "
                                 f"{self.model!r}", param="model", code="model_not_found")
 
-    async def completions(self, request: Request) -> Response:
+    async def completions(self, request: Request, cache_salt: str = "") -> Response:
+        """`cache_salt`: the tenant's hash namespace (a router in front authenticated it)."""
         body = parse_body(await request.body(), CompletionRequest)
         self.check_model(body.model)
         if isinstance(body.prompt, str):
             token_ids = self.prompts.encode_text(body.prompt)
         else:
             token_ids = list(body.prompt)
-        return await self._generate(request, "completion", "cmpl", body, token_ids)
+        return await self._generate(request, "completion", "cmpl", body, token_ids,
+                                    cache_salt)
 
-    async def chat_completions(self, request: Request) -> Response:
+    async def chat_completions(self, request: Request, cache_salt: str = "") -> Response:
         body = parse_body(await request.body(), ChatCompletionRequest)
         self.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
@@ -100,15 +102,16 @@ class OpenAIServing:
             token_ids = self.prompts.encode_chat(messages)
         except PromptError as err:
             raise APIError(400, str(err), param="messages") from None
-        return await self._generate(request, "chat", "chatcmpl", body, token_ids)
+        return await self._generate(request, "chat", "chatcmpl", body, token_ids, cache_salt)
 
     async def _generate(self, request: Request, kind: Kind, id_prefix: str,
                         body: CompletionRequest | ChatCompletionRequest,
-                        token_ids: list[int]) -> Response:
+                        token_ids: list[int], cache_salt: str) -> Response:
         max_tokens = max_new_tokens(body)
         check_context_length(kind, len(token_ids), max_tokens, self.engine.max_model_len)
         engine_request = EngineRequest(f"{id_prefix}-{uuid.uuid4().hex}", token_ids,
-                                       sampling_params(body, max_tokens))
+                                       sampling_params(body, max_tokens),
+                                       cache_salt=cache_salt)
         shape = ResponseShape.new(kind, engine_request.request_id, self.model)
         deltas = self.engine.generate(engine_request)
         try:

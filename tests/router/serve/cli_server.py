@@ -1,0 +1,96 @@
+"""`kvroute serve` in a subprocess, as a user starts it: its own local Ray, its Serve
+environment (router/serve/serve_env.py) set by the CLI before Ray Serve is imported, which
+a test process that imported Ray Serve already cannot do for itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.router.serve.serve_helpers import Server, free_port, wait_until
+
+KVROUTE = str(Path(sys.executable).with_name("kvroute"))
+
+
+@dataclass
+class CLIServer(Server):
+    pid: int = 0  # the CLI's; its local Ray instance runs in its session
+
+    def kill_replica(self, replica_id: str) -> int:
+        """SIGKILLs the process of engine replica `replica_id` (a crash, as Ray sees it)."""
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.getsid(int(entry)) != self.pid:
+                    continue
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except (OSError, ProcessLookupError):
+                continue
+            if f"EngineReplica#{replica_id}".encode() in cmdline:
+                os.kill(int(entry), signal.SIGKILL)
+                return int(entry)
+        raise LookupError(f"no process of replica {replica_id} in session {self.pid}")
+
+
+def _ready(base_url: str, num_replicas: int) -> bool:
+    try:
+        body = httpx.get(f"{base_url}/ready", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    return len(body.get("replicas", [])) == num_replicas
+
+
+@contextmanager
+def kvroute_cli_server(flags: list[str], num_replicas: int, log_path: Path,
+                       attempts: int = 3) -> Iterator[CLIServer]:
+    """`kvroute serve FLAGS --replicas N` on a free port; stopped (SIGTERM, then its whole
+    process group) on exit. A start that fails (a crowded box can make the local Ray
+    instance miss its own startup deadline) is tried again."""
+    for attempt in range(attempts):
+        port = free_port()
+        cmd = [KVROUTE, "serve", *flags, "--replicas", str(num_replicas),
+               "--host", "127.0.0.1", "--port", str(port)]
+        log = open(log_path, "w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=dict(os.environ))
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until(lambda p=proc, u=base_url: p.poll() is not None or _ready(u, num_replicas),
+                       300, "kvroute serve to come up")
+            if proc.poll() is None:
+                break
+        except AssertionError:
+            pass
+        _stop(proc)
+        log.close()
+        if attempt == attempts - 1:
+            raise RuntimeError(f"kvroute serve did not start; its log ends with:\n"
+                               f"{log_path.read_text()[-3000:]}")
+    try:
+        yield CLIServer(base_url, {"replicas": num_replicas}, proc.pid)
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
+    try:  # what it left behind in its group: its local Ray instance's processes
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -1,0 +1,170 @@
+"""`kvroute serve --ingress direct` end to end: HAProxy asks kvroute's ingress request router
+for an engine replica and sends the request to that replica's own HTTP server (Ray Serve's
+direct streaming). Simulated engine (preset tiny), 2 replicas, started with the CLI.
+
+The official openai client, cache affinity with the router's prediction equal to the
+engine's hits, tenants, bad input answered by the replica with the right 4xx, the routers'
+outstanding load back to 0 once requests end, client disconnects, metrics, and a killed
+replica.
+"""
+
+import concurrent.futures
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.router.serve.cli_server import kvroute_cli_server
+from tests.router.serve.serve_helpers import wait_until
+
+pytestmark = pytest.mark.slow
+
+KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+SHARED = "You are a meticulous assistant. Answer briefly and cite sources. " * 10
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("direct")
+    keys_file = workdir / "keys.json"
+    keys_file.write_text(json.dumps(KEYS))
+    flags = ["--ingress", "direct", "--engine", "sim", "--sim-preset", "tiny",
+             "--num-blocks", "256", "--api-keys-file", str(keys_file)]
+    with kvroute_cli_server(flags, 2, workdir / "serve.log") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="key-a", timeout=60,
+                         max_retries=0)
+
+
+def _outstanding(server) -> float:
+    return server.sum_metric("kvroute_router_outstanding_requests")
+
+
+def test_openai_client_completions_and_chat(server, oai):
+    assert [m.id for m in oai.models.list().data] == ["tiny"]
+    c = oai.completions.create(model="tiny", prompt="Hello, kvroute!", max_tokens=5,
+                               temperature=0, extra_body={"ignore_eos": True})
+    assert c.choices[0].finish_reason == "length"
+    assert c.usage.prompt_tokens == len("Hello, kvroute!") + 1  # bytes + BOS
+    assert c.usage.completion_tokens == 5
+    chunks = list(oai.completions.create(model="tiny", prompt="Hello, kvroute!", max_tokens=5,
+                                         temperature=0, stream=True,
+                                         stream_options={"include_usage": True},
+                                         extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 5
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage.completion_tokens == 4
+    parts = list(oai.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                             stream=True, extra_body={"ignore_eos": True}))
+    assert parts[0].choices[0].delta.role == "assistant"
+    assert parts[-1].choices[0].finish_reason == "length"
+
+
+def test_shared_prefix_lands_on_the_replica_that_holds_it(server, oai):
+    before = server.by_label("kvroute_router_requests_total", "replica")
+    predicted_before = server.sum_metric("kvroute_router_predicted_hit_tokens_total")
+    cached = []
+    for i in range(5):
+        c = oai.completions.create(model="tiny", prompt=SHARED + f"Question {i}?",
+                                   max_tokens=2, temperature=0)
+        cached.append(c.usage.prompt_tokens_details.cached_tokens)
+    after = server.by_label("kvroute_router_requests_total", "replica")
+    routed = {r: after.get(r, 0) - before.get(r, 0) for r in after}
+    assert sorted(routed.values()) == [0, 5]  # all five on one replica
+    assert cached[0] == 0
+    assert all(c >= (len(SHARED) + 1) // 16 * 16 for c in cached[1:])
+    predicted = server.sum_metric("kvroute_router_predicted_hit_tokens_total")
+    assert predicted - predicted_before == sum(cached)
+
+
+def test_tenants_never_share_cache(server):
+    body = {"model": "tiny", "prompt": "Tenant isolation check: " + "abcdefgh" * 8,
+            "max_tokens": 1}
+    with server.client() as http:
+        a1 = http.post("/v1/completions", json=body, headers={"Authorization": "Bearer key-a"})
+        a2 = http.post("/v1/completions", json=body, headers={"Authorization": "Bearer key-a"})
+        b1 = http.post("/v1/completions", json=body, headers={"Authorization": "Bearer key-b"})
+    cached = [r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (a1, a2, b1)]
+    assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0
+
+
+@pytest.mark.parametrize("headers,raw,status,code", [
+    ({}, b'{"model": "tiny", "prompt": ', 400, "invalid_json"),
+    ({}, b'{"model": "gpt-9", "prompt": "x"}', 404, "model_not_found"),
+    ({}, b'{"model": "tiny", "prompt": "x", "max_tokens": 0}', 400, "invalid_value"),
+    ({}, b'{"model": "tiny", "prompt": "x", "max_tokens": 100000}', 400,
+     "context_length_exceeded"),
+    ({"Authorization": "Bearer wrong"}, b'{"model": "tiny", "prompt": "x"}', 401,
+     "invalid_api_key"),
+])
+def test_bad_input_is_the_replicas_4xx(server, headers, raw, status, code):
+    sent = {"Authorization": "Bearer key-a", "Content-Type": "application/json", **headers}
+    with server.client() as http:
+        resp = http.post("/v1/completions", content=raw, headers=sent)
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error"]["code"] == code
+
+
+def test_the_routers_load_drops_when_requests_end(server, oai):
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda i: oai.completions.create(
+            model="tiny", prompt=f"load {i} " * 8, max_tokens=8,
+            extra_body={"ignore_eos": True}).usage.completion_tokens, range(16)))
+    assert done == [8] * 16
+    wait_until(lambda: _outstanding(server) == 0, 30,
+               "every routed request's end to reach its router")
+
+
+def test_client_disconnect_aborts_the_request_at_the_engine(server):
+    aborted = server.sum_metric("kvroute_engine_requests_finished_total", reason="abort")
+    body = {"model": "tiny", "prompt": "Stream until I hang up.", "max_tokens": 200,
+            "stream": True, "ignore_eos": True}
+    with server.client(headers={"Authorization": "Bearer key-a"}) as http:
+        with http.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_lines())  # one chunk arrives, then the client goes away
+    wait_until(lambda: server.sum_metric("kvroute_engine_requests_finished_total",
+                                         reason="abort") == aborted + 1,
+               30, "the engine to abort the disconnected request")
+    wait_until(lambda: _outstanding(server) == 0, 30, "the aborted request's end to reach "
+                                                      "its router")
+
+
+def test_metrics_endpoint_serves_every_process(server):
+    names = {name for name, _ in server.metrics()}
+    for name in ("kvroute_router_decision_seconds_bucket", "kvroute_gateway_requests_total",
+                 "kvroute_engine_ttft_seconds_bucket", "kvroute_router_index_blocks"):
+        assert name in names
+
+
+def test_a_killed_replica_leaves_the_survivor_serving(server, oai):
+    victim = server.replica_ids()[0]
+    server.kill_replica(victim)
+
+    def forgotten() -> bool:  # /ready itself is answered by whichever replica is up
+        try:
+            return victim not in server.replica_ids()
+        except (httpx.HTTPError, ValueError, KeyError):
+            return False
+
+    def serves() -> bool:
+        try:
+            return oai.completions.create(model="tiny", prompt="after the kill",
+                                          max_tokens=1).usage.completion_tokens == 1
+        except (openai.APIError, httpx.HTTPError):
+            return False
+
+    wait_until(forgotten, 60, "the index to forget the killed replica")
+    wait_until(serves, 60, "requests to be served again")
+    for i in range(6):
+        assert oai.completions.create(model="tiny", prompt=f"still {i}",
+                                      max_tokens=1).usage.completion_tokens == 1

@@ -115,6 +115,10 @@ def run_standalone(args: argparse.Namespace, workdir: Path) -> dict:
 def run_serve(name: str, args: argparse.Namespace, env: dict[str, str], workdir: Path,
               head: RayHead | None) -> dict:
     address = head.address if head is not None else None
+    # HAProxy's side listeners (stats, metrics) on free ports: a joined cluster would get
+    # Ray's fixed defaults, which another instance on this host may hold
+    env = {"RAY_SERVE_HAPROXY_STATS_PORT": str(servers.free_port()),
+           "RAY_SERVE_HAPROXY_METRICS_PORT": str(servers.free_port()), **env}
     server = servers.start(lambda: servers.kvroute_serve(
         SIM_ARGS + args.serve_arg, workdir / f"serve-{name}.log", args.replicas, env,
         address))

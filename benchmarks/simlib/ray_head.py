@@ -13,16 +13,20 @@ import os
 import re
 import subprocess
 
-from benchmarks.simlib.servers import PYTHON, ROOT, SLOW_BOX_ENV, ServerProcess, free_port
+from benchmarks.simlib.servers import PYTHON, ROOT, SLOW_BOX_ENV, ServerProcess
 
-# `ray start` (its CLI, in this process) with the node's registration awaited for up to
-# 5 minutes instead of 30 s (on a crowded box the raylet registers late, not never) and the
-# dashboard agent in its minimal mode.
-_START = """
-import sys, time
+# A local Ray instance started by `ray.init` in a holder process (never `ray start`: that
+# records its address in /tmp/ray/ray_current_cluster, and then every `ray.init()` on this
+# host, other people's tests included, joins it), with the node's registration awaited for
+# up to 5 minutes instead of 30 s (on a crowded box the raylet registers late, not never)
+# and the dashboard agent in its minimal mode (what Ray runs without ray[default]'s extras:
+# it starts in a fraction of the time, and the raylet gives up on an agent that has not
+# reported its ports within ~15 s).
+_HOLDER = """
+import signal, sys, threading, time
+import ray
 import ray._private.services as services
 import ray._private.utils
-from ray.scripts.scripts import cli
 
 _get_node = services.get_node
 
@@ -39,11 +43,15 @@ def patient_get_node(*args, **kwargs):
 
 
 services.get_node = patient_get_node
-# The dashboard agent's minimal mode (what Ray runs without ray[default]'s extras): it
-# starts in a fraction of the time, and the raylet gives up on an agent that has not
-# reported its port within ~15 s.
 ray._private.utils.get_dashboard_dependency_error = lambda: "minimal agent, for a crowded box"
-cli(["start", *sys.argv[1:]])
+ray.init(num_cpus=int(sys.argv[1]), include_dashboard=False, namespace="serve",
+         object_store_memory=256 * 1024**2)
+print("RAY_ADDRESS", ray.get_runtime_context().gcs_address, flush=True)
+stop = threading.Event()
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda *_: stop.set())
+stop.wait()
+ray.shutdown()
 """
 
 _RESET = """
@@ -60,28 +68,17 @@ for name in ("kvroute-index", "kvroute-metrics"):
 
 
 def _address_of(log_text: str) -> str | None:
-    """The GCS address `ray start` prints once the head is up."""
-    m = re.search(r"--address='([^']+)'", log_text)
+    """The GCS address the holder prints once the instance is up."""
+    m = re.search(r"^RAY_ADDRESS (\S+)$", log_text, re.MULTILINE)
     return m.group(1) if m else None
 
 
 class RayHead:
-    """A local Ray instance with `num_cpus` CPUs, up until `stop()`.
-
-    `ray start --head --block` with every agent port given (the raylet then does not wait
-    for its agents to report their ports, a wait that times out on a crowded box) and the
-    node's registration awaited patiently."""
+    """A local Ray instance with `num_cpus` CPUs, up until `stop()`."""
 
     def __init__(self, log_dir, num_cpus: int = 2, attempts: int = 8):
         for attempt in range(attempts):
-            gcs_port = free_port()
-            cmd = [PYTHON, "-c", _START, "--head", "--block", "--port", str(gcs_port),
-                   "--num-cpus", str(num_cpus), "--include-dashboard", "false",
-                   "--object-store-memory", str(256 * 1024**2), "--disable-usage-stats",
-                   "--dashboard-agent-grpc-port", str(free_port()),
-                   "--dashboard-agent-listen-port", str(free_port()),
-                   "--metrics-export-port", str(free_port()),
-                   "--runtime-env-agent-port", str(free_port())]
+            cmd = [PYTHON, "-c", _HOLDER, str(num_cpus)]
             log_path = log_dir / f"ray-head-{attempt}.log"
             holder = ServerProcess("ray head", cmd, 0, log_path,
                                    lambda _, path=log_path: _address_of(path.read_text()))

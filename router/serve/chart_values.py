@@ -53,6 +53,7 @@ CHART_VALUES: dict[str, ChartValue] = {
     "load_weight": ChartValue("routing.loadWeight"),
     "host_cost_fraction": ChartValue("routing.hostCostFraction"),
     "gateways": ChartValue("gateway.replicas"),
+    "ingress": ChartValue("gateway.ingress"),
 }
 
 

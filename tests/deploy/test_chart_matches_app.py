@@ -9,6 +9,8 @@ import pytest
 from router.core.policies import POLICY_NAMES
 from router.gateway.app import Gateway
 from router.serve.engine_replica import EngineReplica
+from router.serve.ingress_router import IngressRouter
+from router.serve.serve_env import serve_env
 from router.serve.settings import ServeSettings, load_settings
 
 from .helm_chart import CHART, VALUE_SETS, notes, render, serve_config
@@ -24,7 +26,22 @@ def test_serve_args_are_accepted_by_the_app(helm_bin, value_set):
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_overridden_deployments_exist(helm_bin, value_set):
     (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
-    assert {d["name"] for d in app["deployments"]} <= {Gateway.name, EngineReplica.name}
+    assert {d["name"] for d in app["deployments"]} <= {Gateway.name, EngineReplica.name,
+                                                       IngressRouter.name}
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_ray_container_has_the_serve_env_of_its_ingress(helm_bin, value_set):
+    docs = render(helm_bin, VALUE_SETS[value_set])
+    (app,) = serve_config(docs)["applications"]
+    want = serve_env(app["args"]["ingress"], local=False, environ={})
+    (service,) = [d for d in docs if d["kind"] == "RayService"]
+    cluster = service["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]["template"]] + [
+        group["template"] for group in cluster["workerGroupSpecs"]]
+    for pod in pods:
+        for container in pod["spec"]["containers"]:
+            assert {e["name"]: e["value"] for e in container["env"]} == want
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)

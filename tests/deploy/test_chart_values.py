@@ -16,7 +16,8 @@ from .helm_chart import render as render_chart
 # A value other than the chart's default for every chart value.
 CHANGED = {"replicas": 3, "tp": 2, "engine": "sim", "block_size": 32, "num_blocks": 77,
            "num_host_blocks": 99, "cpus_per_rank": 0.5, "policy": "least_load",
-           "approximate": True, "load_weight": 0.3, "host_cost_fraction": 0.4, "gateways": 2}
+           "approximate": True, "load_weight": 0.3, "host_cost_fraction": 0.4, "gateways": 2,
+           "ingress": "direct"}
 
 
 def test_schema_file_is_the_generated_one():
@@ -56,6 +57,7 @@ def test_every_chart_value_reaches_the_app_as_its_setting(helm_bin, tmp_path):
 @pytest.mark.parametrize("name, bad", [
     ("replicas", "0"), ("engine", "fast"), ("policy", "greedy"), ("load_weight", "-1"),
     ("host_cost_fraction", "1.5"), ("cpus_per_rank", "0"), ("gateways", "0"),
+    ("ingress", "proxy"),
 ])
 def test_helm_rejects_what_the_settings_reject(helm_bin, name, bad):
     with pytest.raises(SettingsError, match=f"{name} = '{bad}'"):

@@ -13,11 +13,30 @@
 {{- end }}
 
 {{/*
+The Ray Serve environment of every Ray container (router/serve/serve_env.py's serve_env):
+throughput-optimized Serve, and with ingress direct HAProxy with the body and the API key
+passed to the ingress request router.
+*/}}
+{{- define "kvroute.serveEnv" -}}
+- name: RAY_SERVE_THROUGHPUT_OPTIMIZED
+  value: "1"
+{{- if eq .Values.gateway.ingress "direct" }}
+- name: RAY_SERVE_ENABLE_HA_PROXY
+  value: "1"
+- name: RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY
+  value: "1"
+- name: RAY_SERVE_SESSION_ID_HEADER_KEY
+  value: authorization
+{{- end }}
+{{- end }}
+
+{{/*
 Ray Serve config (serveConfigV2) of the kvroute application. `args` are the fields of
 ServeSettings (router/serve/settings.py). The HTTP proxy runs on the head only, so the head
 pod is the one gateway endpoint and the one metrics target; `deployments` pins the Gateway
-deployment (named in router/gateway/app.py) to the head and, with autoscaling, lets Serve
-scale EngineReplica (router/serve/engine_replica.py).
+deployment (named in router/gateway/app.py), or with ingress direct the
+KVRouteIngressRouter (router/serve/ingress_router.py), to the head and, with autoscaling,
+lets Serve scale EngineReplica (router/serve/engine_replica.py).
 */}}
 {{- define "kvroute.serveConfig" -}}
 {{- $engine := .Values.engine }}
@@ -37,13 +56,16 @@ scale EngineReplica (router/serve/engine_replica.py).
   "load_weight" $routing.loadWeight
   "host_cost_fraction" $routing.hostCostFraction
   "gateways" .Values.gateway.replicas
+  "ingress" .Values.gateway.ingress
 }}
 {{- if .Values.apiKeys.enabled }}
 {{- $_ := set $args "api_keys_file" (printf "%s/%s" (include "kvroute.apiKeysDir" .) .Values.apiKeys.secretKey) }}
 {{- end }}
 {{- $gatewayResources := dict (include "kvroute.gatewayResource" .) 1 }}
+{{- /* the gateway processes: the Gateway ingress, or with ingress direct the routers */}}
+{{- $gatewayDeployment := ternary "KVRouteIngressRouter" "Gateway" (eq .Values.gateway.ingress "direct") }}
 {{- $deployments := list (dict
-  "name" "Gateway"
+  "name" $gatewayDeployment
   "ray_actor_options" (dict "num_cpus" 0 "resources" $gatewayResources)) }}
 {{- if $engine.autoscaling.enabled }}
 {{- $deployments = append $deployments (dict

@@ -17,9 +17,12 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 KVROUTE = str(ROOT / ".venv" / "bin" / "kvroute")
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
-# On a crowded box the raylet gives up waiting for its dashboard agent (30 s by default) and
-# the local Ray instance never starts: give the agent longer.
-SLOW_BOX_ENV = {"RAY_agent_register_timeout_ms": "180000", "RAY_raylet_start_wait_time_s": "180"}
+# Every server's environment: on a crowded box the raylet gives up waiting for its agents
+# (30 s by default) and the local Ray instance never starts, so give them longer; and a
+# process that joins a local instance by address authenticates with this host's token
+# (~/.ray/auth_token) only when told to.
+SLOW_BOX_ENV = {"RAY_agent_register_timeout_ms": "180000",
+                "RAY_raylet_start_wait_time_s": "180", "RAY_AUTH_MODE": "token"}
 
 
 def free_port() -> int:

@@ -25,6 +25,7 @@ EXPECTED_KINDS = {
     "pvc-tp4": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
     "autoscaling": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
     "sim-minimal": ["RayService"],
+    "direct": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
 }
 
 
@@ -61,6 +62,7 @@ def test_default_values(helm_bin):
                 "num_blocks": 1024, "num_host_blocks": 0, "cpus_per_rank": 1,
                 "gpus_per_rank": 1, "policy": "cache_aware", "approximate": False,
                 "load_weight": 0.2, "host_cost_fraction": 0.2, "gateways": 1,
+                "ingress": "gateway",
             },
             "deployments": [{"name": "Gateway", "ray_actor_options": {
                 "num_cpus": 0, "resources": {"kvroute_gateway": 1}}}],
@@ -87,6 +89,7 @@ def test_pvc_model_tp4_api_keys_and_host_tier(helm_bin):
         "block_size": 32, "num_blocks": 65536, "num_host_blocks": 131072, "cpus_per_rank": 4,
         "gpus_per_rank": 1, "policy": "cache_aware", "approximate": False,
         "load_weight": 0.25, "host_cost_fraction": 0.1, "gateways": 2,
+        "ingress": "gateway",
         "api_keys_file": "/etc/kvroute/api-keys/keys.txt",
     }
     group = engine_group(docs)

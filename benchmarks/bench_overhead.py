@@ -121,7 +121,7 @@ def run_serve(name: str, args: argparse.Namespace, env: dict[str, str], workdir:
            "RAY_SERVE_HAPROXY_METRICS_PORT": str(servers.free_port()), **env}
     server = servers.start(lambda: servers.kvroute_serve(
         SIM_ARGS + args.serve_arg, workdir / f"serve-{name}.log", args.replicas, env,
-        address))
+        address), after_failure=head.reset_serve if head is not None else None)
     try:
         return measure(name, [server.base_url], args)
     finally:
@@ -134,7 +134,8 @@ def run_floor(mode: str, env: dict[str, str], args: argparse.Namespace, workdir:
               head: RayHead | None) -> dict:
     address = head.address if head is not None else None
     server = servers.start(lambda: servers.serve_floor(
-        workdir / f"floor-{mode}.log", mode, env, address))
+        workdir / f"floor-{mode}.log", mode, env, address),
+        after_failure=head.reset_serve if head is not None else None)
     try:
         return measure(f"floor {mode}", [server.base_url], args)
     finally:

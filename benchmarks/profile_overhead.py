@@ -2,14 +2,17 @@
 
     python benchmarks/profile_overhead.py --phase streams [--serve-env NAME=VALUE]
 
-Starts `kvroute serve --engine sim --sim-preset tiny --replicas 2`, drives one phase of
-bench_overhead.py's client at it (idle: 1 request in flight, max_tokens 1; burst: 32 in
-flight; streams: 64 streams of 64 tokens) and records the Serve proxy (or HAProxy's
-absence of one), the gateway and one engine replica with `py-spy record` while it runs.
-Prints, per process, the share of the run its Python threads were on CPU, that time split
-by where the code lives (leaf frame: Serve proxy, Serve replica, Ray core, HTTP server,
-ASGI, asyncio, kvroute, ...) and the heaviest functions, and writes the raw stacks
-(flamegraph-ready collapsed format) to --out-dir.
+Starts `kvroute serve --engine sim --sim-preset tiny --replicas 2` (on a local Ray instance
+of its own, benchmarks/simlib/ray_head.py), drives one phase of bench_overhead.py's client
+at it (idle: 1 request in flight, max_tokens 1; burst: 32 in flight; streams: 64 streams of
+64 tokens) and records with `py-spy record` while it runs: the Serve proxy, the gateway
+(ingress gateway) or the ingress request router (ingress direct, --serve-env
+KVROUTE_INGRESS=direct), and one engine replica.
+Prints, per process, the share of the run its Python code held the GIL (the CPU its
+interpreter used; time in C without the GIL, e.g. in Ray's core worker, is not counted),
+that time split by where the code lives (leaf frame: Serve proxy, Serve replica, Ray
+core, HTTP server, ASGI, asyncio, kvroute, ...) and the heaviest functions, and writes the
+raw stacks (flamegraph-ready collapsed format) to --out-dir.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.simlib import servers  # noqa: E402
 from benchmarks.simlib.overhead_client import ClientConfig, OverheadClient  # noqa: E402
+from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 from benchmarks.simlib.stack_buckets import bucket_of, frame_file  # noqa: E402
 
 PY_SPY = str(ROOT / ".venv" / "bin" / "py-spy")
 ROLES = {"proxy": "ProxyActor", "gateway": "kvroute:Gateway",
-         "engine": "kvroute:EngineReplica"}
+         "router": "kvroute:KVRouteIngressRouter", "engine": "kvroute:EngineReplica"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,7 +98,7 @@ def summarize(role: str, raw_path: Path, duration_s: float, rate: int, top: int)
         self_counts[leaf] += count
         buckets[bucket_of(stack)] += count
     expected = duration_s * rate
-    print(f"\n{role}: on CPU {100 * total / expected:.0f}% of the run "
+    print(f"\n{role}: Python held the GIL {100 * total / expected:.0f}% of the run "
           f"({total} samples at {rate}/s over {duration_s:.0f} s)")
     for name, count in buckets.most_common():
         print(f"  {100 * count / max(total, 1):5.1f}%  {name}")
@@ -108,17 +112,20 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(pair.split("=", 1) for pair in args.serve_env)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="kvroute-profile-"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    head = RayHead(out_dir)
+    env = {"RAY_SERVE_HAPROXY_STATS_PORT": str(servers.free_port()),
+           "RAY_SERVE_HAPROXY_METRICS_PORT": str(servers.free_port()), **env}
     server = servers.start(lambda: servers.kvroute_serve(
         ["--engine", "sim", "--sim-preset", "tiny", *args.serve_arg], out_dir / "serve.log",
-        2, env))
+        2, env, head.address), after_failure=head.reset_serve)
     try:
         client = OverheadClient(ClientConfig((server.base_url,), "tiny"))
         asyncio.run(client.warm_up(8))
-        pids = find_pids(os.getsid(server.proc.pid))
+        pids = find_pids(os.getsid(head.pid))
         print(f"profiling {pids} during phase {args.phase!r}, load {os.getloadavg()[0]:.2f}",
               flush=True)
         spies = {role: subprocess.Popen(
-            [PY_SPY, "record", "-p", str(pid), "-f", "raw", "-r", str(args.rate),
+            [PY_SPY, "record", "-p", str(pid), "-f", "raw", "-r", str(args.rate), "--gil",
              "-d", str(int(args.duration_s)), "-o", str(out_dir / f"{role}.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for role, pid in pids.items()}
         rounds = asyncio.run(drive(client, args.phase,
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
               f"in {out_dir}")
     finally:
         server.stop()
+        head.stop()
     for role in spies:
         summarize(role, out_dir / f"{role}.txt", args.duration_s, args.rate, args.top)
 

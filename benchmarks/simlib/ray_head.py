@@ -90,6 +90,7 @@ class RayHead:
                       flush=True)
                 continue
             self._holder = holder
+            self.pid = holder.proc.pid  # its Ray processes run in this session
             self.address = _address_of(log_path.read_text())
             return
         raise RuntimeError(f"no local Ray instance came up in {attempts} attempts")

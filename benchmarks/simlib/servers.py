@@ -18,11 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 KVROUTE = str(ROOT / ".venv" / "bin" / "kvroute")
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
 # Every server's environment: on a crowded box the raylet gives up waiting for its agents
-# (30 s by default) and the local Ray instance never starts, so give them longer; and a
-# process that joins a local instance by address authenticates with this host's token
+# (30 s by default) and Serve kills a proxy not ready within 5 s, so give them longer; and
+# a process that joins a local instance by address authenticates with this host's token
 # (~/.ray/auth_token) only when told to.
 SLOW_BOX_ENV = {"RAY_agent_register_timeout_ms": "180000",
-                "RAY_raylet_start_wait_time_s": "180", "RAY_AUTH_MODE": "token"}
+                "RAY_raylet_start_wait_time_s": "180", "RAY_AUTH_MODE": "token",
+                "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+                "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+                "RAY_SERVE_HAPROXY_STARTUP_TIMEOUT_S": "120"}
 
 
 def free_port() -> int:
@@ -80,9 +83,11 @@ class ServerProcess:
         self._log.close()
 
 
-def start(factory: Callable[[], ServerProcess], attempts: int = 5) -> ServerProcess:
+def start(factory: Callable[[], ServerProcess], attempts: int = 5,
+          after_failure: Callable[[], None] | None = None) -> ServerProcess:
     """A started, ready server; a start that fails is tried again (on a crowded box a local
-    Ray instance can miss its own 30 s startup deadline)."""
+    Ray instance can miss its own 30 s startup deadline), after `after_failure()` cleared
+    what it left (Serve in a shared Ray instance)."""
     for attempt in range(attempts):
         server = factory()
         try:
@@ -90,6 +95,8 @@ def start(factory: Callable[[], ServerProcess], attempts: int = 5) -> ServerProc
             return server
         except RuntimeError as err:
             server.stop()
+            if after_failure is not None:
+                after_failure()
             if attempt == attempts - 1:
                 raise
             print(f"{server.name} failed to start, trying again: {str(err)[-300:]}",

@@ -26,7 +26,7 @@ from router.cluster.metrics_hub import (
     get_metrics_hub,
 )
 from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
-from router.gateway.metrics import GatewayMetrics
+from router.gateway.metrics import CountRequests, GatewayMetrics
 from router.gateway.prefixes import PrefixService
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
@@ -67,13 +67,7 @@ app = FastAPI(title="kvroute", docs_url=None, redoc_url=None)
 install_error_handlers(app)
 
 
-@app.middleware("http")
-async def _count_requests(request: Request, call_next):
-    response = await call_next(request)
-    metrics = getattr(request.app.state, "gateway_metrics", None)
-    if metrics is not None:
-        metrics.observe(request.url.path, response.status_code)
-    return response
+app.add_middleware(CountRequests)
 
 
 @serve.deployment(name="Gateway")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/prefixes",
@@ -24,3 +26,31 @@ class GatewayMetrics:
 
     def observe(self, path: str, status_code: int) -> None:
         self.requests.labels(self._model, endpoint_label(path), str(status_code)).inc()
+
+
+class CountRequests:
+    """ASGI middleware counting each HTTP response into `app.state.gateway_metrics` (when
+    set) by endpoint and status: plain ASGI, so no task and no stream per request (Starlette's
+    `@app.middleware("http")` adds both, and re-streams every response body)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # an exception no handler turned into a response
+
+        async def send_counted(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            metrics = getattr(scope["app"].state, "gateway_metrics", None)
+            if metrics is not None:
+                metrics.observe(scope["path"], status)

@@ -34,7 +34,7 @@ from router.cluster.metrics_hub import (
     get_metrics_hub,
 )
 from router.gateway.engine_client import EngineClient, RetryConfig
-from router.gateway.metrics import GatewayMetrics
+from router.gateway.metrics import CountRequests, GatewayMetrics
 from router.gateway.prefixes import PrefixService
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.engine_replica import EngineReplicaBody
@@ -133,12 +133,8 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     app = FastAPI(title="kvroute", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     install_error_handlers(app)
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        response = await call_next(request)
-        metrics.observe(request.url.path, response.status_code)
-        return response
+    app.state.gateway_metrics = metrics
+    app.add_middleware(CountRequests)
 
     async def generate(request: Request,
                        endpoint: Callable[[Request, str], Awaitable[Response]]) -> Response:

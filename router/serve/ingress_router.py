@@ -19,6 +19,7 @@ that replica's own API answers the client with the right 4xx.
 Serve's ingress wraps.)
 """
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from router.serve.request_router import gateway_process_id
 from worker.openai.engine_params import max_new_tokens
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
+from worker.openai.schema import DEFAULT_MAX_TOKENS, ChatCompletionRequest, parse_body
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -74,21 +75,35 @@ class RouteCalls:
     def of(self, body: bytes, authorization: str | None) -> RouteCall | None:
         try:
             tenant = self.auth.tenant_of(authorization)
-            if b'"messages"' in body:
-                parsed = parse_body(body, ChatCompletionRequest)
+            data = json.loads(body)
+            if not isinstance(data, dict):
+                return None
+            if "messages" in data:
+                chat = parse_body(body, ChatCompletionRequest)
                 token_ids = self.prompts.encode_chat(
-                    [{"role": m.role, "content": m.text()} for m in parsed.messages])
+                    [{"role": m.role, "content": m.text()} for m in chat.messages])
+                max_tokens = max_new_tokens(chat)
             else:
-                parsed = parse_body(body, CompletionRequest)
-                prompt = parsed.prompt
-                token_ids = (self.prompts.encode_text(prompt) if isinstance(prompt, str)
-                             else list(prompt))
-        except (APIError, PromptError):
+                # The prompt and max_tokens only, read as the schema reads them (no full
+                # validation: the replica validates the body and answers a bad one).
+                prompt, max_tokens = data.get("prompt"), data.get("max_tokens")
+                if isinstance(prompt, str) and prompt:
+                    token_ids = self.prompts.encode_text(prompt)
+                elif isinstance(prompt, list) and prompt and all(
+                        type(t) is int for t in prompt):
+                    token_ids = prompt
+                else:
+                    return None
+                if max_tokens is None:
+                    max_tokens = DEFAULT_MAX_TOKENS
+                elif type(max_tokens) is not int or max_tokens < 1:
+                    return None
+        except (APIError, PromptError, ValueError):
             return None  # the replica's API answers the client with the 4xx
         if not token_ids:
             return None
         return RouteCall(uuid.uuid4().hex, token_ids,
-                         self.prompts.block_hashes(token_ids, tenant), max_new_tokens(parsed))
+                         self.prompts.block_hashes(token_ids, tenant), max_tokens)
 
 
 router_app = FastAPI(title="kvroute ingress request router", docs_url=None, redoc_url=None,

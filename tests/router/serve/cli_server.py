@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from router.cli import APP_NAME
 from tests.router.serve.serve_helpers import Server, free_port, wait_until
 
 KVROUTE = str(Path(sys.executable).with_name("kvroute"))
@@ -22,23 +23,36 @@ KVROUTE = str(Path(sys.executable).with_name("kvroute"))
 
 @dataclass
 class CLIServer(Server):
-    pid: int = 0  # the CLI's; its local Ray instance runs in its session
+    pid: int = 0  # the CLI's
 
-    def kill_replica(self, replica_id: str) -> int:
-        """SIGKILLs the process of engine replica `replica_id` (a crash, as Ray sees it)."""
+    def kill_an_engine_replica(self) -> int:
+        """SIGKILLs one engine replica process of this server (a crash, as Ray sees it):
+        a process titled as an EngineReplica whose ancestors include the CLI (its local
+        Ray instance's raylet starts the workers). Returns its pid."""
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
-                if os.getsid(int(entry)) != self.pid:
-                    continue
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except (OSError, ProcessLookupError):
+            except OSError:
                 continue
-            if f"EngineReplica#{replica_id}".encode() in cmdline:
+            if f"{APP_NAME}:EngineReplica".encode() in cmdline and self._descends(int(entry)):
                 os.kill(int(entry), signal.SIGKILL)
                 return int(entry)
-        raise LookupError(f"no process of replica {replica_id} in session {self.pid}")
+        raise LookupError(f"no engine replica process under pid {self.pid}")
+
+    def _descends(self, pid: int) -> bool:
+        for _ in range(8):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                return False
+            pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent pid
+            if pid == self.pid:
+                return True
+            if pid <= 1:
+                return False
+        return False
 
 
 def _ready(base_url: str, num_replicas: int) -> bool:

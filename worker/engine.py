@@ -34,6 +34,7 @@ from worker.engine_core import EngineCore
 from worker.executor import Executor
 from worker.metrics import EngineMetrics
 from worker.request import Request
+from worker.request_output import RequestOutput
 from worker.scheduler import SchedulerConfig
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ class Engine:
             EventLog(config.replica_id))
         self.metrics = EngineMetrics(self.model_name, config.replica_id)
         self.registry = self.metrics.registry
-        self._queues: dict[str, asyncio.Queue[TokenDelta]] = {}
+        # each request's undelivered output, merged until its consumer takes it
+        self._outputs: dict[str, RequestOutput] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._pins: dict[str, tuple[str, list[bytes], asyncio.Future[int]]] = {}
         self._wake = asyncio.Event()
@@ -97,7 +99,7 @@ class Engine:
     def abort(self, request_id: str) -> None:
         req = self.core.finish(request_id, "abort")
         if req is not None:
-            self._emit(req, [], "", "abort")
+            self._emit(req, None, "", "abort")
 
     async def pin_prefix(self, name: str, token_ids: list[int], cache_salt: str = "",
                          adapter: str = "") -> int:
@@ -169,7 +171,7 @@ class Engine:
         req = Request(request.request_id, request.prompt_token_ids, request.sampling,
                       self.config.block_size, root, request.block_hashes)
         self.core.add(req)
-        self._queues[req.request_id] = asyncio.Queue()
+        self._outputs[req.request_id] = RequestOutput(req.request_id)
         self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer,
                                                              request.sampling.stop)
         self.metrics.series(self.metrics.prompt_tokens).inc(req.num_prompt_tokens)
@@ -202,10 +204,10 @@ class Engine:
         return self._roots[key]
 
     async def _drain(self, request_id: str) -> AsyncIterator[TokenDelta]:
-        queue = self._queues[request_id]
+        output = self._outputs[request_id]
         try:
             while True:
-                delta = await queue.get()
+                delta = await output.take()  # all the steps since the last take, merged
                 yield delta
                 if delta.finish_reason is not None:
                     return
@@ -215,7 +217,7 @@ class Engine:
             self._forget(request_id)
 
     def _forget(self, request_id: str) -> None:
-        self._queues.pop(request_id, None)
+        self._outputs.pop(request_id, None)
         self._detok.pop(request_id, None)
         self.executor.release(request_id)
 
@@ -251,8 +253,12 @@ class Engine:
                     self._on_failed(req, f"engine step failed: {exc}")
                 continue
             self._num_failed_steps = 0
+            num_tokens = 0
             for req in self.core.update(plan.step, sampled):
                 self._on_token(req)
+                num_tokens += 1
+            # once per step, not per token
+            self.metrics.series(self.metrics.generation_tokens).inc(num_tokens)
             self._update_metrics()
         self._idle.set()
 
@@ -261,17 +267,17 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = now
             self.metrics.series(self.metrics.ttft).observe(now - req.arrival_time)
-        self.metrics.series(self.metrics.generation_tokens).inc()
         detok = self._detok.get(req.request_id)
         text, hit_stop = "", False
         if detok is not None:
             text, hit_stop = detok.step(req.output_token_ids, req.is_finished)
         if hit_stop and not req.is_finished:
             self.core.finish(req.request_id, "stop")
-        self._emit(req, [req.token_ids[-1]], text, req.finish_reason)
+        self._emit(req, req.token_ids[-1], text, req.finish_reason)
 
-    def _emit(self, req: Request, token_ids: list[int], text: str,
+    def _emit(self, req: Request, token_id: int | None, text: str,
               finish_reason: str | None) -> None:
+        """Hands the request's new token (None: no token, e.g. an abort) to its output."""
         usage = None
         if finish_reason is not None:
             usage = Usage(req.num_prompt_tokens, req.num_output_tokens,
@@ -283,9 +289,9 @@ class Engine:
                 self.metrics.series(self.metrics.tpot).observe(
                     (now - req.first_token_time) / (req.num_output_tokens - 1))
             self._finish_pin(req)
-        queue = self._queues.get(req.request_id)
-        if queue is not None:
-            queue.put_nowait(TokenDelta(req.request_id, token_ids, text, finish_reason, usage))
+        output = self._outputs.get(req.request_id)
+        if output is not None and not output.finished:
+            output.put(token_id, text, finish_reason, usage)
 
     def _finish_pin(self, req: Request) -> None:
         pin = self._pins.pop(req.request_id, None)
@@ -305,10 +311,10 @@ class Engine:
     def _on_failed(self, req: Request, message: str) -> None:
         """Tells the client of a request the core finished with "error"."""
         self._finish_pin(req)
-        queue = self._queues.get(req.request_id)
-        if queue is not None:
+        output = self._outputs.get(req.request_id)
+        if output is not None and not output.finished:
             usage = Usage(req.num_prompt_tokens, req.num_output_tokens, 0, 0)
-            queue.put_nowait(TokenDelta(req.request_id, [], "", "error", usage, message))
+            output.put(None, "", "error", usage, message)
 
     def _update_metrics(self) -> None:
         s = self.core.scheduler

@@ -34,14 +34,16 @@ class RequestOutput:
         """True once the last output (with its finish reason) was put."""
         return self._finish_reason is not None
 
-    def put(self, token_ids: list[int], text: str, finish_reason: str | None = None,
+    def put(self, token_id: int | None, text: str, finish_reason: str | None = None,
             usage: Usage | None = None, error: str | None = None) -> None:
-        """Appends a step's output; the one with `finish_reason` is the last (later puts
-        raise: the request is over)."""
+        """Appends a step's output: its token (None: none, e.g. an abort) and the text it
+        completed; the one with `finish_reason` is the last (later puts raise: the request
+        is over)."""
         if self._finish_reason is not None:
             raise RuntimeError(f"request {self.request_id} already finished "
                                f"({self._finish_reason}); nothing may follow")
-        self._token_ids.extend(token_ids)
+        if token_id is not None:
+            self._token_ids.append(token_id)
         if text:
             self._texts.append(text)
         if finish_reason is not None:

@@ -222,8 +222,10 @@ class Gateway:
                     yield sse(APIError(500, f"the engine failed: {delta.error}",
                                        type_="server_error", code="engine_error").body())
                     return
-                if delta.text or delta.finish_reason is not None or is_first:
+                if delta.finish_reason is not None or is_first:
                     yield sse(shape.chunk(delta.text, delta.finish_reason, first=is_first))
+                elif delta.text:
+                    yield shape.text_event(delta.text)  # the per-delta path: bytes only
                 is_first = False
                 if delta.finish_reason is not None:
                     usage = delta.usage

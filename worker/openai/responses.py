@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any, Literal
 
 from worker.api import Usage
@@ -46,6 +47,22 @@ class ResponseShape:
     response_id: str
     model: str
     created: int
+    # The SSE bytes of a middle chunk around its text (see `text_event`), built once
+    _text_event_parts: tuple[bytes, bytes] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        placeholder = "\x00text\x00"
+        encoded = sse(self.chunk(placeholder))
+        prefix, _, suffix = encoded.partition(encode_basestring_ascii(placeholder).encode())
+        object.__setattr__(self, "_text_event_parts", (prefix, suffix))
+
+    def text_event(self, text: str) -> bytes:
+        """`sse(self.chunk(text))` for a chunk that is neither the first nor the last, built
+        from bytes made once per request: per delta, only the text is escaped."""
+        if not text:  # a chat chunk without text has no "content" at all
+            return sse(self.chunk(text))
+        prefix, suffix = self._text_event_parts
+        return prefix + encode_basestring_ascii(text).encode() + suffix
 
     @classmethod
     def new(cls, kind: Kind, response_id: str, model: str) -> ResponseShape:

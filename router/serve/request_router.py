@@ -160,7 +160,6 @@ class KVRouteRequestRouter(RequestRouter):
             self.metrics.add_replica(replica_id)
         for replica_id in old_ids - new_ids:
             self._drop_replica(replica_id, dead=False)
-        self._start()
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
@@ -169,7 +168,11 @@ class KVRouteRequestRouter(RequestRouter):
     # ---- internals ----
 
     def _start(self) -> None:
-        if not self._started:  # on Serve's router loop, at the first hook that runs there
+        """The mirror's polls and the series' pushes start with the first decision: a
+        process whose handle never routes (Serve's fallback proxy in front of the engine
+        replicas with ingress direct, an engine replica's handle to its own deployment)
+        costs the index actor and its own CPU nothing."""
+        if not self._started:  # on Serve's router loop
             self._started = True
             self.mirror.start()
             self._pusher.start()

@@ -21,12 +21,25 @@ MIRROR=${MIRROR:-http://deb.debian.org/debian}
 HOST_CA_BUNDLE=${HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 WHEELS=${WHEELS:-$(python3 -m pip config get global.find-links 2>/dev/null || echo /opt/wheels)}
 
+# What podman needs on this kind of machine (a VM with a hybrid cgroup v1/v2 layout and no
+# CAP_SYS_RESOURCE), found by trying: runc, since crun 1.8 refuses the hybrid layout ("cgroups
+# in hybrid mode not supported"); and ulimits the container may keep, since podman's defaults
+# (nofile 1048576) exceed the hard limits and setrlimit fails ("Operation not permitted").
+# 32768 processes is the most podman's runtime could set here.
+PODMAN_RUNTIME=${PODMAN_RUNTIME:-runc}
+NOFILE=$(ulimit -Hn)
+NPROC=$(ulimit -Hu)
+[[ $NPROC == unlimited || $NPROC -gt 32768 ]] && NPROC=32768
+PODMAN_OPTS=(--runtime "$PODMAN_RUNTIME" --ulimit "nofile=$NOFILE:$NOFILE"
+             --ulimit "nproc=$NPROC:$NPROC")
+
 log() { printf '[build-local] %s\n' "$*" >&2; }
 
 ensure_tools() {
   local missing=()
   command -v debootstrap >/dev/null || missing+=(debootstrap)
   command -v podman >/dev/null || missing+=(podman)
+  command -v "$PODMAN_RUNTIME" >/dev/null || missing+=("$PODMAN_RUNTIME")
   if ((${#missing[@]})); then
     log "installing ${missing[*]} from Debian's packages"
     apt-get update -q && apt-get install -y -q "${missing[@]}"
@@ -84,7 +97,7 @@ build_image() {
   # does, and the host's CA bundle (which trusts this network's TLS-inspecting egress proxy)
   # is mounted for pip and uv (a bind mount: it stays out of the image). TORCH_CPU_INDEX is
   # empty: the CPU torch wheel comes from the wheel folder.
-  podman build --network host -f docker/Dockerfile -t "$IMAGE" \
+  podman build "${PODMAN_OPTS[@]}" --network host -f docker/Dockerfile -t "$IMAGE" \
     --build-arg VARIANT=cpu --build-arg BASE_IMAGE="$BASE_IMAGE" \
     --build-arg TORCH_CPU_INDEX= --build-context wheels="$WHEELS" \
     -v "$HOST_CA_BUNDLE:/run/host-ca.crt:ro" --build-arg CA_BUNDLE=/run/host-ca.crt .
@@ -97,14 +110,14 @@ free_port() {
 }
 
 smoke() {
-  log "login shell (as KubeRay runs pods): $(podman run --rm --entrypoint /bin/bash "$IMAGE" \
+  log "login shell (as KubeRay runs pods): $(podman run "${PODMAN_OPTS[@]}" --rm --entrypoint /bin/bash "$IMAGE" \
     -lc 'echo "$(id -un) uid $(id -u) in $PWD: $(command -v ray) $(ray --version)"')"
   local port name deadline reply
   port=$(free_port)
   name=kvroute-smoke-$$
   log "kvroute serve --engine sim in $name on 127.0.0.1:$port (host network)"
   # Ray keeps its object store in /dev/shm: give it more than podman's 64 MiB default.
-  podman run -d --rm --name "$name" --network host --shm-size 1g "$IMAGE" \
+  podman run "${PODMAN_OPTS[@]}" -d --rm --name "$name" --network host --shm-size 1g "$IMAGE" \
     serve --model tiny --engine sim --sim-preset tiny --replicas 1 --num-cpus 2 \
     --host 127.0.0.1 --port "$port" >/dev/null
   trap "podman stop -t 30 $name >/dev/null 2>&1 || true" EXIT

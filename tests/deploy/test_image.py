@@ -10,6 +10,7 @@ import yaml
 from .helm_chart import CHART, REPO, VALUE_SETS, engine_group, head_template, render
 
 DOCKERFILE = REPO / "docker" / "Dockerfile"
+LOCKS = {variant: REPO / "docker" / f"requirements-{variant}.lock" for variant in ("cpu", "cuda")}
 
 
 def instructions(dockerfile: str) -> list[tuple[str, str]]:
@@ -49,7 +50,9 @@ def test_instructions_parse_continuations():
 
 def test_the_image_copies_every_package_and_what_the_install_reads():
     assert {"kv", "router"} <= packages()
-    assert copied_sources() == packages() | {"pyproject.toml", "constraints.txt", "README.md"}
+    assert copied_sources() == packages() | {
+        "pyproject.toml", "README.md", "docker/requirements-cpu.lock",
+        "docker/requirements-cuda.lock"}
 
 
 def test_the_build_context_keeps_what_the_image_copies():
@@ -64,6 +67,44 @@ def test_the_image_runs_kvroute_as_a_non_root_user():
     assert ("ENTRYPOINT", '["/usr/bin/tini", "--", "kvroute"]') in steps
     users = [args for name, args in steps if name == "USER"]
     assert users == ["1000"]
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(lock_text: str) -> dict[str, str]:
+    return {normalized(name): version
+            for name, version in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", lock_text, re.M)}
+
+
+def requirement_names(block: str) -> set[str]:
+    """Distribution names in a pyproject requirement list (`"ray[serve]==2.60.0", ...`)."""
+    return {normalized(re.match(r"[A-Za-z0-9_.-]+", req).group())
+            for req in re.findall(r'"([^"]+)"', block)}
+
+
+def pyproject_list(key: str) -> str:
+    """The inside of `key = [...]`, written on one line or one item a line."""
+    text = (REPO / "pyproject.toml").read_text()
+    (block,) = (re.findall(rf"^{key} = \[\n(.*?)^\]", text, re.M | re.S)
+                or re.findall(rf"^{key} = \[(.*)\]$", text, re.M))
+    return block
+
+
+@pytest.mark.parametrize("variant", sorted(LOCKS))
+def test_the_lock_pins_every_dependency_and_the_constraints(variant):
+    """docker/lock.sh's output is in step with pyproject.toml and constraints.txt."""
+    locked = pins(LOCKS[variant].read_text())
+    needed = requirement_names(pyproject_list("dependencies"))
+    if variant == "cuda":
+        needed |= requirement_names(pyproject_list("gpu"))
+    assert needed >= {"torch", "ray", "xxhash"}
+    missing = sorted(needed - locked.keys())
+    assert not missing, f"rerun docker/lock.sh: {LOCKS[variant].name} misses {missing}"
+    for name, version in pins((REPO / "constraints.txt").read_text()).items():
+        expected = version if variant == "cpu" else version.removesuffix("+cpu")
+        assert locked[name] == expected, f"rerun docker/lock.sh: {name} in {variant}"
 
 
 def test_the_chart_default_tag_is_the_built_tag():

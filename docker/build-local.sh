@@ -1,39 +1,25 @@
 #!/usr/bin/env bash
-# Build the CPU image with podman on a machine that reaches Debian's packages and PyPI but no
-# image registry, then smoke-test it. Steps (each skipped when its result already exists):
-#   1. a Debian bookworm base image made from Debian's packages (debootstrap | podman import),
-#      since no registry can hand us debian:bookworm-slim;
-#   2. `podman build` of docker/Dockerfile (VARIANT=cpu) on that base, with the local wheel
-#      folder (the CPU torch wheel) as the build context `wheels`;
-#   3. the smoke test: `kvroute serve --engine sim` in the container answers one completion,
-#      and a login shell (how KubeRay starts pods) finds `ray` on PATH.
+# Build kvroute's image with podman on a machine that reaches Debian's packages and PyPI but
+# no image registry, then smoke-test it. Steps (the base is made once):
+#   1. base: a Debian bookworm image made from Debian's packages (debootstrap | podman
+#      import), since no registry can hand us debian:bookworm-slim;
+#   2. build: `podman build` of docker/Dockerfile on that base, with the local wheel folder
+#      (the CPU torch wheel) as the build context `wheels`;
+#   3. smoke: `kvroute serve --engine sim` in the container answers one completion, and a
+#      login shell (how KubeRay starts pods) finds `ray` on PATH.
+# docker/smoke-rayservice.sh then runs the image the way a KubeRay RayService head does.
 # Usage: docker/build-local.sh [base|build|smoke|all]     (default: all; run as root)
-# Env: WHEELS (default: pip's global.find-links, else /opt/wheels), IMAGE (the tag to build),
-#      BASE_IMAGE, MIRROR (Debian mirror), HOST_CA_BUNDLE (TLS trust for pip and uv in the
-#      build), REBUILD_BASE=1 to remake the base image.
+# Env: VARIANT (cpu, the default, or cuda), IMAGE (the tag), WHEELS (default: pip's
+#      global.find-links, else /opt/wheels), BASE_IMAGE, MIRROR (Debian mirror),
+#      HOST_CA_BUNDLE (TLS trust for pip and uv in the build), REBUILD_BASE=1 (remake the base).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
-IMAGE=${IMAGE:-localhost/kvroute:${VERSION}-cpu}
+source docker/podman-env.sh
 BASE_IMAGE=${BASE_IMAGE:-localhost/debian-debootstrap:bookworm}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 HOST_CA_BUNDLE=${HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 WHEELS=${WHEELS:-$(python3 -m pip config get global.find-links 2>/dev/null || echo /opt/wheels)}
-
-# What podman needs on this kind of machine (a VM with a hybrid cgroup v1/v2 layout and no
-# CAP_SYS_RESOURCE), found by trying: runc, since crun 1.8 refuses the hybrid layout ("cgroups
-# in hybrid mode not supported"); and ulimits the container may keep, since podman's defaults
-# (nofile 1048576) exceed the hard limits and setrlimit fails ("Operation not permitted").
-# 32768 processes is the most podman's runtime could set here.
-PODMAN_RUNTIME=${PODMAN_RUNTIME:-runc}
-NOFILE=$(ulimit -Hn)
-NPROC=$(ulimit -Hu)
-[[ $NPROC == unlimited || $NPROC -gt 32768 ]] && NPROC=32768
-PODMAN_OPTS=(--runtime "$PODMAN_RUNTIME" --ulimit "nofile=$NOFILE:$NOFILE"
-             --ulimit "nproc=$NPROC:$NPROC")
-
-log() { printf '[build-local] %s\n' "$*" >&2; }
 
 ensure_tools() {
   local missing=()
@@ -91,22 +77,18 @@ EOF
 
 build_image() {
   [[ -d $WHEELS ]] || { log "wheel folder $WHEELS not found (set WHEELS)"; return 1; }
-  log "podman build $IMAGE (VARIANT=cpu, wheels from $WHEELS)"
+  log "podman build $IMAGE (VARIANT=$VARIANT, wheels from $WHEELS)"
   local start=$SECONDS
   # --network host: the build's RUN steps reach Debian's packages and PyPI the way the host
   # does, and the host's CA bundle (which trusts this network's TLS-inspecting egress proxy)
   # is mounted for pip and uv (a bind mount: it stays out of the image). TORCH_CPU_INDEX is
   # empty: the CPU torch wheel comes from the wheel folder.
   podman build "${PODMAN_OPTS[@]}" --network host -f docker/Dockerfile -t "$IMAGE" \
-    --build-arg VARIANT=cpu --build-arg BASE_IMAGE="$BASE_IMAGE" \
+    --build-arg VARIANT="$VARIANT" --build-arg BASE_IMAGE="$BASE_IMAGE" \
     --build-arg TORCH_CPU_INDEX= --build-context wheels="$WHEELS" \
     -v "$HOST_CA_BUNDLE:/run/host-ca.crt:ro" --build-arg CA_BUNDLE=/run/host-ca.crt .
   log "built $IMAGE in $((SECONDS - start)) s; size: $(podman image inspect "$IMAGE" \
     --format '{{.Size}}' | awk '{printf "%.0f MB", $1 / 1e6}')"
-}
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 smoke() {

@@ -112,7 +112,7 @@ smoke() {
     fi
     sleep 2
   done
-  log "ready; POST /v1/completions"
+  log "ready after $((SECONDS - deadline + 300)) s; POST /v1/completions"
   reply=$(curl -sS --fail-with-body "http://127.0.0.1:$port/v1/completions" \
     -H 'Content-Type: application/json' \
     -d '{"model": "tiny", "prompt": "Hello from the container", "max_tokens": 8}')

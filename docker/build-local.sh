@@ -71,7 +71,8 @@ EOF
     "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
   log "importing the rootfs as $BASE_IMAGE"
   tar -C "$rootfs" -c . | podman import \
-    --change 'CMD ["/bin/bash"]' --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'CMD ["/bin/bash"]' \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     - "$BASE_IMAGE" >/dev/null
 )
 
@@ -92,20 +93,24 @@ build_image() {
 }
 
 smoke() {
-  log "login shell (as KubeRay runs pods): $(podman run "${PODMAN_OPTS[@]}" --rm --entrypoint /bin/bash "$IMAGE" \
-    -lc 'echo "$(id -un) uid $(id -u) in $PWD: $(command -v ray) $(ray --version)"')"
+  local shell_check
+  shell_check=$(podman run "${PODMAN_OPTS[@]}" --rm --entrypoint /bin/bash "$IMAGE" \
+    -lc 'echo "$(id -un) uid $(id -u) in $PWD: $(command -v ray) $(ray --version)"')
+  log "login shell (as KubeRay runs pods): $shell_check"
   local port name deadline reply
   port=$(free_port)
   name=kvroute-smoke-$$
   log "kvroute serve --executor sim in $name on 127.0.0.1:$port (host network)"
   # Ray keeps its object store in /dev/shm: give it more than podman's 64 MiB default.
-  podman run "${PODMAN_OPTS[@]}" -d --rm --name "$name" --network host --shm-size 1g "$IMAGE" \
+  # No --rm: a container that exits early keeps its log for the message below.
+  podman run "${PODMAN_OPTS[@]}" -d --name "$name" --network host --shm-size 1g "$IMAGE" \
     serve --model tiny --executor sim --sim-preset tiny --replicas 1 --num-cpus 2 \
     --host 127.0.0.1 --port "$port" >/dev/null
-  trap "podman stop -t 30 $name >/dev/null 2>&1 || true" EXIT
+  trap "podman rm -f -t 30 $name >/dev/null 2>&1 || true" EXIT
   deadline=$((SECONDS + 300))
   until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
-    if ! podman container exists "$name" || ((SECONDS > deadline)); then
+    if [[ $(podman inspect -f '{{.State.Running}}' "$name") != true ]] \
+      || ((SECONDS > deadline)); then
       log "not ready after $((SECONDS - deadline + 300)) s; container log:"
       podman logs "$name" 2>&1 | tail -40 >&2 || true
       return 1
@@ -127,6 +132,7 @@ assert body["choices"][0]["finish_reason"] == "length", body
 print("smoke test passed: 8 tokens from", body["model"], file=sys.stderr)
 EOF
   podman stop -t 30 "$name" >/dev/null
+  podman rm "$name" >/dev/null
   trap - EXIT
 }
 

@@ -19,5 +19,6 @@ PODMAN_OPTS=(--runtime "$PODMAN_RUNTIME" --ulimit "nofile=$NOFILE:$NOFILE"
 log() { printf '[%s] %s\n' "$(basename "$0" .sh)" "$*" >&2; }
 
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])'
 }

@@ -5,7 +5,7 @@
 #      import), since no registry can hand us debian:bookworm-slim;
 #   2. build: `podman build` of docker/Dockerfile on that base, with the local wheel folder
 #      (the CPU torch wheel) as the build context `wheels`;
-#   3. smoke: `kvroute serve --executor sim` in the container answers one completion, and a
+#   3. smoke: `kvroute serve --engine sim` in the container answers one completion, and a
 #      login shell (how KubeRay starts pods) finds `ray` on PATH.
 # docker/smoke-rayservice.sh then runs the image the way a KubeRay RayService head does.
 # Usage: docker/build-local.sh [base|build|smoke|all]     (default: all; run as root)
@@ -100,11 +100,11 @@ smoke() {
   local port name deadline reply
   port=$(free_port)
   name=kvroute-smoke-$$
-  log "kvroute serve --executor sim in $name on 127.0.0.1:$port (host network)"
+  log "kvroute serve --engine sim in $name on 127.0.0.1:$port (host network)"
   # Ray keeps its object store in /dev/shm: give it more than podman's 64 MiB default.
   # No --rm: a container that exits early keeps its log for the message below.
   podman run "${PODMAN_OPTS[@]}" -d --name "$name" --network host --shm-size 1g "$IMAGE" \
-    serve --model tiny --executor sim --sim-preset tiny --replicas 1 --num-cpus 2 \
+    serve --model tiny --engine sim --sim-preset tiny --replicas 1 --num-cpus 2 \
     --host 127.0.0.1 --port "$port" >/dev/null
   trap "podman rm -f -t 30 $name >/dev/null 2>&1 || true" EXIT
   deadline=$((SECONDS + 300))

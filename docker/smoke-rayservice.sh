@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the image the way a KubeRay RayService runs its head, without Kubernetes:
 #   - the chart rendered with simulated engines (`helm template`); its head container's image
-#     must be the image under test (the chart's default tag for engine.executor sim);
+#     must be the image under test (the chart's default tag for engine.engine sim);
 #   - the head's rayStartParams turned into KubeRay's command, under KubeRay's entrypoint
 #     override `/bin/bash -lc -- "ulimit -n 65536; ray start --head ... --block"`;
 #   - KubeRay's readiness probe (wget | grep success on the raylet and GCS health endpoints);
@@ -22,8 +22,8 @@ cleanup() { podman rm -f -t 10 "$name" >/dev/null 2>&1 || true; rm -rf "$work"; 
 trap cleanup EXIT
 chmod 0777 "$work"  # the image's uid 1000 writes the extracted config here
 
-log "helm template: engine.executor=sim, 1 engine replica"
-"$HELM" template smoke helm/kvroute --set engine.executor=sim --set engine.replicas=1 \
+log "helm template: engine.engine=sim, 1 engine replica"
+"$HELM" template smoke helm/kvroute --set engine.engine=sim --set engine.replicas=1 \
   >"$work/manifests.yaml"
 # The image's own Python (it has PyYAML, as Ray needs it) reads the RayService.
 podman run "${PODMAN_OPTS[@]}" --rm -v "$work:/work" --entrypoint python "$IMAGE" -c '

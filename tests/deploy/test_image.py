@@ -125,5 +125,5 @@ def images(docs: list[dict]) -> set[str]:
     ("sim-minimal", ("image.repository=registry.example/llm/kvroute", "image.tag=abc123"),
      "registry.example/llm/kvroute:abc123"),
 ])
-def test_chart_image_follows_the_executor(helm_bin, value_set, set_values, image):
+def test_chart_image_follows_the_engine(helm_bin, value_set, set_values, image):
     assert images(render(helm_bin, VALUE_SETS[value_set], set_values)) == {image}

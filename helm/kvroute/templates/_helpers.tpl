@@ -38,10 +38,10 @@ app.kubernetes.io/component: gateway
 
 {{/*
 The image. Without `image.tag`: the chart's appVersion and the variant docker/Dockerfile
-builds for the engine executor, `cuda` for `real` (GPU engines), `cpu` for `sim`.
+builds for `engine.engine`, `cuda` for `real` (GPU engines), `cpu` for `sim`.
 */}}
 {{- define "kvroute.image" -}}
-{{- $variant := ternary "cuda" "cpu" (eq .Values.engine.executor "real") }}
+{{- $variant := ternary "cuda" "cpu" (eq .Values.engine.engine "real") }}
 {{- $tag := .Values.image.tag | default (printf "%s-%s" .Chart.AppVersion $variant) }}
 {{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}

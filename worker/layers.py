@@ -72,8 +72,8 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def vocab_per_rank(vocab_size: int, tp_size: int) -> int:
-    return -(-vocab_size // tp_size)
+def vocab_per_rank(vocab_size: int, tp: int) -> int:
+    return -(-vocab_size // tp)
 
 
 class VocabParallelEmbedding(nn.Module):

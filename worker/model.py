@@ -64,7 +64,7 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config: ModelConfig, comm: Communicator, dtype: torch.dtype, device) -> None:
         super().__init__()
-        config.check_tp_size(comm.world_size)
+        config.check_tp(comm.world_size)
         self.config = config
         self.comm = comm
         self.dtype = dtype

@@ -105,7 +105,7 @@ def step_time_s(preset: SimPreset, step: StepInput, block_size: int = 16) -> flo
 class SimExecutor:
     """Executor with modelled step times (see worker/executor.py for the contract)."""
 
-    def __init__(self, preset: str | SimPreset = "h100-llama3-8b", vocab_size: int = 32000,
+    def __init__(self, preset: str | SimPreset = "h100-llama3-8b", *, vocab_size: int = 32000,
                  eos_token_ids: tuple[int, ...] = (), realtime: bool = True,
                  first_token_id: int = 0, block_size: int = 16):
         self.preset = get_preset(preset) if isinstance(preset, str) else preset

@@ -44,7 +44,7 @@ class IndexMirror:
     """Feeds `router` from the index actor. `lock` guards the router (shared with the
     routing path, which may run on another thread)."""
 
-    def __init__(self, router: Router, router_id: str, lock: threading.Lock,
+    def __init__(self, router: Router, router_id: str, lock: threading.Lock, *,
                  config: MirrorConfig | None = None, index: Any = None):
         self.router = router
         self.router_id = router_id

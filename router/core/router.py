@@ -164,6 +164,14 @@ class Router:
         for request_id in [r for r, (rep, _) in self._held.items() if rep == replica_id]:
             del self._held[request_id]  # its marks went with the replica
 
+    def drop_index(self, replica_id: str) -> None:
+        """Forgets what events said the replica holds, and its pending marks, but keeps its
+        routed history and load: its events stopped (route it on history meanwhile, see
+        `set_replica_approximate`)."""
+        self.index.remove_replica(replica_id)
+        for request_id in [r for r, (rep, _) in self._held.items() if rep == replica_id]:
+            del self._held[request_id]
+
     def set_fallback(self, active: bool) -> None:
         """While active, decide in approximate mode (the index is unreachable or stale).
 

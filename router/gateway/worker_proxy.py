@@ -1,0 +1,155 @@
+"""Forwards one OpenAI request to an external worker over HTTP and relays its answer as is.
+
+The body goes out unchanged (or with the tenant's `cache_salt`) and the worker's bytes come
+back unchanged: SSE events, usage and `cached_tokens` included. One keep-alive connection
+pool serves every worker. The caller picks the worker (`pick`) and hears back once per pick
+(`release`), with the error when the worker failed:
+
+- the worker fails before anything reached the client (it cannot be reached, drops the
+  connection, or answers 502/503/504): the request goes to another worker, up to
+  `max_attempts` workers;
+- it fails after the first bytes were relayed: the client gets an error event (OpenAI's
+  error body as an SSE `data:` line) and the stream ends; nothing is replayed.
+
+Any other answer of the worker (a 400 for bad input, a 404 for an unknown model) is the
+client's answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import httpx
+from fastapi.responses import Response, StreamingResponse
+
+from router.cluster.worker_spec import WorkerSpec
+from router.gateway.openai_schema import APIError
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({502, 503, 504})  # the worker is closing, overloaded or lost
+Pick = Callable[[frozenset[str]], WorkerSpec]  # workers tried so far -> the next one
+Release = Callable[[str, "str | None"], None]  # worker id, error (None: it answered)
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    max_attempts: int = 3  # workers tried before the client gets a 503
+    connect_timeout_s: float = 5.0
+    # Between two reads from the worker; a prompt waiting in a long queue waits this long
+    # for its first byte.
+    read_timeout_s: float = 600.0
+    max_connections: int = 1024  # to all workers together
+
+    def __post_init__(self):
+        if self.max_attempts < 1:
+            raise ValueError(f"ProxyConfig: max_attempts must be >= 1, got {self.max_attempts}")
+        for name in ("connect_timeout_s", "read_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ProxyConfig: {name} must be > 0, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ValueError("ProxyConfig: max_connections must be >= 1")
+
+
+class WorkerFailed(Exception):
+    """The worker failed before anything was relayed (the request may go elsewhere)."""
+
+
+def worker_lost_event(worker_id: str, error: str) -> bytes:
+    body = APIError(502, f"worker {worker_id} failed mid-response: {error}",
+                    type_="server_error", code="worker_lost").body()
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+class WorkerProxy:
+    def __init__(self, config: ProxyConfig | None = None):
+        self.config = config = config or ProxyConfig()
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(config.connect_timeout_s, read=config.read_timeout_s,
+                                  pool=None),
+            limits=httpx.Limits(max_connections=config.max_connections,
+                                max_keepalive_connections=config.max_connections),
+            trust_env=False)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def forward(self, path: str, body: bytes, pick: Pick, release: Release) -> Response:
+        """The worker's answer to POST `path` with `body` (JSON), from the first worker
+        that answers; APIError(503) naming the last failure when none does."""
+        tried: set[str] = set()
+        last_error = "no worker was tried"
+        for _ in range(self.config.max_attempts):
+            worker = pick(frozenset(tried))  # raises APIError(503) when none is left
+            tried.add(worker.worker_id)
+            try:
+                opened = await self._open(worker, path, body)
+            except WorkerFailed as err:
+                last_error = str(err)
+                log.warning("request to %s failed before any reply: %s", worker.url, err)
+                release(worker.worker_id, last_error)
+                continue
+            except BaseException:
+                release(worker.worker_id, None)
+                raise
+            if isinstance(opened, Response):
+                release(worker.worker_id, None)
+                return opened
+            response, chunks, first = opened
+            return StreamingResponse(self._relay(worker, response, chunks, first, release),
+                                     status_code=response.status_code,
+                                     headers={"content-type": response.headers["content-type"]})
+        raise APIError(503, f"no worker could serve the request after {len(tried)} "
+                            f"attempt(s): {last_error}", type_="service_unavailable_error",
+                       code="worker_unavailable")
+
+    async def _open(self, worker: WorkerSpec, path: str, body: bytes
+                    ) -> Response | tuple[httpx.Response, AsyncIterator[bytes], bytes]:
+        """Sends the request. An event stream comes back open with its first chunk read,
+        anything else read whole: nothing has reached the client yet, so a failure here
+        may be retried elsewhere."""
+        request = self._client.build_request(
+            "POST", worker.url + path, content=body,
+            headers={"content-type": "application/json", "accept-encoding": "identity"})
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as err:
+            raise WorkerFailed(f"{type(err).__name__}: {err}") from None
+        streaming = False
+        try:
+            if response.status_code in RETRY_STATUSES:
+                text = (await response.aread())[:300].decode(errors="replace")
+                raise WorkerFailed(f"it answered {response.status_code}: {text}")
+            content_type = response.headers.get("content-type", "application/json")
+            if not content_type.startswith("text/event-stream"):
+                return Response(await response.aread(), status_code=response.status_code,
+                                media_type=content_type)
+            chunks = response.aiter_raw()
+            first = await anext(chunks, b"")
+            streaming = True
+            return response, chunks, first
+        except httpx.HTTPError as err:
+            raise WorkerFailed(f"{type(err).__name__}: {err}") from None
+        finally:
+            if not streaming:
+                await response.aclose()
+
+    async def _relay(self, worker: WorkerSpec, response: httpx.Response,
+                     chunks: AsyncIterator[bytes], first: bytes,
+                     release: Release) -> AsyncIterator[bytes]:
+        error: str | None = None
+        try:
+            if first:
+                yield first
+            async for chunk in chunks:
+                yield chunk
+        except httpx.HTTPError as err:
+            error = f"{type(err).__name__}: {err}"
+            log.warning("worker %s failed mid-response: %s", worker.url, error)
+            yield worker_lost_event(worker.worker_id, error)
+        finally:  # also when the client leaves: closing the connection aborts the request
+            release(worker.worker_id, error)
+            await response.aclose()

@@ -1,0 +1,51 @@
+"""The Serve application in front of external workers: gateway replicas only.
+
+`kvroute serve --workers URL,...` (or a Serve config's `workers` arg) deploys `gateways`
+replicas of the worker gateway (router/gateway/worker_gateway.py); the workers run
+elsewhere. `check_workers` is what `kvroute serve` runs before it starts anything: every
+listed worker must answer its health check and serve the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import httpx
+from ray.serve import Application
+
+from router.cluster.worker_probe import check_worker
+from router.cluster.worker_set import WorkerSetConfig
+from router.cluster.worker_spec import WorkerSpec, parse_workers
+from router.core.router import RouterConfig
+from router.gateway.worker_gateway import WorkerGateway, WorkerGatewayConfig
+from router.serve.app import ServeArgs
+
+
+def worker_gateway_config(args: ServeArgs) -> WorkerGatewayConfig:
+    """Raises ValueError (WorkerSpecError) naming a bad worker or setting."""
+    # The model name is the workers' (what they list in /v1/models), taken verbatim.
+    worker_set = WorkerSetConfig(model=args.model, workers=parse_workers(args.workers),
+                                 health_period_s=args.worker_health_period_s)
+    return WorkerGatewayConfig(model=args.model, tokenizer=args.tokenizer or args.model,
+                               router=RouterConfig(**args.router_args()),
+                               worker_set=worker_set, api_keys_file=args.api_keys_file,
+                               admin_key_file=args.admin_key_file)
+
+
+def workers_application(args: ServeArgs) -> Application:
+    return WorkerGateway.options(
+        num_replicas=args.gateways, max_ongoing_requests=1024,
+        ray_actor_options={"num_cpus": 0},
+    ).bind(worker_gateway_config(args))
+
+
+def check_workers(specs: Sequence[WorkerSpec], model: str, timeout_s: float = 5.0
+                  ) -> list[str]:
+    """What is wrong with each unusable worker (one message per worker, naming it)."""
+    async def check_all() -> list[str | None]:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            return await asyncio.gather(*(check_worker(client, s, model, timeout_s)
+                                          for s in specs))
+
+    return [p for p in asyncio.run(check_all()) if p is not None]

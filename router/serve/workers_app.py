@@ -2,8 +2,10 @@
 
 `kvroute serve --workers URL,...` (or a Serve config's `workers` arg) deploys `gateways`
 replicas of the worker gateway (router/gateway/worker_gateway.py); the workers run
-elsewhere. `check_workers` is what `kvroute serve` runs before it starts anything: every
-listed worker must answer its health check and serve the model.
+elsewhere. Each replica serves HTTP itself on the configured host and port (shared by the
+replicas of a node), so Serve's proxy is not used: deploy with `proxy_location` Disabled.
+`check_workers` is what `kvroute serve` runs before it starts anything: every listed worker
+must answer its health check and serve the model.
 """
 
 from __future__ import annotations
@@ -12,14 +14,36 @@ import asyncio
 from collections.abc import Sequence
 
 import httpx
+from ray import serve
 from ray.serve import Application
 
 from router.cluster.worker_probe import check_worker
 from router.cluster.worker_set import WorkerSetConfig
 from router.cluster.worker_spec import WorkerSpec, parse_workers
 from router.core.router import RouterConfig
-from router.gateway.worker_gateway import WorkerGateway, WorkerGatewayConfig
+from router.gateway.http_server import HttpConfig, HttpServer
+from router.gateway.worker_gateway import WorkerGateway, WorkerGatewayConfig, create_app
 from router.serve.app import ServeArgs
+from router.serve.request_router import gateway_process_id
+
+
+@serve.deployment(name="WorkerGateway")
+class WorkerGatewayReplica:
+    """One gateway process: the gateway's handlers behind its own HTTP server."""
+
+    async def __init__(self, config: WorkerGatewayConfig, http: HttpConfig):
+        self.gateway = WorkerGateway(config, gateway_process_id())
+        await self.gateway.start()
+        self.server = HttpServer(create_app(self.gateway), http)
+        await self.server.start()
+
+    def check_health(self) -> None:
+        if not self.server.serving:
+            raise RuntimeError("the gateway's HTTP server stopped")
+
+    async def __del__(self) -> None:
+        await self.server.stop()  # lets accepted requests finish first
+        await self.gateway.aclose()
 
 
 def worker_gateway_config(args: ServeArgs) -> WorkerGatewayConfig:
@@ -34,10 +58,11 @@ def worker_gateway_config(args: ServeArgs) -> WorkerGatewayConfig:
 
 
 def workers_application(args: ServeArgs) -> Application:
-    return WorkerGateway.options(
-        num_replicas=args.gateways, max_ongoing_requests=1024,
-        ray_actor_options={"num_cpus": 0},
-    ).bind(worker_gateway_config(args))
+    http = HttpConfig(host=args.gateway_host, port=args.gateway_port)
+    return WorkerGatewayReplica.options(
+        num_replicas=args.gateways, ray_actor_options={"num_cpus": 0},
+        graceful_shutdown_timeout_s=http.graceful_shutdown_timeout_s + 10.0,
+    ).bind(worker_gateway_config(args), http)
 
 
 def check_workers(specs: Sequence[WorkerSpec], model: str, timeout_s: float = 5.0

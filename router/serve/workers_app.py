@@ -23,8 +23,8 @@ from router.cluster.worker_spec import WorkerSpec, parse_workers
 from router.core.router import RouterConfig
 from router.gateway.http_server import HttpConfig, HttpServer
 from router.gateway.worker_gateway import WorkerGateway, WorkerGatewayConfig, create_app
-from router.serve.app import ServeArgs
 from router.serve.request_router import gateway_process_id
+from router.serve.settings import ServeSettings
 
 
 @serve.deployment(name="WorkerGateway")
@@ -46,7 +46,7 @@ class WorkerGatewayReplica:
         await self.gateway.aclose()
 
 
-def worker_gateway_config(args: ServeArgs) -> WorkerGatewayConfig:
+def worker_gateway_config(args: ServeSettings) -> WorkerGatewayConfig:
     """Raises ValueError (WorkerSpecError) naming a bad worker or setting."""
     # The model name is the workers' (what they list in /v1/models), taken verbatim.
     worker_set = WorkerSetConfig(model=args.model, workers=parse_workers(args.workers),
@@ -57,8 +57,7 @@ def worker_gateway_config(args: ServeArgs) -> WorkerGatewayConfig:
                                admin_key_file=args.admin_key_file)
 
 
-def workers_application(args: ServeArgs) -> Application:
-    http = HttpConfig(host=args.gateway_host, port=args.gateway_port)
+def workers_application(args: ServeSettings, http: HttpConfig) -> Application:
     return WorkerGatewayReplica.options(
         num_replicas=args.gateways, ray_actor_options={"num_cpus": 0},
         graceful_shutdown_timeout_s=http.graceful_shutdown_timeout_s + 10.0,

@@ -104,7 +104,8 @@ class ServeSettings(BaseModel):
         (), description="external OpenAI-compatible workers (vLLM, SGLang, `kvroute engine`) "
                         "to route to instead of deploying engine replicas, each "
                         "URL[#kv_events=tcp://H:P[&kv_replay=tcp://H:P]] (its vLLM-format KV "
-                        "event sockets), comma-separated; model is then the name they serve")
+                        "event sockets; a flag or variable lists them comma-separated); model "
+                        "is then the name they serve")
     tokenizer: str | None = Field(
         None, description="with workers: 'tiny' or a directory with the workers' "
                           "tokenizer.json, to tokenize and hash prompts for routing (unset: "

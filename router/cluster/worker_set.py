@@ -69,7 +69,8 @@ class WorkerSet:
 
     def __init__(self, config: WorkerSetConfig, forget_index=None):
         self._config = config
-        self._forget_index = forget_index or _forget_in_index_actor
+        self._forget_index = (forget_index if forget_index is not None
+                              else _forget_in_index_actor)
         self._workers = {w.worker_id: WorkerStatus(w, "down", "not checked yet")
                          for w in config.workers}
         self._version = 0
@@ -150,6 +151,15 @@ class WorkerSet:
             if self._config.load_period_s > 0:
                 self._tasks.append(loop.create_task(self._load_loop()))
         await asyncio.shield(self._first_pass)
+
+    async def aclose(self) -> None:
+        """Stops the checks (the actor's process ending stops them too)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:

@@ -54,7 +54,9 @@ def start_ray(address: str | None, num_cpus: int | None) -> None:
     if address:
         ray.init(address=address, namespace="serve")
     else:  # a small local footprint: no dashboard, a modest object store
-        ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="serve",
+        # address="local": a new instance, never a cluster some `ray start` left running
+        # on this machine (ray.init alone would join it).
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, namespace="serve",
                  object_store_memory=256 * 1024**2)
 
 

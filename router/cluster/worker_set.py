@@ -3,10 +3,12 @@
 It starts from the static list (`kvroute serve --workers`), takes runtime adds and removes
 (the admin API, `/v1/workers`), and checks each worker's health every `health_period_s`:
 a worker whose check fails is `down` (drained: gateways send it nothing new) until a check
-passes again, and its KV index is dropped (its blocks are forgotten; events, or routed
-history, rebuild it when it is back). A gateway that sees a worker fail reports it, and the
-worker is checked at once. Where a worker exports vLLM's queue gauges, they are scraped
-every `load_period_s` into its stats (the routers' load term).
+passes again. The KV index actor follows the KV events of each worker that is up and has
+an event socket (router/cluster/worker_index_link.py); a worker down or removed is no
+longer followed and its index is dropped (events, or routed history, rebuild it later). A
+gateway that sees a worker fail reports it, and the worker is checked at once. Where a
+worker exports vLLM's queue gauges, they are scraped every `load_period_s` into its stats
+(the routers' load term).
 
 Gateways long-poll `poll(version)` and get the whole set whenever it changed. The set
 lives in the actor only: if the actor restarts, it starts again from the static list.
@@ -23,7 +25,7 @@ import httpx
 import ray
 
 from router.cluster.actors import get_or_create_actor
-from router.cluster.index_actor import get_index_actor
+from router.cluster.worker_index_link import IndexActorLink, IndexLink
 from router.cluster.worker_probe import check_health, check_worker, scrape_queue_stats
 from router.cluster.worker_spec import WorkerChange, WorkerSetView, WorkerSpec, WorkerStatus
 
@@ -35,6 +37,7 @@ WORKER_SET_ACTOR_NAME = "kvroute-workers"
 @dataclass(frozen=True)
 class WorkerSetConfig:
     model: str  # the served model name every worker must list in /v1/models
+    block_size: int = 16  # tokens per block of the routers' hashes (their events' mapping)
     workers: tuple[WorkerSpec, ...] = ()  # the static list
     health_period_s: float = 2.0
     health_timeout_s: float = 2.0  # per HTTP check
@@ -44,6 +47,9 @@ class WorkerSetConfig:
     def __post_init__(self):
         if not self.model:
             raise ValueError("WorkerSetConfig: model must be a non-empty name")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"WorkerSetConfig: block_size must be >= 1, got "
+                             f"{self.block_size!r}")
         for name in ("health_period_s", "health_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -63,14 +69,14 @@ class WorkerSet:
 
     Args:
         config: the model, the static workers and the check periods.
-        forget_index: called with a worker id when its index must be dropped (default: tell
-            the KV index actor).
+        index: whom to tell which workers' KV events to follow (default: the KV index
+            actor).
     """
 
-    def __init__(self, config: WorkerSetConfig, forget_index=None):
+    def __init__(self, config: WorkerSetConfig, index: IndexLink | None = None):
         self._config = config
-        self._forget_index = (forget_index if forget_index is not None
-                              else _forget_in_index_actor)
+        self._index = (index if index is not None
+                       else IndexActorLink(config.model, config.block_size))
         self._workers = {w.worker_id: WorkerStatus(w, "down", "not checked yet")
                          for w in config.workers}
         self._version = 0
@@ -124,6 +130,7 @@ class WorkerSet:
         self._workers[spec.worker_id] = status = WorkerStatus(spec, "up")
         self._bump()
         log.info("worker %s added", spec)
+        await self._index.follow(spec)
         return WorkerChange("added", status)
 
     def _exists(self, spec: WorkerSpec) -> WorkerChange:
@@ -137,7 +144,7 @@ class WorkerSet:
         if status is None:
             return WorkerChange("unknown", None, f"worker {worker_id} is not in the set")
         self._bump()
-        await self._forget_index(worker_id)
+        await self._index.forget(worker_id)
         log.info("worker %s removed", worker_id)
         return WorkerChange("removed", status)
 
@@ -169,6 +176,8 @@ class WorkerSet:
     async def _health_loop(self) -> None:
         while True:
             await self.check_all()
+            await self._index.refollow_if_restarted(
+                s.spec for s in self._workers.values() if s.state == "up")
             if not self._first_pass.done():
                 self._first_pass.set_result(None)
             await asyncio.sleep(self._config.health_period_s)
@@ -213,21 +222,14 @@ class WorkerSet:
         self._bump()
         if state == "down":
             log.warning("worker %s is down: %s", worker_id, error)
-            await self._forget_index(worker_id)
+            await self._index.forget(worker_id)
         else:
             log.info("worker %s is up", worker_id)
+            await self._index.follow(current.spec)
 
     def _bump(self) -> None:
         self._version += 1
         self._changed.set()
-
-
-async def _forget_in_index_actor(worker_id: str) -> None:
-    try:
-        index = await asyncio.to_thread(get_index_actor)
-        await index.forget_replica.remote(worker_id)
-    except ray.exceptions.RayError as err:
-        log.warning("could not drop the index of worker %s: %r", worker_id, err)
 
 
 WorkerSetActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,

@@ -21,7 +21,7 @@ from router.cluster.worker_spec import (
     WorkerSpecError,
     WorkerStatus,
 )
-from router.gateway.openai_schema import APIError
+from worker.openai.errors import APIError
 
 ADMIN_KEY_ENV = "KVROUTE_ADMIN_KEY"
 

@@ -10,8 +10,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from router.gateway.openai_schema import DEFAULT_MAX_TOKENS, APIError
-from router.gateway.prompt import PromptBuilder, PromptError
+from worker.openai.errors import APIError
+from worker.openai.prompt import PromptBuilder, PromptError
+from worker.openai.schema import DEFAULT_MAX_TOKENS
 
 
 @dataclass(frozen=True)

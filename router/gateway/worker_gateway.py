@@ -16,10 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.cluster.metrics_hub import (
     MetricsHubConfig,
@@ -32,12 +30,13 @@ from router.cluster.worker_spec import WorkerSpec, WorkerSpecError, canonical_ur
 from router.core.router import RouterConfig
 from router.gateway.admin import AdminAuth, change_body, load_admin_key, spec_from_body, worker_body
 from router.gateway.metrics import GatewayMetrics
-from router.gateway.openai_schema import APIError
-from router.gateway.prompt import PromptBuilder
 from router.gateway.routed_body import RoutedBody, chat_body, completion_body
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
+from worker.openai.errors import APIError
+from worker.openai.http_errors import install_error_handlers
+from worker.openai.prompt import PromptBuilder
 from worker.tokenizer_files import tokenizer_dir
 
 
@@ -174,22 +173,7 @@ def create_app(gateway: WorkerGateway):
     app = FastAPI(title="kvroute (external workers)", docs_url=None, redoc_url=None,
                   openapi_url=None)
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status_code)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
-        return JSONResponse(APIError(err.status_code, str(err.detail), code=code).body(),
-                            status_code=err.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, err: RequestValidationError
-                                ) -> JSONResponse:
-        return JSONResponse(APIError(400, f"invalid request: {err.errors()[:1]}").body(),
-                            status_code=400)
-
+    install_error_handlers(app)
     for path, handler, method in (
         ("/v1/completions", gateway.completions, "POST"),
         ("/v1/chat/completions", gateway.chat_completions, "POST"),

@@ -26,7 +26,7 @@ import httpx
 from fastapi.responses import Response, StreamingResponse
 
 from router.cluster.worker_spec import WorkerSpec
-from router.gateway.openai_schema import APIError
+from worker.openai.errors import APIError
 
 log = logging.getLogger(__name__)
 

@@ -64,6 +64,8 @@ class IndexMirror:
         self._last_ok_s: float | None = None
         self.fallback_reason: str | None = "index_unreachable"  # until the first good poll
         self.num_polls = 0
+        # external workers' KV event mode, "events" | "approximate", as of the last poll
+        self.worker_modes: dict[str, str] = {}
         self._first_poll: asyncio.Future | None = None
 
     def start(self) -> None:
@@ -129,6 +131,7 @@ class IndexMirror:
                 self._cursors[batch.replica_id] = Cursor(batch.epoch, batch.next_seq)
         for replica_id, stats in reply.stats.items():
             router.update_stats(replica_id, stats)
+        self.worker_modes = reply.worker_modes
         if reply.snapshots or reply.batches or reply.removed_replica_ids:
             self._view_dirty = True
 

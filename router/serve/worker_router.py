@@ -3,9 +3,10 @@
 Per gateway process: a `Router` (router/core), its index mirror fed by the KV index actor
 (where workers' KV events land, filed under the worker id), and the worker set (the named
 actor of router/cluster/worker_set.py) long-polled for the routable workers and their
-scraped queue gauges. Each worker is routed on its events while the mirror holds it synced,
-and on this router's routed history otherwise (it publishes no events, or they stopped:
-the index actor stopped listing it), one worker at a time (`Router.set_replica_approximate`).
+scraped queue gauges. Each worker is routed on its events while the index actor says its
+mode is `events` (it follows the worker's KV events and its view is exact), and on this
+router's routed history otherwise (no events, or they stopped or lost a gap), one worker at
+a time (`Router.set_replica_approximate`).
 
 Everything runs on the gateway's event loop; the lock guards the Router against the index
 mirror, which shares it.
@@ -170,10 +171,10 @@ class WorkerRouter:
     # ---- modes and gauges ----
 
     def _refresh_modes(self) -> None:
-        """Events mode while the index mirror holds the worker synced, else approximate."""
-        index = self.router.index
+        """Events mode while the index actor says so (last poll), else approximate."""
+        modes = self.mirror.worker_modes
         for worker_id in self._routable:
-            approximate = not index.is_synced(worker_id)
+            approximate = modes.get(worker_id) != "events"
             if self._approximate.get(worker_id) != approximate:
                 self._approximate[worker_id] = approximate
                 self.router.set_replica_approximate(worker_id, approximate)

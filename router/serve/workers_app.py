@@ -49,7 +49,8 @@ class WorkerGatewayReplica:
 def worker_gateway_config(args: ServeSettings) -> WorkerGatewayConfig:
     """Raises ValueError (WorkerSpecError) naming a bad worker or setting."""
     # The model name is the workers' (what they list in /v1/models), taken verbatim.
-    worker_set = WorkerSetConfig(model=args.model, workers=parse_workers(args.workers),
+    worker_set = WorkerSetConfig(model=args.model, block_size=args.block_size,
+                                 workers=parse_workers(args.workers),
                                  health_period_s=args.worker_health_period_s)
     return WorkerGatewayConfig(model=args.model, tokenizer=args.tokenizer or args.model,
                                router=RouterConfig(**args.router_args()),

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from router.gateway.openai_schema import APIError
-from router.gateway.prompt import PromptBuilder
 from router.gateway.routed_body import chat_body, completion_body
+from worker.openai.errors import APIError
+from worker.openai.prompt import PromptBuilder
 from worker.tokenizer_files import tokenizer_dir
 
 

@@ -9,7 +9,7 @@ from router.gateway.admin import (
     load_admin_key,
     spec_from_body,
 )
-from router.gateway.openai_schema import APIError
+from worker.openai.errors import APIError
 
 
 def status_of(call) -> int:

@@ -1,8 +1,9 @@
 """kvroute in front of two external `kvroute engine` workers (real subprocesses), end to
 end over HTTP with the `openai` client: streams and usage pass through, the worker's own
-answers to bad input, the admin API, the per-worker mode metric, and one worker killed
-under load (every request completes or fails with a clear error, none hangs; later
-requests go to the survivor)."""
+answers to bad input, the admin API, each worker's mode (the first publishes its KV events
+in vLLM's format and is routed on them, the second publishes none and is routed on routed
+history), and one worker killed under load (every request completes or fails with a clear
+error, none hangs; later requests go to the survivor)."""
 
 import asyncio
 import os
@@ -12,9 +13,9 @@ import httpx
 import openai
 import pytest
 import ray
-from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, start_engine_workers, stop_all
 from ray import serve
 
+from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker, stop_all
 from router.cli import APP_NAME
 from router.gateway.http_server import HttpConfig
 from router.serve.settings import ServeSettings
@@ -32,9 +33,20 @@ SHARED = "The system prompt every request of these tests shares. " * 8
 
 @pytest.fixture(scope="module")
 def workers():
-    started = start_engine_workers(2, SIM_ARGS)
-    yield started
-    stop_all(started)
+    started = [EngineWorker([*SIM_ARGS, "--kv-events-port", "0"]), EngineWorker(SIM_ARGS)]
+    try:
+        for worker in started:
+            worker.wait_ready()
+        yield started
+    finally:
+        stop_all(started)
+
+
+def spec_of(worker: EngineWorker) -> str:
+    if worker.kv_events_endpoint is None:
+        return worker.url
+    return (f"{worker.url}#kv_events={worker.kv_events_endpoint}"
+            f"&kv_replay={worker.kv_events_replay_endpoint}")
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +57,8 @@ def server(workers):
     # A crowded box can start Ray's agents slower than the raylet waits for by default.
     os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
     port = free_port()
-    settings = ServeSettings(model="tiny", workers=tuple(w.url for w in workers))
-    ray.init(num_cpus=2, include_dashboard=False, namespace="serve",
+    settings = ServeSettings(model="tiny", workers=tuple(spec_of(w) for w in workers))
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="serve",
              object_store_memory=128 * 1024**2, log_to_driver=False)
     try:
         serve.start(proxy_location="Disabled")
@@ -109,10 +121,16 @@ def test_bad_input_gets_the_answer_of_the_gateway_or_the_worker(server):
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
 
 
-def test_each_workers_mode_is_exported(server, workers):
-    client(server).completions.create(model="tiny", prompt="mode", max_tokens=1)
-    modes = server.by_label("kvroute_router_worker_mode", "mode", replica=workers[0].url)
-    assert modes == {"events": 0.0, "approximate": 1.0}  # it publishes no KV events
+def test_each_worker_is_routed_in_its_own_mode(server, workers):
+    with_events, without = workers
+
+    def modes(worker) -> dict[str, float]:
+        client(server).completions.create(model="tiny", prompt="mode", max_tokens=1)
+        return server.by_label("kvroute_router_worker_mode", "mode", replica=worker.url)
+
+    wait_until(lambda: modes(with_events) == {"events": 1.0, "approximate": 0.0}, 60,
+               "the worker publishing KV events to be routed on them")
+    assert modes(without) == {"events": 0.0, "approximate": 1.0}
 
 
 def test_the_admin_api_needs_the_admin_key_and_changes_where_requests_go(server, workers):

@@ -5,19 +5,20 @@ hash it once (Protocol 1), let the Router core pick a worker (router/serve/worke
 and forward the body there over HTTP, relaying the worker's answer byte for byte
 (router/gateway/worker_proxy.py). Besides the OpenAI routes: `/v1/workers` (the admin API
 of the worker set), `/health`, `/ready` (503, naming the workers that are down, while none
-is up) and `/metrics` (the cluster's series). `create_app` is its FastAPI app, which the
-gateway process serves itself (router/gateway/http_server.py): one HTTP hop, no Ray call
-in the token path.
+is up) and `/metrics` (the cluster's series). router/gateway/worker_app.py makes it an
+HTTP app, which the gateway process serves itself: one HTTP hop, no Ray call in the token
+path.
 """
 
-# No `from __future__ import annotations`: FastAPI reads the route signatures' types.
+from __future__ import annotations
+
 import asyncio
 import uuid
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from router.cluster.metrics_hub import (
     MetricsHubConfig,
@@ -35,7 +36,6 @@ from router.gateway.tenants import TenantAuth, load_api_keys
 from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
 from worker.openai.errors import APIError
-from worker.openai.http_errors import install_error_handlers
 from worker.openai.prompt import PromptBuilder
 from worker.tokenizer_files import tokenizer_dir
 
@@ -100,17 +100,18 @@ class WorkerGateway:
         routed = chat_body(await request.body(), self.prompts, self.model, tenant)
         return await self._forward("/v1/chat/completions", routed, tenant)
 
-    async def models(self, request: Request) -> dict:
+    async def models(self, request: Request) -> JSONResponse:
         self.auth.tenant_of(request.headers.get("authorization"))
-        return {"object": "list", "data": [{"id": self.model, "object": "model",
-                                            "created": 0, "owned_by": "kvroute"}]}
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": 0, "owned_by": "kvroute"}]})
 
     # ---- the worker set (admin key) ----
 
-    async def list_workers(self, request: Request) -> dict:
+    async def list_workers(self, request: Request) -> JSONResponse:
         self.admin.check(request.headers.get("authorization"))
         view = await self.workers.poll.remote(-1)
-        return {"object": "list", "data": [worker_body(w) for w in view.workers]}
+        return JSONResponse({"object": "list",
+                             "data": [worker_body(w) for w in view.workers]})
 
     async def add_worker(self, request: Request) -> JSONResponse:
         self.admin.check(request.headers.get("authorization"))
@@ -118,28 +119,28 @@ class WorkerGateway:
         body = change_body(await self.workers.add.remote(spec))
         return JSONResponse(body, status_code=201)
 
-    async def remove_worker(self, request: Request, url: str = "") -> dict:
+    async def remove_worker(self, request: Request) -> JSONResponse:
         self.admin.check(request.headers.get("authorization"))
         try:
-            worker_id = canonical_url(url)
+            worker_id = canonical_url(request.query_params.get("url", ""))
         except WorkerSpecError as err:
             raise APIError(400, f"give the worker as ?url=...: {err}", param="url",
                            code="invalid_value") from None
-        return change_body(await self.workers.remove.remote(worker_id))
+        return JSONResponse(change_body(await self.workers.remove.remote(worker_id)))
 
     # ---- operations ----
 
-    async def health(self) -> dict:
-        return {"status": "ok"}
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
 
-    async def ready(self) -> JSONResponse:
+    async def ready(self, request: Request) -> JSONResponse:
         """200 while a worker is up; the body lists every worker, and why a down one is."""
         view = self.router.view
         ready = bool(view.up())
         body = {"ready": ready, "workers": [worker_body(w) for w in view.workers]}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    async def metrics_endpoint(self) -> Response:
+    async def metrics_endpoint(self, request: Request) -> Response:
         await flush_local_pushers()  # this process's series (gateway, router) are current
         return Response(await self.hub.exposition.remote(), media_type=CONTENT_TYPE_LATEST)
 
@@ -166,44 +167,3 @@ class WorkerGateway:
             self.router.release(request_ids.pop(worker_id), error)
 
         return await self.proxy.forward(path, routed.body, pick, release)
-
-
-def create_app(gateway: WorkerGateway):
-    """The gateway's HTTP routes and OpenAI-style error bodies."""
-    app = FastAPI(title="kvroute (external workers)", docs_url=None, redoc_url=None,
-                  openapi_url=None)
-
-    install_error_handlers(app)
-    for path, handler, method in (
-        ("/v1/completions", gateway.completions, "POST"),
-        ("/v1/chat/completions", gateway.chat_completions, "POST"),
-        ("/v1/models", gateway.models, "GET"),
-        ("/v1/workers", gateway.list_workers, "GET"),
-        ("/v1/workers", gateway.add_worker, "POST"),
-        ("/v1/workers", gateway.remove_worker, "DELETE"),
-        ("/health", gateway.health, "GET"),
-        ("/ready", gateway.ready, "GET"),
-        ("/metrics", gateway.metrics_endpoint, "GET"),
-    ):
-        app.add_api_route(path, handler, methods=[method])
-    return _CountRequests(app, gateway.metrics)
-
-
-class _CountRequests:
-    """Counts responses by endpoint and status: a plain ASGI wrapper, which (unlike
-    Starlette's BaseHTTPMiddleware) adds no task or queue to a streamed response."""
-
-    def __init__(self, app, metrics: GatewayMetrics):
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def send_counted(message):
-            if message["type"] == "http.response.start":
-                self.metrics.observe(scope["path"], message["status"])
-            await send(message)
-
-        await self.app(scope, receive, send_counted)

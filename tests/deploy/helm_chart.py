@@ -20,6 +20,7 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
     "pvc-tp4": ("pvc-tp4.yaml",),
     "autoscaling": ("autoscaling.yaml",),
     "sim-minimal": ("sim-minimal.yaml",),
+    "workers": ("workers.yaml",),
 }
 
 

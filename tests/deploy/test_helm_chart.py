@@ -25,6 +25,7 @@ EXPECTED_KINDS = {
     "pvc-tp4": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
     "autoscaling": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
     "sim-minimal": ["RayService"],
+    "workers": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
 }
 
 

@@ -134,14 +134,16 @@ def main(argv: list[str] | None = None) -> dict:
     workers = [EngineWorker(worker_args) for _ in range(args.workers)]
     runs: dict[str, dict] = {}
     try:
-        for worker in workers:
-            worker.wait_ready()
+        for worker in workers:  # they start together; on a crowded box that takes minutes
+            worker.wait_ready(timeout_s=900.0)
         urls = [w.url for w in workers]
         with_events = [f"{w.url}#kv_events={w.kv_events_endpoint}"
                        f"&kv_replay={w.kv_events_replay_endpoint}" for w in workers]
         runs["direct"] = run_workload(args, None, urls, seed=1)
         with tempfile.TemporaryDirectory(prefix="kvroute-bench-external-") as tmp:
             for seed, (name, (flags, events)) in enumerate(GATEWAYS.items(), start=2):
+                # routed history assumes each worker caches what its pool holds
+                flags = [*flags, "--num-blocks", str(args.num_blocks)]
                 server = start_gateway(with_events if events else urls, flags,
                                        Path(tmp) / f"serve-{name}.log", events=events)
                 try:

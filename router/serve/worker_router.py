@@ -54,7 +54,7 @@ class WorkerRouter:
                  metrics_config: MetricsHubConfig | None = None):
         self._lock = threading.RLock()
         self.router = Router(router_config)
-        self.mirror = IndexMirror(self.router, gateway_id, self._lock, mirror_config,
+        self.mirror = IndexMirror(self.router, gateway_id, self._lock, config=mirror_config,
                                   on_removed=self.router.drop_index)
         self.metrics = RouterMetrics(model, gateway_id, self.router.policy.name)
         self.modes = WorkerModeMetrics(self.metrics.registry, gateway_id)

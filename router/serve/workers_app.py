@@ -43,7 +43,9 @@ class WorkerGatewayReplica:
             raise RuntimeError("the gateway's HTTP server stopped")
 
     async def __del__(self) -> None:
-        await self.server.stop()  # lets accepted requests finish first
+        server = getattr(self, "server", None)  # absent when the constructor failed
+        if server is not None:
+            await server.stop()  # lets accepted requests finish first
         await self.gateway.aclose()
 
 

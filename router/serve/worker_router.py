@@ -76,11 +76,6 @@ class WorkerRouter:
             self._task = asyncio.get_running_loop().create_task(self._poll_workers())
         await self._first_view.wait()
 
-    @property
-    def worker_ids(self) -> list[str]:
-        """The workers requests may go to now."""
-        return list(self._routable)
-
     def route(self, request_id: str, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
               max_tokens: int, exclude: frozenset[str] = frozenset()
               ) -> tuple[WorkerSpec, RoutingDecision]:
@@ -157,8 +152,11 @@ class WorkerRouter:
             del self._routed[request_id]  # their release finds nothing to do
 
     async def _report(self, worker_id: str, error: str) -> None:
+        """Has the worker set check the worker; if it passes, it is routable again here
+        (the set did not change, so no poll would bring it back)."""
         try:
             await self._worker_set.report_failure.remote(worker_id, error)
+            self._apply(await self._worker_set.poll.remote(-1))
         except Exception as err:
             log.warning("could not report worker %s failing: %r", worker_id, err)
 

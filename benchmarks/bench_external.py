@@ -5,7 +5,8 @@
 Starts 4 `kvroute engine --engine sim` workers (simulated H100 + Llama 3 8B step times,
 their KV events in vLLM's format on ZMQ) and sends SGLang's generated-shared-prefix workload,
 scaled down (16 groups x 8 prompts, a 1,024-token system prompt per group, a 64-token
-question, 32 output tokens, shuffled, 32 in flight), through:
+question, 32 output tokens, shuffled, all sent at once as SGLang's bench_serving does),
+through:
   - direct: the client round-robins over the workers itself (no kvroute);
   - events: `kvroute serve --workers` routing on the workers' KV events (cache_aware);
   - approximate: the same, on its own routed history (--approximate);
@@ -70,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-len", type=int, default=1024)
     p.add_argument("--question-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--max-concurrency", type=int, default=32)
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight (default: all at once)")
     p.add_argument("--latency-requests", type=int, default=300)
     p.add_argument("--streams", type=int, default=320, help="streams per measurement")
     p.add_argument("--stream-concurrency", type=int, default=64)
@@ -201,7 +203,8 @@ def results_text(args, lines: list[str], out: dict) -> str:
             f"{args.sim_preset}` workers, {args.num_blocks} KV blocks each. Workload: "
             f"{args.groups} groups x {args.prompts_per_group} prompts, {args.system_len}-token "
             f"system prompt, {args.question_len}-token question, {args.output_len} output "
-            f"tokens, {args.max_concurrency} in flight.\n\n```\n" + "\n".join(lines) + "\n"
+            f"tokens, {args.max_concurrency or 'all'} in flight.\n\n```\n"
+            + "\n".join(lines) + "\n"
             + json.dumps(out) + "\n```\n\n| figure | target | measured |\n|---|---|---|\n"
             + rows + "\n")
 

@@ -11,7 +11,9 @@ through:
   - events: `kvroute serve --workers` routing on the workers' KV events (cache_aware);
   - approximate: the same, on its own routed history (--approximate);
   - round_robin: the same gateway, --policy round_robin.
-Each run gets its own prompts (its own seed), so no run hits what an earlier one cached.
+Each run gets its own prompts (its own seed), so no run hits what an earlier one cached,
+and a few requests first (other prompts). The four runs are repeated (--rounds, 2), every
+other round in reverse order, and averaged.
 The bound is one LRU with the 4 workers' blocks serving the same prompts in the same order
 (benchmarks/simlib/pooled.py). Then, beside the events gateway, the latency of one request
 alone (max_tokens 1) through kvroute and straight to a worker, taking turns; and beside the
@@ -77,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--streams", type=int, default=320, help="streams per measurement")
     p.add_argument("--stream-concurrency", type=int, default=64)
     p.add_argument("--stream-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="times each run is repeated (every other round in reverse order)")
     p.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     return p.parse_args(argv)
 
@@ -129,67 +133,101 @@ def measure_streams(args, base_url: str, worker_urls: list[str]) -> dict[str, fl
             "load_avg_1m": os.getloadavg()[0]}
 
 
+def warm_up(args, base_url: str | None, worker_urls: list[str]) -> None:
+    """A few requests of the workload's shape first (connections, code paths), with
+    prompts no timed run sends."""
+    small = argparse.Namespace(**{**vars(args), "groups": 2, "prompts_per_group": 4})
+    run_workload(small, base_url, worker_urls, seed=10_000)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     worker_args = ["--engine", "sim", "--sim-preset", args.sim_preset,
                    "--num-blocks", str(args.num_blocks), "--kv-events-port", "0"]
     workers = [EngineWorker(worker_args) for _ in range(args.workers)]
-    runs: dict[str, dict] = {}
+    runs: dict[str, list[dict]] = {name: [] for name in ("direct", *GATEWAYS)}
+    latency: list[dict] = []
+    streams: list[dict] = []
     try:
         for worker in workers:  # they start together; on a crowded box that takes minutes
             worker.wait_ready(timeout_s=900.0)
         urls = [w.url for w in workers]
         with_events = [f"{w.url}#kv_events={w.kv_events_endpoint}"
                        f"&kv_replay={w.kv_events_replay_endpoint}" for w in workers]
-        runs["direct"] = run_workload(args, None, urls, seed=1)
+        seeds = iter(range(1, 1000))  # every run its own prompts
         with tempfile.TemporaryDirectory(prefix="kvroute-bench-external-") as tmp:
-            for seed, (name, (flags, events)) in enumerate(GATEWAYS.items(), start=2):
-                # routed history assumes each worker caches what its pool holds
-                flags = [*flags, "--num-blocks", str(args.num_blocks)]
-                server = start_gateway(with_events if events else urls, flags,
-                                       Path(tmp) / f"serve-{name}.log", events=events)
-                try:
-                    runs[name] = run_workload(args, server.base_url, urls, seed)
-                    if name == "events":
-                        latency = measure_latency(args, server.base_url, urls)
-                    if name == "round_robin":
-                        streams = measure_streams(args, server.base_url, urls)
-                finally:
-                    server.stop()
+            for round_index in range(args.rounds):
+                # every other round backwards, so a drift of the box's load hits all alike
+                order = list(runs) if round_index % 2 == 0 else list(runs)[::-1]
+                for name in order:
+                    if name == "direct":
+                        warm_up(args, None, urls)
+                        runs[name].append(run_workload(args, None, urls, next(seeds)))
+                        continue
+                    flags, events = GATEWAYS[name]
+                    # routed history assumes each worker caches what its pool holds
+                    flags = [*flags, "--num-blocks", str(args.num_blocks)]
+                    server = start_gateway(with_events if events else urls, flags,
+                                           Path(tmp) / f"serve-{name}.log", events=events)
+                    try:
+                        warm_up(args, server.base_url, urls)
+                        runs[name].append(run_workload(args, server.base_url, urls,
+                                                       next(seeds)))
+                        if name == "events":
+                            latency.append(measure_latency(args, server.base_url, urls))
+                        if name == "round_robin":
+                            streams.append(measure_streams(args, server.base_url, urls))
+                    finally:
+                        server.stop()
     finally:
         stop_all(workers)
     return report(args, runs, latency, streams)
 
 
-def report(args, runs: dict[str, dict], latency: dict, streams: dict) -> dict:
-    lines = [f"{'run':<13}{'ok':>5}{'hit rate':>10}{'bound':>8}{'hit/bound':>11}"
+def _mean(rows: list[dict], key: str) -> float:
+    return float(np.mean([r[key] for r in rows]))
+
+
+def report(args, runs: dict[str, list[dict]], latency: list[dict], streams: list[dict]
+           ) -> dict:
+    lines = [f"{'run':<16}{'ok':>5}{'hit rate':>10}{'bound':>8}{'hit/bound':>11}"
              f"{'ttft p50 s':>12}{'ttft p90 s':>12}{'out tok/s':>11}{'load 1m':>9}"]
-    for name, s in runs.items():
-        lines.append(f"{name:<13}{s['num_ok']:>5}{s['cached_token_rate']:>10.3f}"
-                     f"{s['bound_hit_rate']:>8.3f}"
-                     f"{s['cached_token_rate'] / s['bound_hit_rate']:>11.3f}"
-                     f"{s['ttft_p50_s']:>12.3f}{s['ttft_p90_s']:>12.3f}"
-                     f"{s['throughput_tok_s']:>11.1f}{s['load_avg_1m']:>9.2f}")
-    lines.append(f"one request alone, max_tokens 1, p50 ms: kvroute {latency['kvroute']:.2f}, "
-                 f"direct {latency['direct']:.2f} (load 1m {latency['load_avg_1m']:.2f})")
-    lines.append(f"{args.stream_concurrency} streams in flight, tok/s: kvroute round_robin "
-                 f"{streams['kvroute']:.0f}, direct round robin {streams['direct']:.0f} "
-                 f"(load 1m {streams['load_avg_1m']:.2f})")
+    for name, rows in runs.items():
+        for i, s in enumerate(rows):
+            lines.append(f"{name + f' #{i + 1}':<16}{s['num_ok']:>5}"
+                         f"{s['cached_token_rate']:>10.3f}{s['bound_hit_rate']:>8.3f}"
+                         f"{s['cached_token_rate'] / s['bound_hit_rate']:>11.3f}"
+                         f"{s['ttft_p50_s']:>12.3f}{s['ttft_p90_s']:>12.3f}"
+                         f"{s['throughput_tok_s']:>11.1f}{s['load_avg_1m']:>9.2f}")
+    for i, (lat, st) in enumerate(zip(latency, streams)):
+        lines.append(f"#{i + 1} one request alone, max_tokens 1, p50 ms: kvroute "
+                     f"{lat['kvroute']:.2f}, direct {lat['direct']:.2f} (load 1m "
+                     f"{lat['load_avg_1m']:.2f}); {args.stream_concurrency} streams in "
+                     f"flight, tok/s: kvroute round_robin {st['kvroute']:.0f}, direct round "
+                     f"robin {st['direct']:.0f} (load 1m {st['load_avg_1m']:.2f})")
     print("\n".join(lines))
-    events, rr = runs["events"], runs["round_robin"]
+
+    def hit_over_bound(name: str) -> float:
+        rows = runs[name]
+        return round(_mean(rows, "cached_token_rate") / _mean(rows, "bound_hit_rate"), 3)
+
+    def ttft_ratio(name: str) -> float:
+        return round(_mean(runs[name], "ttft_p50_s") / _mean(runs["round_robin"],
+                                                              "ttft_p50_s"), 3)
+
     out = {
-        "hit_rate_over_bound": round(events["cached_token_rate"] / events["bound_hit_rate"], 3),
-        "ttft_p50_ratio_vs_round_robin": round(events["ttft_p50_s"] / rr["ttft_p50_s"], 3),
-        "added_latency_p50_ms": round(latency["kvroute"] - latency["direct"], 2),
-        "stream_tok_s_ratio_vs_direct": round(streams["kvroute"] / streams["direct"], 3),
-        "approximate_hit_rate_over_bound": round(
-            runs["approximate"]["cached_token_rate"] / runs["approximate"]["bound_hit_rate"], 3),
-        "approximate_ttft_p50_ratio_vs_round_robin": round(
-            runs["approximate"]["ttft_p50_s"] / rr["ttft_p50_s"], 3),
+        "hit_rate_over_bound": hit_over_bound("events"),
+        "ttft_p50_ratio_vs_round_robin": ttft_ratio("events"),
+        "added_latency_p50_ms": round(_mean(latency, "kvroute") - _mean(latency, "direct"), 2),
+        "stream_tok_s_ratio_vs_direct": round(_mean(streams, "kvroute")
+                                              / _mean(streams, "direct"), 3),
+        "approximate_hit_rate_over_bound": hit_over_bound("approximate"),
+        "approximate_ttft_p50_ratio_vs_round_robin": ttft_ratio("approximate"),
+        "direct_round_robin_ttft_p50_ratio_vs_round_robin": ttft_ratio("direct"),
     }
     if args.results:
-        write_section(ROOT / "benchmarks" / "RESULTS.md", SECTION, results_text(args, lines,
-                                                                               out))
+        write_section(ROOT / "benchmarks" / "RESULTS.md", SECTION,
+                      results_text(args, lines, out))
     print(json.dumps(out))
     return out
 

@@ -17,6 +17,8 @@ import uvicorn
 
 log = logging.getLogger(__name__)
 
+_KEEP_ALIVE_S = 75  # idle client connections (nginx's default)
+
 
 @dataclass(frozen=True)
 class HttpConfig:
@@ -54,6 +56,9 @@ class HttpServer:
         self._server = uvicorn.Server(uvicorn.Config(
             app, host=config.host, port=config.port, http="httptools", lifespan="off",
             log_level="warning", access_log=False,
+            # Longer than clients keep idle connections (httpx 5 s, aiohttp 15 s), so a
+            # client never sends on a connection this side has just closed.
+            timeout_keep_alive=_KEEP_ALIVE_S,
             timeout_graceful_shutdown=config.graceful_shutdown_timeout_s))
         self._task: asyncio.Task | None = None
 

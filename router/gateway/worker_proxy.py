@@ -79,7 +79,8 @@ class WorkerProxy:
             config = self.config
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=config.max_connections,
-                                               limit_per_host=0),
+                                               limit_per_host=0,
+                                               keepalive_timeout=_KEEPALIVE_S),
                 timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout_s,
                                               sock_read=config.read_timeout_s),
                 auto_decompress=False, skip_auto_headers=("User-Agent",))
@@ -127,7 +128,7 @@ class WorkerProxy:
         streaming = False
         response: aiohttp.ClientResponse | None = None
         try:
-            response = await self._client().post(worker.url + path, data=body, headers=_HEADERS)
+            response = await self._post(worker.url + path, body)
             if response.status in RETRY_STATUSES:
                 text = (await response.read())[:300].decode(errors="replace")
                 raise WorkerFailed(f"it answered {response.status}: {text}")
@@ -142,6 +143,20 @@ class WorkerProxy:
         finally:
             if response is not None and not streaming:
                 response.release()
+
+    async def _post(self, url: str, body: bytes) -> aiohttp.ClientResponse:
+        """POSTs on a pooled connection. One the worker closed as it went idle (its
+        keep-alive timeout) fails before any answer: that is tried again, on another
+        connection, rather than counted against the worker."""
+        for attempt in range(_STALE_CONNECTION_RETRIES + 1):
+            try:
+                return await self._client().post(url, data=body, headers=_HEADERS)
+            except aiohttp.ClientConnectorError:
+                raise  # nothing listens: no retry here
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                if attempt == _STALE_CONNECTION_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _relay(self, worker: WorkerSpec, response: aiohttp.ClientResponse,
                      first: bytes, release: Release) -> AsyncIterator[bytes]:
@@ -164,6 +179,11 @@ class WorkerProxy:
 
 
 _HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+# Idle connections are dropped before the workers drop them (uvicorn's default keep-alive,
+# which vLLM and `kvroute engine` use, is 5 s), so few stale ones are ever picked...
+_KEEPALIVE_S = 4.0
+# ...and a request that meets one anyway is sent again this many times.
+_STALE_CONNECTION_RETRIES = 2
 # The worker is gone, unreachable, or cut the answer short (a read timeout too).
 _WORKER_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 

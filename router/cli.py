@@ -1,4 +1,5 @@
-"""`kvroute serve`: N engine replicas (each tensor-parallel) behind one OpenAI endpoint."""
+"""`kvroute serve`: N engine replicas (each tensor-parallel), or external OpenAI-compatible
+workers (--workers), behind one OpenAI endpoint."""
 
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ def start_ray(address: str | None, num_cpus: int | None, env: dict[str, str]) ->
     if address:  # the Serve processes of a joined cluster take the job's env
         ray.init(address=address, namespace="serve", runtime_env={"env_vars": env})
     else:  # a small local footprint: no dashboard, a modest object store
-        ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="serve",
+        # address="local": a new instance, never a cluster some `ray start` left running
+        # on this machine (ray.init alone would join it).
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, namespace="serve",
                  object_store_memory=256 * 1024**2)
 
 
@@ -83,16 +86,31 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     num_cpus = None if launch.address else (launch.num_cpus or os.cpu_count() or 1)
     settings = local_cpus_per_rank(settings, num_cpus)
-    model = settings.engine_config().served_model_name
+    if settings.workers:
+        if not _workers_usable(settings):
+            return 2
+        model, source = settings.model, f"{len(settings.workers)} external worker(s)"
+    else:
+        model = settings.engine_config().served_model_name
+        source = f"{settings.replicas} replica(s) x TP {settings.tp}"
     start_ray(launch.address, num_cpus, env)
     # A joined cluster's Serve controller takes the env from here (its proxies and our
     # replicas inherit the controller's and the job's); on a local instance it is there.
-    serve.start(http_options={"host": launch.host, "port": launch.port},
-                controller_options={"runtime_env": {"env_vars": env}})
-    serve.run(serve_application(settings), name=APP_NAME, route_prefix="/")
+    controller = {"runtime_env": {"env_vars": env}}
+    if settings.workers:  # its gateways serve HTTP themselves (router/serve/workers_app.py)
+        from router.gateway.http_server import HttpConfig
+        from router.serve.workers_app import workers_application
+
+        serve.start(proxy_location="Disabled", controller_options=controller)
+        serve.run(workers_application(settings, HttpConfig(launch.host, launch.port)),
+                  name=APP_NAME, route_prefix=None)
+    else:
+        serve.start(http_options={"host": launch.host, "port": launch.port},
+                    controller_options=controller)
+        serve.run(serve_application(settings), name=APP_NAME, route_prefix="/")
     base = f"http://{launch.host}:{launch.port}"
-    print(f"\nkvroute: serving {model!r} from {settings.replicas} replica(s) x TP "
-          f"{settings.tp}, policy {settings.policy}, at {base}/v1\n"
+    print(f"\nkvroute: serving {model!r} from {source}, policy {settings.policy}, at "
+          f"{base}/v1\n"
           f"  try:    curl {base}/v1/completions -H 'Content-Type: application/json' "
           f"-d '{{\"model\": \"{model}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n"
           f"  health: {base}/health   ready: {base}/ready   metrics: {base}/metrics\n"
@@ -106,6 +124,25 @@ def run_serve(ns: argparse.Namespace) -> int:
     if not launch.address:
         serve.shutdown()
     return 0
+
+
+def _workers_usable(settings: ServeSettings) -> bool:
+    """Checks the tokenizer and every worker before anything starts; prints what is wrong."""
+    from router.cluster.worker_spec import parse_workers
+    from router.serve.workers_app import check_workers, worker_gateway_config
+    from worker.tokenizer_files import load_tokenizer_files, tokenizer_dir
+
+    config = worker_gateway_config(settings)
+    try:
+        load_tokenizer_files(tokenizer_dir(config.tokenizer))
+    except FileNotFoundError as err:
+        print(f"kvroute serve: the gateway tokenizes prompts to route them and needs the "
+              f"workers' tokenizer: {err}; set --tokenizer DIR", file=sys.stderr)
+        return False
+    problems = check_workers(parse_workers(settings.workers), settings.model)
+    for problem in problems:
+        print(f"kvroute serve: {problem}", file=sys.stderr)
+    return not problems
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,10 +60,10 @@ class Attention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = ColumnParallelLinear(
-            config.hidden_size, q_size + 2 * kv_size, config.qkv_bias, dtype, device
+            config.hidden_size, q_size + 2 * kv_size, config.qkv_bias, dtype=dtype, device=device
         )
         self.o_proj = RowParallelLinear(
-            q_size, config.hidden_size, config.o_proj_bias, comm, dtype, device
+            q_size, config.hidden_size, config.o_proj_bias, comm, dtype=dtype, device=device
         )
 
     def forward(

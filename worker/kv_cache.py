@@ -13,19 +13,20 @@ import torch
 
 from worker.attention import LayerKVCache
 from worker.model_config import ModelConfig
+from worker.model_executor_config import ModelExecutorConfig
 
 
-def kv_block_bytes(config: ModelConfig, block_size: int, tp_size: int, dtype: torch.dtype) -> int:
+def kv_block_bytes(config: ModelConfig, block_size: int, tp: int, dtype: torch.dtype) -> int:
     """Bytes one KV block takes on one rank (all layers, K and V)."""
-    per_token = 2 * config.num_layers * (config.num_kv_heads // tp_size) * config.head_dim
+    per_token = 2 * config.num_layers * (config.num_kv_heads // tp) * config.head_dim
     return per_token * block_size * torch.empty(0, dtype=dtype).element_size()
 
 
 def num_blocks_for_memory(
-    config: ModelConfig, block_size: int, tp_size: int, dtype: torch.dtype, memory_bytes: int
+    config: ModelConfig, block_size: int, tp: int, dtype: torch.dtype, memory_bytes: int
 ) -> int:
     """How many KV blocks fit in memory_bytes on each rank."""
-    return memory_bytes // kv_block_bytes(config, block_size, tp_size, dtype)
+    return memory_bytes // kv_block_bytes(config, block_size, tp, dtype)
 
 
 class PagedKVCache:
@@ -33,31 +34,21 @@ class PagedKVCache:
     the caller: worker.forward_batch.check_step)."""
 
     def __init__(
-        self,
-        config: ModelConfig,
-        tp_size: int,
-        num_blocks: int,
-        block_size: int,
-        num_host_blocks: int,
-        dtype: torch.dtype,
-        device: torch.device,
+        self, model_config: ModelConfig, config: ModelExecutorConfig, device: torch.device
     ) -> None:
-        if num_blocks < 1 or block_size < 1 or num_host_blocks < 0:
-            raise ValueError(
-                f"need num_blocks >= 1, block_size >= 1, num_host_blocks >= 0; got "
-                f"{num_blocks}, {block_size}, {num_host_blocks}"
-            )
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.num_host_blocks = num_host_blocks
-        per_block = (block_size, config.num_kv_heads // tp_size, config.head_dim)
+        self.num_blocks = config.num_blocks
+        self.block_size = config.block_size
+        self.num_host_blocks = config.num_host_blocks
+        dtype = config.torch_dtype
+        per_block = (config.block_size, model_config.num_kv_heads // config.tp,
+                     model_config.head_dim)
         self.device_kv = torch.zeros(
-            config.num_layers, 2, num_blocks, *per_block, dtype=dtype, device=device
+            model_config.num_layers, 2, config.num_blocks, *per_block, dtype=dtype, device=device
         )
         self.host_kv = torch.zeros(
-            config.num_layers,
+            model_config.num_layers,
             2,
-            num_host_blocks,
+            config.num_host_blocks,
             *per_block,
             dtype=dtype,
             pin_memory=device.type == "cuda",

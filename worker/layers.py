@@ -24,7 +24,7 @@ def _empty(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Pa
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in fp32 like the HF Llama reference."""
 
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device) -> None:
+    def __init__(self, hidden_size: int, eps: float, *, dtype: torch.dtype, device) -> None:
         super().__init__()
         self.eps = eps
         self.weight = _empty(hidden_size, dtype=dtype, device=device)
@@ -40,7 +40,8 @@ class ColumnParallelLinear(nn.Module):
     """y_local = x W_local^T + b_local; W's output rows are split over ranks."""
 
     def __init__(
-        self, in_features: int, out_features_per_rank: int, bias: bool, dtype: torch.dtype, device
+        self, in_features: int, out_features_per_rank: int, bias: bool, *, dtype: torch.dtype,
+        device,
     ) -> None:
         super().__init__()
         self.weight = _empty(out_features_per_rank, in_features, dtype=dtype, device=device)
@@ -59,6 +60,7 @@ class RowParallelLinear(nn.Module):
         out_features: int,
         bias: bool,
         comm: Communicator,
+        *,
         dtype: torch.dtype,
         device,
     ) -> None:
@@ -72,15 +74,15 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def vocab_per_rank(vocab_size: int, tp_size: int) -> int:
-    return -(-vocab_size // tp_size)
+def vocab_per_rank(vocab_size: int, tp: int) -> int:
+    return -(-vocab_size // tp)
 
 
 class VocabParallelEmbedding(nn.Module):
     """Each rank embeds the token ids in its vocab range; the all-reduce fills the rest."""
 
     def __init__(
-        self, vocab_size: int, hidden_size: int, comm: Communicator, dtype: torch.dtype, device
+        self, vocab_size: int, hidden_size: int, comm: Communicator, *, dtype: torch.dtype, device
     ) -> None:
         super().__init__()
         self.comm = comm
@@ -107,6 +109,7 @@ class ParallelLMHead(nn.Module):
         vocab_size: int,
         hidden_size: int,
         comm: Communicator,
+        *,
         dtype: torch.dtype,
         device,
         tied_to: VocabParallelEmbedding | None = None,

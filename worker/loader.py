@@ -48,10 +48,10 @@ def find_weight_files(model_dir: str | Path) -> tuple[Path, ...]:
     return files
 
 
-def check_checkpoint(model_dir: str | Path, tp_size: int) -> ModelConfig:
+def check_checkpoint(model_dir: str | Path, tp: int) -> ModelConfig:
     """Validate everything a replica needs before any rank starts; returns the config."""
     config = load_model_config(model_dir)
-    config.check_tp_size(tp_size)
+    config.check_tp(tp)
     find_weight_files(model_dir)
     load_tokenizer_files(model_dir)
     return config
@@ -94,7 +94,7 @@ def load_model(
 ) -> LlamaForCausalLM:
     """Build this rank's shard and load its weights."""
     config = load_model_config(model_dir)
-    config.check_tp_size(comm.world_size)
+    config.check_tp(comm.world_size)
     model = LlamaForCausalLM(config, comm, dtype, device)
     load_weights(model, model_dir)
     return model.eval()

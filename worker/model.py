@@ -33,10 +33,12 @@ class MLP(nn.Module):
         super().__init__()
         self.intermediate_per_rank = config.intermediate_size // comm.world_size
         self.gate_up_proj = ColumnParallelLinear(
-            config.hidden_size, 2 * self.intermediate_per_rank, config.mlp_bias, dtype, device
+            config.hidden_size, 2 * self.intermediate_per_rank, config.mlp_bias,
+            dtype=dtype, device=device,
         )
         self.down_proj = RowParallelLinear(
-            self.intermediate_per_rank, config.hidden_size, config.mlp_bias, comm, dtype, device
+            self.intermediate_per_rank, config.hidden_size, config.mlp_bias, comm,
+            dtype=dtype, device=device,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -48,9 +50,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, comm: Communicator, dtype: torch.dtype, device):
         super().__init__()
         eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
         self.self_attn = Attention(config, comm, dtype, device)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
         self.mlp = MLP(config, comm, dtype, device)
 
     def forward(self, x, cos, sin, cache: LayerKVCache, meta: AttentionMetadata):
@@ -64,23 +66,25 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config: ModelConfig, comm: Communicator, dtype: torch.dtype, device) -> None:
         super().__init__()
-        config.check_tp_size(comm.world_size)
+        config.check_tp(comm.world_size)
         self.config = config
         self.comm = comm
         self.dtype = dtype
         self.embed_tokens = VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size, comm, dtype, device
+            config.vocab_size, config.hidden_size, comm, dtype=dtype, device=device
         )
         self.layers = nn.ModuleList(
             DecoderLayer(config, comm, dtype, device) for _ in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device
+        )
         self.lm_head = ParallelLMHead(
             config.vocab_size,
             config.hidden_size,
             comm,
-            dtype,
-            device,
+            dtype=dtype,
+            device=device,
             tied_to=self.embed_tokens if config.tie_word_embeddings else None,
         )
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)

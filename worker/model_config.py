@@ -71,17 +71,17 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
 
-    def check_tp_size(self, tp_size: int) -> None:
-        """Raise ValueError unless every sharded dimension divides evenly by tp_size."""
-        if tp_size < 1:
-            raise ValueError(f"tensor parallel size must be >= 1, got {tp_size}")
+    def check_tp(self, tp: int) -> None:
+        """Raise ValueError unless every sharded dimension divides evenly by tp."""
+        if tp < 1:
+            raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
         for what, n in (
             ("num_attention_heads", self.num_heads),
             ("num_key_value_heads", self.num_kv_heads),
             ("intermediate_size", self.intermediate_size),
         ):
-            if n % tp_size:
-                raise ValueError(f"tensor parallel size {tp_size} does not divide {what} ({n})")
+            if n % tp:
+                raise ValueError(f"tensor parallel size {tp} does not divide {what} ({n})")
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:

@@ -4,52 +4,35 @@ it is handed a communicator and a device."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from worker.forward_batch import build_forward_batch, check_step
 from worker.kv_cache import PagedKVCache
 from worker.loader import load_model
+from worker.model_executor_config import ModelExecutorConfig
 from worker.step import StepInput
 from worker.tp import Communicator
 
 
 class ModelRunner:
     """Args:
-    model_dir: a HF checkpoint directory (see worker.loader).
-    tp_rank, tp_size: this rank and the replica's TP size (must match comm).
-    comm: collectives over the replica's ranks.
-    num_blocks, block_size: the device KV pool, in blocks of block_size tokens.
-    num_host_blocks: host-memory slots for swapped-out blocks (pinned on CUDA).
-    dtype: weights, activations and KV cache.
+    config: the replica's model side; config.tp must be comm's world size.
+    comm: collectives over the replica's ranks; this runner is rank comm.rank.
     device: this rank's device.
     """
 
     def __init__(
-        self,
-        model_dir: str | Path,
-        tp_rank: int,
-        tp_size: int,
-        comm: Communicator,
-        num_blocks: int,
-        block_size: int,
-        num_host_blocks: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
+        self, config: ModelExecutorConfig, comm: Communicator, device: torch.device | str
     ) -> None:
-        if (comm.rank, comm.world_size) != (tp_rank, tp_size):
+        if comm.world_size != config.tp:
             raise ValueError(
-                f"communicator is rank {comm.rank} of {comm.world_size}, "
-                f"runner was asked for rank {tp_rank} of {tp_size}"
+                f"communicator has {comm.world_size} ranks, the config asks for tp {config.tp}"
             )
-        self.tp_rank = tp_rank
+        self.tp_rank = comm.rank
         self.device = torch.device(device)
-        self.model = load_model(model_dir, comm, dtype, self.device)
+        self.model = load_model(config.model_dir, comm, config.torch_dtype, self.device)
         self.config = self.model.config
-        self.kv = PagedKVCache(
-            self.config, tp_size, num_blocks, block_size, num_host_blocks, dtype, self.device
-        )
+        self.kv = PagedKVCache(self.config, config, self.device)
 
     @torch.inference_mode()
     def execute(self, step: StepInput) -> torch.Tensor | None:

@@ -9,7 +9,8 @@ import torch
 
 from worker.api import SamplingParams
 from worker.engine_config import EngineConfig
-from worker.model_executor import ModelExecutor, ModelExecutorConfig
+from worker.model_executor import ModelExecutor
+from worker.model_executor_config import ModelExecutorConfig
 from worker.sampling import Sampler
 from worker.step import StepInput
 
@@ -28,10 +29,10 @@ class ModelStepExecutor:
 
     def __init__(self, model_dir: str | Path, config: EngineConfig):
         self._model = ModelExecutor(ModelExecutorConfig(
-            model_dir=Path(model_dir), num_blocks=config.num_blocks, tp_size=config.tp,
+            model_dir=Path(model_dir), num_blocks=config.num_blocks, tp=config.tp,
             block_size=config.block_size, num_host_blocks=config.num_host_blocks,
             dtype=config.dtype, device=pick_device(config.device),
-            launcher=config.tp_launcher))
+            tp_launcher=config.tp_launcher))
         self.vocab_size = self._model.vocab_size
         self.eos_token_ids = tuple(self._model.model_config.eos_token_ids)
         self.sampler = Sampler()

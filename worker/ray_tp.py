@@ -27,7 +27,6 @@ actors and leaves the group (logging, not raising), and the replica has to be re
 from __future__ import annotations
 
 import logging
-from dataclasses import fields
 
 import ray
 import torch
@@ -48,8 +47,8 @@ _DIAGNOSIS_WAIT_S = 2.0
 class _ActorRankSpec(RankSpec):
     """A rank actor sees only the GPU of its bundle: rank r runs on cuda:0, not cuda:r."""
 
-    def device(self, rank: int) -> torch.device:
-        return torch.device("cuda", 0) if self.device_type == "cuda" else torch.device("cpu")
+    def torch_device(self, rank: int) -> torch.device:
+        return torch.device("cuda", 0) if self.config.device == "cuda" else torch.device("cpu")
 
 
 @ray.remote(max_restarts=0)
@@ -62,7 +61,7 @@ class RankActor:
 
     def ready(self) -> str:
         """Placed and constructed; returns this actor's node IP."""
-        if self.spec.device_type == "cuda" and not torch.cuda.is_available():
+        if self.spec.config.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("no CUDA device visible: its bundle must hold a GPU")
         return ray.util.get_node_ip_address()
 
@@ -71,23 +70,23 @@ class RankActor:
         rank_main(self.spec, self.rank)
 
 
-def current_placement_group(tp_size: int, device_type: str) -> PlacementGroup:
+def current_placement_group(tp: int, device: str) -> PlacementGroup:
     """The caller's placement group, checked to hold a bundle per rank."""
     pg = get_current_placement_group()
     if pg is None:
         raise RuntimeError(
             "TP launcher 'ray' must run inside a Ray actor scheduled in a placement group "
-            f"with {tp_size} bundles (a Serve replica with placement_group_bundles), rank 0 "
+            f"with {tp} bundles (a Serve replica with placement_group_bundles), rank 0 "
             "in bundle 0; this process belongs to no placement group"
         )
     bundles = pg.bundle_specs
-    if len(bundles) < tp_size:
+    if len(bundles) < tp:
         raise RuntimeError(
-            f"tp_size {tp_size} needs a bundle per rank; the placement group has "
+            f"tp {tp} needs a bundle per rank; the placement group has "
             f"{len(bundles)}: {bundles}"
         )
-    if device_type == "cuda":
-        short = [r for r in range(tp_size) if bundles[r].get("GPU", 0) < 1]
+    if device == "cuda":
+        short = [r for r in range(tp) if bundles[r].get("GPU", 0) < 1]
         if short:
             raise RuntimeError(
                 f"device 'cuda' needs one whole GPU per rank; bundles {short} of {bundles} "
@@ -102,29 +101,28 @@ class RayTPWorkerGroup:
 
     Args:
         spec: as for TPWorkerGroup; its init_method is replaced by this node's IP and a
-            free port, and spec.timeout_s also bounds how long the actors may take to be
-            placed and constructed.
+            free port, and spec.config.dist_timeout_s also bounds how long the actors may
+            take to be placed and constructed.
 
     Raises RuntimeError naming the rank when a rank actor cannot start or join.
     """
 
     def __init__(self, spec: RankSpec) -> None:
-        pg = current_placement_group(spec.tp_size, spec.device_type)
+        pg = current_placement_group(spec.config.tp, spec.config.device)
         ip = ray.util.get_node_ip_address()
-        values = {f.name: getattr(spec, f.name) for f in fields(spec)}
-        spec = _ActorRankSpec(**values | {"init_method": f"tcp://{ip}:{free_port(ip)}"})
+        spec = _ActorRankSpec(spec.config, init_method=f"tcp://{ip}:{free_port(ip)}")
         self.actors = [
             RankActor.options(
                 num_cpus=pg.bundle_specs[rank].get("CPU", 0),
                 num_gpus=pg.bundle_specs[rank].get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, rank),
             ).remote(spec, rank)
-            for rank in range(1, spec.tp_size)
+            for rank in range(1, spec.config.tp)
         ]
         self.serve_refs: list[ray.ObjectRef] = []  # ranks 1..tp-1's `serve` calls
         self.running = False
         try:
-            self._wait_ready(spec.timeout_s)
+            self._wait_ready(spec.config.dist_timeout_s)
             self.serve_refs = [actor.serve.remote() for actor in self.actors]
             try:
                 self.comm = join_group(spec, 0)

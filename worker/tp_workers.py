@@ -16,13 +16,12 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from worker.model_config import parse_dtype
+from worker.model_executor_config import ModelExecutorConfig
 from worker.model_runner import ModelRunner
 from worker.step import StepInput
 from worker.tp import TPCommunicator
@@ -37,18 +36,12 @@ class Shutdown:
 class RankSpec:
     """Everything a rank needs to build its runner (sent to spawned ranks)."""
 
-    model_dir: Path
-    tp_size: int
-    num_blocks: int
-    block_size: int
-    num_host_blocks: int
-    dtype: str
-    device_type: str  # "cpu" (gloo) | "cuda" (NCCL, rank r on cuda:r)
+    config: ModelExecutorConfig
     init_method: str  # tcp://127.0.0.1:<free port>
-    timeout_s: float
 
-    def device(self, rank: int) -> torch.device:
-        return torch.device("cuda", rank) if self.device_type == "cuda" else torch.device("cpu")
+    def torch_device(self, rank: int) -> torch.device:
+        """Local ranks share this host's GPUs: rank r runs on cuda:r."""
+        return torch.device("cuda", rank) if self.config.device == "cuda" else torch.device("cpu")
 
 
 def free_port(ip: str = "127.0.0.1") -> int:
@@ -62,43 +55,33 @@ def join_group(spec: RankSpec, rank: int) -> TPCommunicator:
     """Join the replica's process group (the default group of this process)."""
     if dist.is_initialized():
         raise RuntimeError("this process already belongs to a torch.distributed group")
-    backend = "nccl" if spec.device_type == "cuda" else "gloo"
+    backend = "nccl" if spec.config.device == "cuda" else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(spec.device(rank))
+        torch.cuda.set_device(spec.torch_device(rank))
     dist.init_process_group(
         backend,
         init_method=spec.init_method,
         rank=rank,
-        world_size=spec.tp_size,
-        timeout=timedelta(seconds=spec.timeout_s),
+        world_size=spec.config.tp,
+        timeout=timedelta(seconds=spec.config.dist_timeout_s),
     )
     group = dist.group.WORLD
     # Step metadata travels over gloo even when tensors use NCCL.
     cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else group
-    return TPCommunicator(rank, spec.tp_size, group, cpu_group)
+    return TPCommunicator(rank, spec.config.tp, group, cpu_group)
 
 
-def build_runner(spec: RankSpec, rank: int, comm: TPCommunicator) -> ModelRunner:
+def build_runner(spec: RankSpec, comm: TPCommunicator) -> ModelRunner:
     """Build this rank's runner, then agree with every rank that all of them succeeded.
 
     Raises RuntimeError naming each rank that failed (on every rank).
     """
     runner, error = None, ""
     try:
-        runner = ModelRunner(
-            spec.model_dir,
-            rank,
-            spec.tp_size,
-            comm,
-            spec.num_blocks,
-            spec.block_size,
-            spec.num_host_blocks,
-            parse_dtype(spec.dtype),
-            spec.device(rank),
-        )
+        runner = ModelRunner(spec.config, comm, spec.torch_device(comm.rank))
     except Exception as exc:  # reported to rank 0 below instead of hanging it
         error = f"{type(exc).__name__}: {exc}"
-    errors: list[str] = [""] * spec.tp_size
+    errors: list[str] = [""] * spec.config.tp
     dist.all_gather_object(errors, error, group=comm.cpu_group)
     failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
     if failed or runner is None:
@@ -110,7 +93,7 @@ def rank_main(spec: RankSpec, rank: int) -> None:
     """Entry point of a spawned rank: follow rank 0's steps until Shutdown."""
     comm = join_group(spec, rank)
     try:
-        runner = build_runner(spec, rank, comm)
+        runner = build_runner(spec, comm)
         while True:
             message = comm.broadcast_object(None)
             if isinstance(message, Shutdown):
@@ -128,7 +111,7 @@ class TPWorkerGroup:
         ctx = mp.get_context("spawn")
         self.processes = [
             ctx.Process(target=rank_main, args=(spec, rank), daemon=True, name=f"tp-rank-{rank}")
-            for rank in range(1, spec.tp_size)
+            for rank in range(1, spec.config.tp)
         ]
         for p in self.processes:
             p.start()

@@ -8,6 +8,7 @@ after a deadline.
 
 from __future__ import annotations
 
+import os
 import re
 import selectors
 import signal
@@ -61,21 +62,28 @@ class EngineWorker:
     def _ready_line(self, timeout_s: float) -> tuple[str, str]:
         deadline = time.monotonic() + timeout_s
         assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        pending = b""
+        # The pipe's bytes, not a buffered readline: the KV events line and the ready line
+        # come out together, and a line left in a reader's buffer would wait for the next
+        # select, which no further output ever wakes.
         with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            sel.register(fd, selectors.EVENT_READ)
             while time.monotonic() < deadline:
                 if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
                     break
-                line = self.proc.stdout.readline()
-                if not line:  # EOF: the process is gone
+                data = os.read(fd, 65536)
+                if not data:  # EOF: the process is gone
                     break
-                events = KV_EVENTS.search(line)
-                if events:
-                    self.kv_events_endpoint = events["endpoint"]
-                    self.kv_events_replay_endpoint = events["replay"]
-                match = READY.search(line)
-                if match:
-                    return match["url"], match["model"]
+                *lines, pending = (pending + data).split(b"\n")
+                for line in (raw.decode(errors="replace") for raw in lines):
+                    events = KV_EVENTS.search(line)
+                    if events:
+                        self.kv_events_endpoint = events["endpoint"]
+                        self.kv_events_replay_endpoint = events["replay"]
+                    match = READY.search(line)
+                    if match:
+                        return match["url"], match["model"]
         raise RuntimeError(f"kvroute engine {' '.join(self.args)} did not become ready "
                            f"(exit status {self.proc.poll()}): {self.log_tail()}")
 

@@ -1,8 +1,10 @@
 """The router core's facade: one object the gateway asks where each request goes.
 
 Pure Python (kv, worker.api, no Ray, no torch). The serving side feeds it events, snapshots
-and stats, tells it when requests finish, and switches it to approximate mode when the index
-actor is unreachable or stale.
+and stats, tells it when requests finish, and switches it to approximate mode: all replicas
+when the index actor is unreachable or stale (`set_fallback`), or one replica at a time when
+that replica publishes no events or its events went stale (`set_replica_approximate`), while
+the others are still routed on their events.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from kv.events import EventBatch, Snapshot
 from kv.hashing import BlockHash
 from router.core.config import RouterConfig
 from router.core.history import RoutedHistory
-from router.core.index import PrefixIndex
+from router.core.index import PrefixIndex, PrefixMatch
 from router.core.load import LoadTracker
 from router.core.policies import ReplicaView, RouteQuery, make_policy
 from worker.api import EngineStats
@@ -48,6 +50,7 @@ class Router:
                                      active=config.approximate)
         self.loads = LoadTracker()
         self._fallback = False
+        self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
         # request id -> (replica, the blocks it holds pending there), until `on_finished`
         self._held: dict[str, tuple[str, Sequence[BlockHash]]] = {}
 
@@ -71,28 +74,28 @@ class Router:
                              f"{num_prompt_tokens} prompt tokens at block size {block_size}")
         if len(set(replica_ids)) != len(replica_ids):
             replica_ids = list(dict.fromkeys(replica_ids))
-        approximate = self.approximate
-        if approximate and self.history.warming:
+        on_history = self._history_candidates(replica_ids)
+        if on_history and self.history.warming:
             self.history.warm_step(self.config.fallback_warmup_blocks)
-        # While the fallback's history is still warming up, the last event data (stale,
-        # but better than a half-built history) decides, pending marks included.
-        use_history = approximate and not self.history.warming
-        source = self.history if use_history else self.index
+            # While the history is still warming up, the last event data (stale, but better
+            # than a half-built history) decides, pending marks included.
+            if self.history.warming:
+                on_history = frozenset()
         policy = self.policy
         confirmed: dict[str, int] = {}  # device runs that pending marks carried on
-        matches = (source.match(block_hashes, replica_ids, confirmed) if policy.uses_index
-                   else {})
+        matches = (self._match(block_hashes, replica_ids, on_history, confirmed)
+                   if policy.uses_index else {})
         query = RouteQuery(request_id, block_hashes, num_prompt_tokens, max_tokens, replica_ids)
         replica_id = policy.choose(query, ReplicaView(matches, self.loads.load))
         if replica_id not in replica_ids:
             raise RuntimeError(f"policy {policy.name} chose {replica_id!r}, not a candidate")
         if not policy.uses_index:
-            matches = source.match(block_hashes, (replica_id,), confirmed)
+            matches = self._match(block_hashes, (replica_id,), on_history, confirmed)
         match = matches.get(replica_id)
         device_tokens, host_tokens = (match.hit_tokens(block_size, num_prompt_tokens)
                                       if match else (0, 0))
 
-        if not use_history:
+        if replica_id not in on_history:
             # Mark from the end of the confirmed device run: the blocks this request computes
             # or copies in, and pending ones it refreshes. The walk measured that run.
             num_confirmed = confirmed.get(replica_id, match.num_device_blocks if match else 0)
@@ -104,7 +107,30 @@ class Router:
         prefill_tokens = (num_prompt_tokens - device_tokens - host_tokens
                           + self.config.host_cost_fraction * host_tokens)
         self.loads.add(request_id, replica_id, prefill_tokens + max_tokens, max_tokens)
-        return RoutingDecision(replica_id, device_tokens, host_tokens, approximate)
+        return RoutingDecision(replica_id, device_tokens, host_tokens,
+                               self.is_approximate(replica_id))
+
+    def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:
+        """The candidates to match on routed history rather than on events."""
+        if self.approximate:
+            return frozenset(replica_ids)
+        if not self._approximate_ids:
+            return frozenset()
+        return self._approximate_ids.intersection(replica_ids)
+
+    def _match(self, block_hashes: Sequence[BlockHash], replica_ids: Sequence[str],
+               on_history: frozenset[str], confirmed: dict[str, int]) -> dict[str, PrefixMatch]:
+        """Each candidate's cached prefix: from the index for replicas routed on events,
+        from the history for the others."""
+        if not on_history:
+            return self.index.match(block_hashes, replica_ids, confirmed)
+        on_events = [r for r in replica_ids if r not in on_history]
+        if not on_events:
+            return self.history.match(block_hashes, replica_ids)
+        matches = self.index.match(block_hashes, on_events, confirmed)
+        matches.update(self.history.match(
+            block_hashes, [r for r in replica_ids if r in on_history]))
+        return matches
 
     def on_finished(self, request_id: str) -> None:
         """Drops the request's outstanding work, and starts the TTL of its pending marks
@@ -132,8 +158,19 @@ class Router:
         self.index.remove_replica(replica_id)
         self.history.remove_replica(replica_id)
         self.loads.remove_replica(replica_id)
+        if replica_id in self._approximate_ids:
+            self._approximate_ids.discard(replica_id)
+            self._sync_history()
         for request_id in [r for r, (rep, _) in self._held.items() if rep == replica_id]:
             del self._held[request_id]  # its marks went with the replica
+
+    def drop_index(self, replica_id: str) -> None:
+        """Forgets what events said the replica holds, and its pending marks, but keeps its
+        routed history and load: its events stopped (route it on history meanwhile, see
+        `set_replica_approximate`)."""
+        self.index.remove_replica(replica_id)
+        for request_id in [r for r, (rep, _) in self._held.items() if rep == replica_id]:
+            del self._held[request_id]
 
     def set_fallback(self, active: bool) -> None:
         """While active, decide in approximate mode (the index is unreachable or stale).
@@ -143,7 +180,27 @@ class Router:
         replayed, decisions use the last event data (flagged approximate).
         """
         self._fallback = active
-        self.history.set_active(active or self.config.approximate)
+        self._sync_history()
+
+    def set_replica_approximate(self, replica_id: str, approximate: bool) -> None:
+        """Routes one replica on routed history (True: it publishes no events, or they went
+        stale) or on its events again (False), from the next decision on; the other
+        replicas keep their own mode. The first approximate replica starts the history's
+        LRU and index as `set_fallback` does; until they are replayed, the last event data
+        decides for it (flagged approximate)."""
+        if approximate:
+            self._approximate_ids.add(replica_id)
+        else:
+            self._approximate_ids.discard(replica_id)
+        self._sync_history()
+
+    def is_approximate(self, replica_id: str) -> bool:
+        """True while decisions about the replica use routed history, not events."""
+        return self.approximate or replica_id in self._approximate_ids
+
+    def _sync_history(self) -> None:
+        self.history.set_active(self.config.approximate or self._fallback
+                                or bool(self._approximate_ids))
 
     def index_blocks(self) -> dict[str, int]:
         """Distinct block hashes in the index that decisions use, by medium."""

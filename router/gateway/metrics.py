@@ -7,7 +7,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/prefixes",
-             "/health", "/ready", "/metrics")
+             "/v1/workers", "/health", "/ready", "/metrics")
 
 
 def endpoint_label(path: str) -> str:

@@ -4,7 +4,8 @@
 chart's RayService `serveConfigV2`, `serve run router.serve.app:build_app replicas=2`). Its
 args are the fields of `ServeSettings` (router/serve/settings.py), over the `KVROUTE_<NAME>`
 variables of the process that builds the app. `kvroute serve` deploys
-`serve_application(settings)`.
+`serve_application(settings)`. With `workers`, the app is the gateway in front of those
+external servers instead (router/serve/workers_app.py): no engine replica is deployed.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from router.gateway.app import Gateway, GatewayConfig
+from router.gateway.http_server import HttpConfig
 from router.serve.engine_http import DirectEngineReplica, EngineHTTPConfig
 from router.serve.engine_replica import EngineReplica, ReplicaResources, engine_deployment_options
 from router.serve.ingress_router import IngressRouter, IngressRouterConfig
-from router.serve.settings import ServeSettings, SettingsError, load_settings
+from router.serve.settings import LaunchSettings, ServeSettings, SettingsError, load_settings
 from worker.engine_config import EngineConfig
 
 REQUEST_ROUTER_CLASS = "router.serve.request_router:KVRouteRequestRouter"
@@ -36,7 +38,15 @@ def _gpus_per_rank(settings: ServeSettings) -> float:
 
 def build_app(args: dict[str, Any]) -> Application:
     """Serve's application builder; raises SettingsError (a ValueError) on a bad arg."""
-    return serve_application(load_settings(ServeSettings, dict(args or {}), os.environ))
+    settings = load_settings(ServeSettings, dict(args or {}), os.environ)
+    if settings.workers:
+        from router.serve.workers_app import workers_application
+
+        # Its gateways listen themselves, where $KVROUTE_HOST / $KVROUTE_PORT say (the
+        # Serve proxy is not used: give the Serve config `proxy_location: Disabled`).
+        launch = load_settings(LaunchSettings, {}, os.environ)
+        return workers_application(settings, HttpConfig(launch.host, launch.port))
+    return serve_application(settings)
 
 
 def serve_application(serve_args: ServeSettings) -> Application:

@@ -36,8 +36,10 @@ class ChartValue:
             raise ValueError(f"ChartValue: bad dotted path {self.path!r}")
 
 
-# Setting name -> chart value. The chart also sets `model` (from model.source), `gpus_per_rank`
-# (1 when engine.engine is real) and `api_keys_file` (from apiKeys): values, not copies.
+# Setting name -> chart value. The chart also sets `model` (from model.source, or
+# model.servedName with workers), `tokenizer` (with workers: model.source's checkpoint),
+# `gpus_per_rank` (1 when engine.engine is real) and `api_keys_file` (from apiKeys): values,
+# not copies.
 CHART_VALUES: dict[str, ChartValue] = {
     "replicas": ChartValue("engine.replicas"),
     # A worker pod holds every rank of its replica, so tp GPUs must fit one node.
@@ -54,6 +56,7 @@ CHART_VALUES: dict[str, ChartValue] = {
     "host_cost_fraction": ChartValue("routing.hostCostFraction"),
     "gateways": ChartValue("gateway.replicas"),
     "ingress": ChartValue("gateway.ingress"),
+    "workers": ChartValue("workers", {"items": {"type": "string", "pattern": "^https?://"}}),
 }
 
 

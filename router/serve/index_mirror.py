@@ -48,12 +48,17 @@ class MirrorConfig:
 
 class IndexMirror:
     """Feeds `router` from the index actor. `lock` guards the router (shared with the
-    routing path, which may run on another thread)."""
+    routing path, which may run on another thread). `on_removed(replica_id)` handles a
+    replica the actor stopped listing: by default `Router.remove_replica` (the replica is
+    gone); external workers, whose events may stop while they still serve, drop only
+    their index (`Router.drop_index`)."""
 
-    def __init__(self, router: Router, router_id: str, lock: threading.Lock,
+    def __init__(self, router: Router, router_id: str, lock: threading.Lock, *,
                  config: MirrorConfig | None = None, index: Any = None,
+                 on_removed: Callable[[str], None] | None = None,
                  on_routes_ended: Callable[[tuple[str, ...]], None] | None = None):
         self.router = router
+        self._on_removed = on_removed or router.remove_replica
         self._on_routes_ended = on_routes_ended  # direct routes that ended on a replica
         self.router_id = router_id
         self.config = config or MirrorConfig()
@@ -67,6 +72,8 @@ class IndexMirror:
         self._last_ok_s: float | None = None
         self.fallback_reason: str | None = "index_unreachable"  # until the first good poll
         self.num_polls = 0
+        # external workers' KV event mode, "events" | "approximate", as of the last poll
+        self.worker_modes: dict[str, str] = {}
         self._first_poll: asyncio.Future | None = None
 
     def start(self) -> None:
@@ -122,7 +129,7 @@ class IndexMirror:
     def _apply(self, reply: PollReply) -> None:
         router = self.router
         for replica_id in reply.removed_replica_ids:
-            router.remove_replica(replica_id)
+            self._on_removed(replica_id)
             self._cursors.pop(replica_id, None)
         for snap in reply.snapshots:
             router.apply_snapshot(snap)
@@ -134,6 +141,7 @@ class IndexMirror:
                 self._cursors[batch.replica_id] = Cursor(batch.epoch, batch.next_seq)
         for replica_id, stats in reply.stats.items():
             router.update_stats(replica_id, stats)
+        self.worker_modes = reply.worker_modes
         if reply.snapshots or reply.batches or reply.removed_replica_ids:
             self._view_dirty = True
 

@@ -67,7 +67,7 @@ class KVRouteRequestRouter(RequestRouter):
         self._lock = threading.RLock()
         self.router = Router(RouterConfig(**(router or {})))
         self.mirror = IndexMirror(self.router, self.gateway_id, self._lock,
-                                  MirrorConfig(**(mirror or {})),
+                                  config=MirrorConfig(**(mirror or {})),
                                   on_routes_ended=self.routes_finished)
         self.metrics = RouterMetrics(model, self.gateway_id, self.router.policy.name)
         self._pusher = MetricsPusher(f"router/{self.gateway_id}", self.metrics.registry,

@@ -17,8 +17,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from router.cluster.worker_spec import parse_workers
 from router.core.config import RouterConfig
 from router.core.policies import POLICY_NAMES
 from worker.engine_config import EngineConfig
@@ -101,11 +109,41 @@ class ServeSettings(BaseModel):
     gpus_per_rank: float | None = Field(
         None, ge=0, description="GPUs per TP rank (unset: 1 with engine real on a cluster "
                                 "with GPUs, else 0)")
+    workers: tuple[str, ...] = Field(
+        (), description="external OpenAI-compatible workers (vLLM, SGLang, `kvroute engine`) "
+                        "to route to instead of deploying engine replicas, each "
+                        "URL[#kv_events=tcp://H:P[&kv_replay=tcp://H:P]] (its vLLM-format KV "
+                        "event sockets; a flag or variable lists them comma-separated); model "
+                        "is then the name they serve")
+    tokenizer: str | None = Field(
+        None, description="with workers: 'tiny' or a directory with the workers' "
+                          "tokenizer.json, to tokenize and hash prompts for routing (unset: "
+                          "model)")
+    admin_key_file: str | None = Field(
+        None, description="with workers: a file holding the admin key of POST/DELETE "
+                          "/v1/workers ($KVROUTE_ADMIN_KEY wins); without either the admin "
+                          "API is off")
+    worker_health_period_s: float = Field(
+        2.0, gt=0, description="with workers: seconds between health checks of each worker")
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _split_workers(cls, value: Any) -> Any:
+        # A flag or variable gives one comma-separated string; a Serve config, a list.
+        return tuple(w for w in value.split(",") if w.strip()) if isinstance(value, str) else value
+
+    @field_validator("workers")
+    @classmethod
+    def _parse_workers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(str(spec) for spec in parse_workers(value))  # canonical, no duplicates
 
     @model_validator(mode="after")
     def _check_components(self) -> ServeSettings:
         # The components' own checks too (e.g. max_model_len against the pool), so a bad
         # combination fails here, before Ray starts, not inside a replica.
+        if self.workers and self.ingress == "direct":
+            raise ValueError("ingress direct makes kvroute's engine replicas the ingress; "
+                             "with workers the worker gateway is the ingress (drop one)")
         RouterConfig(**self.router_args())
         self.engine_config()
         return self

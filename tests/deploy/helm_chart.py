@@ -21,6 +21,7 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
     "autoscaling": ("autoscaling.yaml",),
     "sim-minimal": ("sim-minimal.yaml",),
     "direct": ("direct.yaml",),
+    "workers": ("workers.yaml",),
 }
 
 

@@ -12,6 +12,7 @@ from router.serve.engine_replica import EngineReplica
 from router.serve.ingress_router import IngressRouter
 from router.serve.serve_env import serve_env
 from router.serve.settings import ServeSettings, load_settings
+from router.serve.workers_app import WorkerGatewayReplica
 
 from .helm_chart import CHART, VALUE_SETS, notes, render, serve_config
 
@@ -27,7 +28,8 @@ def test_serve_args_are_accepted_by_the_app(helm_bin, value_set):
 def test_overridden_deployments_exist(helm_bin, value_set):
     (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
     assert {d["name"] for d in app["deployments"]} <= {Gateway.name, EngineReplica.name,
-                                                       IngressRouter.name}
+                                                       IngressRouter.name,
+                                                       WorkerGatewayReplica.name}
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
@@ -47,7 +49,10 @@ def test_every_ray_container_has_the_serve_env_of_its_ingress(helm_bin, value_se
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_notes_name_the_served_model(helm_bin, value_set):
     (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
-    served = ServeSettings(model=app["args"]["model"]).engine_config().served_model_name
+    settings = ServeSettings(model=app["args"]["model"], workers=app["args"].get("workers", ()))
+    # with workers, the model is the name they serve, verbatim
+    served = (settings.model if settings.workers
+              else settings.engine_config().served_model_name)
     assert f'"model": "{served}"' in notes(helm_bin, VALUE_SETS[value_set])
 
 

@@ -26,6 +26,7 @@ EXPECTED_KINDS = {
     "autoscaling": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
     "sim-minimal": ["RayService"],
     "direct": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
+    "workers": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
 }
 
 

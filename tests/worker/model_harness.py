@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from kv.manager import CopyPlan
+from worker.model_executor_config import ModelExecutorConfig
 from worker.model_runner import ModelRunner
 from worker.step import ScheduledSeq, StepInput
 from worker.tp import SingleProcessCommunicator
@@ -70,20 +71,18 @@ def make_runner(
     path: Path,
     num_blocks: int = 48,
     num_host_blocks: int = 0,
-    dtype: torch.dtype = torch.float32,
+    dtype: str = "float32",
     device: str = "cpu",
 ) -> ModelRunner:
-    return ModelRunner(
-        path,
-        tp_rank=0,
-        tp_size=1,
-        comm=SingleProcessCommunicator(),
+    config = ModelExecutorConfig(
+        model_dir=path,
         num_blocks=num_blocks,
         block_size=BLOCK_SIZE,
         num_host_blocks=num_host_blocks,
         dtype=dtype,
         device=device,
     )
+    return ModelRunner(config, SingleProcessCommunicator(), device)
 
 
 def seq(

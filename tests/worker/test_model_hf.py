@@ -191,7 +191,7 @@ def test_bad_chunk_is_rejected(checkpoint):
         runner.execute(step(swap_in=[(0, 1)]))  # the runner has no host blocks
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_close_to_fp32_hf(checkpoint, dtype):
     path, hf = checkpoint("qwen2")
     runner = make_runner(path, dtype=dtype)
@@ -209,7 +209,7 @@ def test_half_precision_close_to_fp32_hf(checkpoint, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-3), (torch.bfloat16, 0.25)])
+@pytest.mark.parametrize("dtype,atol", [("float32", 1e-3), ("bfloat16", 0.25)])
 def test_cuda_runner_with_triton_kernels_matches_hf(checkpoint, dtype, atol):
     path, hf = checkpoint("llama")
     runner = make_runner(path, num_host_blocks=2, dtype=dtype, device="cuda")

@@ -30,7 +30,7 @@ def _copy_with_config(src, dst, **changes):
 def test_unsupported_architecture(llama_dir, tmp_path):
     path = _copy_with_config(llama_dir, tmp_path / "m", architectures=["GPT2LMHeadModel"])
     with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'"):
-        check_checkpoint(path, tp_size=1)
+        check_checkpoint(path, tp=1)
 
 
 def test_unsupported_rope_type(llama_dir, tmp_path):
@@ -42,25 +42,25 @@ def test_unsupported_rope_type(llama_dir, tmp_path):
 
 def test_missing_directory_config_and_weights(llama_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        check_checkpoint(tmp_path / "nowhere", tp_size=1)
+        check_checkpoint(tmp_path / "nowhere", tp=1)
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="has no config.json"):
-        check_checkpoint(tmp_path / "empty", tp_size=1)
+        check_checkpoint(tmp_path / "empty", tp=1)
     shutil.copy(llama_dir / "config.json", tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match=r"has no \*\.safetensors weight files"):
-        check_checkpoint(tmp_path / "empty", tp_size=1)
+        check_checkpoint(tmp_path / "empty", tp=1)
     shutil.copy(llama_dir / "model.safetensors", tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="has no tokenizer.json"):
-        check_checkpoint(tmp_path / "empty", tp_size=1)
+        check_checkpoint(tmp_path / "empty", tp=1)
 
 
-def test_tp_size_must_divide_heads(llama_dir):
+def test_tp_must_divide_heads(llama_dir):
     # 4 attention heads, 2 KV heads, intermediate size 128
     with pytest.raises(ValueError, match=r"size 3 does not divide num_attention_heads \(4\)"):
-        check_checkpoint(llama_dir, tp_size=3)
+        check_checkpoint(llama_dir, tp=3)
     with pytest.raises(ValueError, match=r"size 4 does not divide num_key_value_heads \(2\)"):
-        check_checkpoint(llama_dir, tp_size=4)
-    assert check_checkpoint(llama_dir, tp_size=2).num_kv_heads == 2
+        check_checkpoint(llama_dir, tp=4)
+    assert check_checkpoint(llama_dir, tp=2).num_kv_heads == 2
 
 
 def test_missing_tensor_is_named(llama_dir, tmp_path):

@@ -48,7 +48,7 @@ def test_resolve_model(tmp_path, monkeypatch):
 
 def test_tiny_runs_and_matches_transformers(tmp_path):
     path = ensure_tiny(tmp_path)
-    config = check_checkpoint(path, tp_size=2)
+    config = check_checkpoint(path, tp=2)
     assert (config.num_layers, config.hidden_size, config.num_heads) == (2, 64, 4)
     assert config.eos_token_ids == (257, 261)
     tokens = [256, *b"hello tiny"]
@@ -74,7 +74,7 @@ def test_tiny_tokenizer_and_chat_template(tmp_path):
 def test_kv_pool_sizing(tmp_path):
     from worker.kv_cache import kv_block_bytes, num_blocks_for_memory
 
-    config = check_checkpoint(ensure_tiny(tmp_path), tp_size=1)
+    config = check_checkpoint(ensure_tiny(tmp_path), tp=1)
     # 2 layers x (K, V) x 2 KV heads x head_dim 16 x 16 tokens x 4 bytes
     assert kv_block_bytes(config, 16, 1, torch.float32) == 8192
     assert kv_block_bytes(config, 16, 2, torch.bfloat16) == 2048  # one KV head per rank

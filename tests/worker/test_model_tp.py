@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from tests.worker.model_harness import CONFIGS, hf_logits, load_hf, prompt, seq, step
-from worker.model_executor import ModelExecutor, ModelExecutorConfig
+from worker.model_executor import ModelExecutor
+from worker.model_executor_config import ModelExecutorConfig
 from worker.random_checkpoint import write_random_checkpoint
 
 
@@ -46,9 +47,9 @@ def test_tp2_matches_tp1_and_transformers(tmp_path):
     prompts = {"a": shared + prompt(5, seed=2), "b": shared + prompt(7, seed=3)}
     num_new = 6
 
-    def run(tp_size):
+    def run(tp):
         cfg = ModelExecutorConfig(
-            model_dir=path, tp_size=tp_size, num_blocks=16, block_size=4, dist_timeout_s=60
+            model_dir=path, tp=tp, num_blocks=16, block_size=4, dist_timeout_s=60
         )
         with ModelExecutor(cfg) as executor:
             return _run(executor, prompts, num_new)

@@ -1,4 +1,4 @@
-"""TP 2 with rank 1 a Ray actor (launcher "ray"), laid out as in Serve: rank 0 is an actor in
+"""TP 2 with rank 1 a Ray actor (tp_launcher "ray"), laid out as in Serve: rank 0 is an actor in
 bundle 0 of a two-bundle placement group, rank 1 goes to bundle 1. It computes what TP 1
 computes, and once rank 1 is dead the next step fails with an error naming it."""
 
@@ -13,7 +13,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tests.worker.model_harness import CONFIGS, prompt, seq, step
-from worker.model_executor import ModelExecutor, ModelExecutorConfig
+from worker.model_executor import ModelExecutor
+from worker.model_executor_config import ModelExecutorConfig
 from worker.random_checkpoint import write_random_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -72,7 +73,7 @@ def test_ray_tp2_matches_tp1_and_names_a_dead_rank(ray_cpus, tmp_path):
         rank_zero = ReplicaRankZero.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 0)
         ).remote()
-        ray_config = dataclasses.replace(config, tp_size=2, launcher="ray")
+        ray_config = dataclasses.replace(config, tp=2, tp_launcher="ray")
         result = rank_zero.run.remote(ray_config, prompts)
         with ModelExecutor(config) as executor:  # TP 1 here while Ray starts the ranks
             tokens_1, logits_1 = prefill_then_decode(executor, prompts)

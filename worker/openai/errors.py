@@ -10,7 +10,7 @@ from worker.api import EngineInputError
 class APIError(Exception):
     """An error answered with an OpenAI-style body."""
 
-    def __init__(self, status_code: int, message: str, type_: str = "invalid_request_error",
+    def __init__(self, status_code: int, message: str, *, type_: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status_code = status_code

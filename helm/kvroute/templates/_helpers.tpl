@@ -36,8 +36,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: gateway
 {{- end }}
 
+{{/*
+The image. Without `image.tag`: the chart's appVersion and the variant docker/Dockerfile
+builds for `engine.engine`, `cuda` for `real` (GPU engines), `cpu` for `sim`.
+*/}}
 {{- define "kvroute.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- $variant := ternary "cuda" "cpu" (eq .Values.engine.engine "real") }}
+{{- $tag := .Values.image.tag | default (printf "%s-%s" .Chart.AppVersion $variant) }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}
 
 {{/* The --model argument: `tiny`, or the checkpoint directory inside the pods. */}}

@@ -7,9 +7,14 @@
 {{/* Where the API keys Secret is mounted in every pod. */}}
 {{- define "kvroute.apiKeysDir" -}}/etc/kvroute/api-keys{{- end }}
 
-{{/* The name the API serves the model under: the checkpoint directory's name, or tiny. */}}
+{{/* The name the API serves the model under: the checkpoint directory's name, or tiny;
+with workers, the name they serve (model.servedName, else the model arg as given). */}}
 {{- define "kvroute.servedModelName" -}}
+{{- if .Values.workers }}
+{{- .Values.model.servedName | default (include "kvroute.modelArg" .) }}
+{{- else }}
 {{- base (include "kvroute.modelArg" .) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -36,7 +41,9 @@ ServeSettings (router/serve/settings.py). The HTTP proxy runs on the head only, 
 pod is the one gateway endpoint and the one metrics target; `deployments` pins the Gateway
 deployment (named in router/gateway/app.py), or with ingress direct the
 KVRouteIngressRouter (router/serve/ingress_router.py), to the head and, with autoscaling,
-lets Serve scale EngineReplica (router/serve/engine_replica.py).
+lets Serve scale EngineReplica (router/serve/engine_replica.py). With `workers`, the app is
+the worker gateway (router/serve/workers_app.py): its replicas, on the head, listen on the
+gateway port themselves, so no Serve proxy runs.
 */}}
 {{- define "kvroute.serveConfig" -}}
 {{- $engine := .Values.engine }}
@@ -58,6 +65,12 @@ lets Serve scale EngineReplica (router/serve/engine_replica.py).
   "gateways" .Values.gateway.replicas
   "ingress" .Values.gateway.ingress
 }}
+{{- $workers := .Values.workers }}
+{{- if $workers }}
+{{- $_ := set $args "workers" $workers }}
+{{- $_ := set $args "model" (include "kvroute.servedModelName" .) }}
+{{- $_ := set $args "tokenizer" (include "kvroute.modelArg" .) }}
+{{- end }}
 {{- if .Values.apiKeys.enabled }}
 {{- $_ := set $args "api_keys_file" (printf "%s/%s" (include "kvroute.apiKeysDir" .) .Values.apiKeys.secretKey) }}
 {{- end }}
@@ -65,9 +78,9 @@ lets Serve scale EngineReplica (router/serve/engine_replica.py).
 {{- /* the gateway processes: the Gateway ingress, or with ingress direct the routers */}}
 {{- $gatewayDeployment := ternary "KVRouteIngressRouter" "Gateway" (eq .Values.gateway.ingress "direct") }}
 {{- $deployments := list (dict
-  "name" $gatewayDeployment
+  "name" (ternary "WorkerGateway" $gatewayDeployment (not (empty $workers)))
   "ray_actor_options" (dict "num_cpus" 0 "resources" $gatewayResources)) }}
-{{- if $engine.autoscaling.enabled }}
+{{- if and $engine.autoscaling.enabled (empty $workers) }}
 {{- $deployments = append $deployments (dict
   "name" "EngineReplica"
   "num_replicas" "auto"
@@ -79,10 +92,17 @@ lets Serve scale EngineReplica (router/serve/engine_replica.py).
 {{- end }}
 {{- $app := dict
   "name" "kvroute"
-  "route_prefix" "/"
   "import_path" "router.serve.app:build_app"
   "args" $args
   "deployments" $deployments }}
 {{- $httpOptions := dict "host" "0.0.0.0" "port" (int (include "kvroute.gatewayPort" .)) }}
+{{- if $workers }}
+{{- /* The worker gateways listen on the gateway port themselves (no Serve proxy). */}}
+{{- $env := dict "KVROUTE_HOST" "0.0.0.0" "KVROUTE_PORT" (include "kvroute.gatewayPort" .) }}
+{{- $_ := set $app "runtime_env" (dict "env_vars" $env) }}
+{{- toYaml (dict "proxy_location" "Disabled" "http_options" $httpOptions "applications" (list $app)) }}
+{{- else }}
+{{- $_ := set $app "route_prefix" "/" }}
 {{- toYaml (dict "proxy_location" "HeadOnly" "http_options" $httpOptions "applications" (list $app)) }}
+{{- end }}
 {{- end }}

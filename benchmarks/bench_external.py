@@ -1,0 +1,251 @@
+"""kvroute in front of external OpenAI-compatible workers, over HTTP, in one run.
+
+    python benchmarks/bench_external.py [--results]
+
+Starts 4 `kvroute engine --engine sim` workers (simulated H100 + Llama 3 8B step times,
+their KV events in vLLM's format on ZMQ) and sends SGLang's generated-shared-prefix workload,
+scaled down (16 groups x 8 prompts, a 1,024-token system prompt per group, a 64-token
+question, 32 output tokens, shuffled, all sent at once as SGLang's bench_serving does),
+through:
+  - direct: the client round-robins over the workers itself (no kvroute);
+  - events: `kvroute serve --workers` routing on the workers' KV events (cache_aware);
+  - approximate: the same, on its own routed history (--approximate);
+  - round_robin: the same gateway, --policy round_robin.
+Each run gets its own prompts (its own seed), so no run hits what an earlier one cached,
+and a few requests first (other prompts). The four runs are repeated (--rounds, 2), every
+other round in reverse order, and averaged.
+The bound is one LRU with the 4 workers' blocks serving the same prompts in the same order
+(benchmarks/simlib/pooled.py). Then, beside the events gateway, the latency of one request
+alone (max_tokens 1) through kvroute and straight to a worker, taking turns; and beside the
+round_robin gateway, streamed tokens per second with 64 streams in flight through kvroute
+and straight to the workers, each measured twice, alternating.
+
+Prints a table, then one JSON line: hit_rate_over_bound (events), ttft_p50_ratio_vs_round_robin
+(events over kvroute round_robin), added_latency_p50_ms (kvroute minus direct),
+stream_tok_s_ratio_vs_direct (kvroute round_robin over direct round robin). `--results`
+writes the section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.simlib import workloads as wl  # noqa: E402
+from benchmarks.simlib.engine_workers import EngineWorker, stop_all  # noqa: E402
+from benchmarks.simlib.gateway_server import start_gateway  # noqa: E402
+from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator, summarize_http  # noqa
+from benchmarks.simlib.overhead_probe import (  # noqa: E402
+    RoundRobinTransport,
+    client_for,
+    latency_p50_ms,
+    stream_tok_s,
+)
+from benchmarks.simlib.pooled import PooledLRU  # noqa: E402
+from benchmarks.simlib.prompts import TokenSource  # noqa: E402
+from benchmarks.simlib.results import write_section  # noqa: E402
+from kv.hashing import block_hashes, namespace_root  # noqa: E402
+
+SECTION = "## External workers: kvroute serve --workers (bench_external.py)"
+MODEL = "tiny"
+# name -> (kvroute serve flags, workers given with their KV event sockets)
+GATEWAYS = {"events": ([], True), "approximate": (["--approximate"], False),
+            "round_robin": (["--policy", "round_robin"], False)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--sim-preset", default="h100-llama3-8b")
+    p.add_argument("--num-blocks", type=int, default=2048, help="KV blocks per worker")
+    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--prompts-per-group", type=int, default=8)
+    p.add_argument("--system-len", type=int, default=1024)
+    p.add_argument("--question-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight (default: all at once)")
+    p.add_argument("--latency-requests", type=int, default=300)
+    p.add_argument("--streams", type=int, default=320, help="streams per measurement")
+    p.add_argument("--stream-concurrency", type=int, default=64)
+    p.add_argument("--stream-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="times each run is repeated (every other round in reverse order)")
+    p.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    return p.parse_args(argv)
+
+
+def run_workload(args, base_url: str | None, worker_urls: list[str], seed: int) -> dict:
+    """The workload through `base_url` (None: straight to the workers, round robin)."""
+    workload = wl.generated_shared_prefix(args.groups, args.prompts_per_group, args.system_len,
+                                          args.question_len, args.output_len, seed=seed)
+    tokens = TokenSource(seed, 32, 127, workload.shared_keys())
+    config = LoadConfig(base_url or "http://workers", MODEL,
+                        max_concurrency=args.max_concurrency)
+    transport = RoundRobinTransport(worker_urls) if base_url is None else None
+    records = asyncio.run(LoadGenerator(config, workload, tokens, transport).run())
+    summary = summarize_http(records)
+    if summary["num_errors"]:
+        raise RuntimeError(f"{summary['num_errors']} requests failed, first: "
+                           f"{summary['first_error']}")
+    bound = PooledLRU(args.workers * args.num_blocks, 16)
+    root = namespace_root(MODEL)
+    for item in workload.items:
+        ids = np.concatenate([tokens.tokens(s) for s in item.segments]).tolist()
+        bound.serve_prompt(block_hashes(ids, 16, root), len(ids))
+    summary["bound_hit_rate"] = bound.hit_rate
+    summary["load_avg_1m"] = os.getloadavg()[0]
+    return summary
+
+
+def measure_latency(args, base_url: str, worker_urls: list[str]) -> dict[str, float]:
+    async def run() -> dict[str, float]:
+        clients = {"kvroute": client_for(base_url, worker_urls),
+                   "direct": client_for(None, worker_urls)}
+        try:
+            return await latency_p50_ms(clients, MODEL, args.latency_requests, 32)
+        finally:
+            for client in clients.values():
+                await client.aclose()
+    return {**asyncio.run(run()), "load_avg_1m": os.getloadavg()[0]}
+
+
+def measure_streams(args, base_url: str, worker_urls: list[str]) -> dict[str, float]:
+    async def one(url: str | None) -> float:
+        async with client_for(url, worker_urls) as client:
+            return await stream_tok_s(client, MODEL, args.streams, args.stream_concurrency,
+                                      args.stream_tokens, 32)
+    out: dict[str, list[float]] = {"direct": [], "kvroute": []}
+    for _ in range(2):
+        out["direct"].append(asyncio.run(one(None)))
+        out["kvroute"].append(asyncio.run(one(base_url)))
+    return {**{k: float(np.mean(v)) for k, v in out.items()},
+            "load_avg_1m": os.getloadavg()[0]}
+
+
+def warm_up(args, base_url: str | None, worker_urls: list[str]) -> None:
+    """A few requests of the workload's shape first (connections, code paths), with
+    prompts no timed run sends."""
+    small = argparse.Namespace(**{**vars(args), "groups": 2, "prompts_per_group": 4})
+    run_workload(small, base_url, worker_urls, seed=10_000)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    worker_args = ["--engine", "sim", "--sim-preset", args.sim_preset,
+                   "--num-blocks", str(args.num_blocks), "--kv-events-port", "0"]
+    workers = [EngineWorker(worker_args) for _ in range(args.workers)]
+    runs: dict[str, list[dict]] = {name: [] for name in ("direct", *GATEWAYS)}
+    latency: list[dict] = []
+    streams: list[dict] = []
+    try:
+        for worker in workers:  # they start together; on a crowded box that takes minutes
+            worker.wait_ready(timeout_s=900.0)
+        urls = [w.url for w in workers]
+        with_events = [f"{w.url}#kv_events={w.kv_events_endpoint}"
+                       f"&kv_replay={w.kv_events_replay_endpoint}" for w in workers]
+        seeds = iter(range(1, 1000))  # every run its own prompts
+        with tempfile.TemporaryDirectory(prefix="kvroute-bench-external-") as tmp:
+            for round_index in range(args.rounds):
+                # every other round backwards, so a drift of the box's load hits all alike
+                order = list(runs) if round_index % 2 == 0 else list(runs)[::-1]
+                for name in order:
+                    if name == "direct":
+                        warm_up(args, None, urls)
+                        runs[name].append(run_workload(args, None, urls, next(seeds)))
+                        continue
+                    flags, events = GATEWAYS[name]
+                    # routed history assumes each worker caches what its pool holds
+                    flags = [*flags, "--num-blocks", str(args.num_blocks)]
+                    server = start_gateway(with_events if events else urls, flags,
+                                           Path(tmp) / f"serve-{name}.log", events=events)
+                    try:
+                        warm_up(args, server.base_url, urls)
+                        runs[name].append(run_workload(args, server.base_url, urls,
+                                                       next(seeds)))
+                        if name == "events":
+                            latency.append(measure_latency(args, server.base_url, urls))
+                        if name == "round_robin":
+                            streams.append(measure_streams(args, server.base_url, urls))
+                    finally:
+                        server.stop()
+    finally:
+        stop_all(workers)
+    return report(args, runs, latency, streams)
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return float(np.mean([r[key] for r in rows]))
+
+
+def report(args, runs: dict[str, list[dict]], latency: list[dict], streams: list[dict]
+           ) -> dict:
+    lines = [f"{'run':<16}{'ok':>5}{'hit rate':>10}{'bound':>8}{'hit/bound':>11}"
+             f"{'ttft p50 s':>12}{'ttft p90 s':>12}{'out tok/s':>11}{'load 1m':>9}"]
+    for name, rows in runs.items():
+        for i, s in enumerate(rows):
+            lines.append(f"{name + f' #{i + 1}':<16}{s['num_ok']:>5}"
+                         f"{s['cached_token_rate']:>10.3f}{s['bound_hit_rate']:>8.3f}"
+                         f"{s['cached_token_rate'] / s['bound_hit_rate']:>11.3f}"
+                         f"{s['ttft_p50_s']:>12.3f}{s['ttft_p90_s']:>12.3f}"
+                         f"{s['throughput_tok_s']:>11.1f}{s['load_avg_1m']:>9.2f}")
+    for i, (lat, st) in enumerate(zip(latency, streams)):
+        lines.append(f"#{i + 1} one request alone, max_tokens 1, p50 ms: kvroute "
+                     f"{lat['kvroute']:.2f}, direct {lat['direct']:.2f} (load 1m "
+                     f"{lat['load_avg_1m']:.2f}); {args.stream_concurrency} streams in "
+                     f"flight, tok/s: kvroute round_robin {st['kvroute']:.0f}, direct round "
+                     f"robin {st['direct']:.0f} (load 1m {st['load_avg_1m']:.2f})")
+    print("\n".join(lines))
+
+    def hit_over_bound(name: str) -> float:
+        rows = runs[name]
+        return round(_mean(rows, "cached_token_rate") / _mean(rows, "bound_hit_rate"), 3)
+
+    def ttft_ratio(name: str) -> float:
+        return round(_mean(runs[name], "ttft_p50_s") / _mean(runs["round_robin"],
+                                                              "ttft_p50_s"), 3)
+
+    out = {
+        "hit_rate_over_bound": hit_over_bound("events"),
+        "ttft_p50_ratio_vs_round_robin": ttft_ratio("events"),
+        "added_latency_p50_ms": round(_mean(latency, "kvroute") - _mean(latency, "direct"), 2),
+        "stream_tok_s_ratio_vs_direct": round(_mean(streams, "kvroute")
+                                              / _mean(streams, "direct"), 3),
+        "approximate_hit_rate_over_bound": hit_over_bound("approximate"),
+        "approximate_ttft_p50_ratio_vs_round_robin": ttft_ratio("approximate"),
+        "direct_round_robin_ttft_p50_ratio_vs_round_robin": ttft_ratio("direct"),
+    }
+    if args.results:
+        write_section(ROOT / "benchmarks" / "RESULTS.md", SECTION,
+                      results_text(args, lines, out))
+    print(json.dumps(out))
+    return out
+
+
+def results_text(args, lines: list[str], out: dict) -> str:
+    targets = (("hit_rate_over_bound", ">= 0.97"), ("ttft_p50_ratio_vs_round_robin", "<= 0.5"),
+               ("added_latency_p50_ms", "<= 2"), ("stream_tok_s_ratio_vs_direct", ">= 0.8"))
+    rows = "\n".join(f"| {k} | {t} | {out[k]} |" for k, t in targets)
+    return (f"{SECTION}\n\n`python benchmarks/bench_external.py --results` on the shared "
+            f"2-core CPU box: {args.workers} `kvroute engine --engine sim --sim-preset "
+            f"{args.sim_preset}` workers, {args.num_blocks} KV blocks each. Workload: "
+            f"{args.groups} groups x {args.prompts_per_group} prompts, {args.system_len}-token "
+            f"system prompt, {args.question_len}-token question, {args.output_len} output "
+            f"tokens, {args.max_concurrency or 'all'} in flight.\n\n```\n"
+            + "\n".join(lines) + "\n"
+            + json.dumps(out) + "\n```\n\n| figure | target | measured |\n|---|---|---|\n"
+            + rows + "\n")
+
+
+if __name__ == "__main__":
+    main()

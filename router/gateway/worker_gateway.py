@@ -1,0 +1,169 @@
+"""The OpenAI-compatible gateway in front of external workers.
+
+Per request: authenticate (API key -> tenant -> cache salt), read the prompt, tokenize and
+hash it once (Protocol 1), let the Router core pick a worker (router/serve/worker_router.py)
+and forward the body there over HTTP, relaying the worker's answer byte for byte
+(router/gateway/worker_proxy.py). Besides the OpenAI routes: `/v1/workers` (the admin API
+of the worker set), `/health`, `/ready` (503, naming the workers that are down, while none
+is up) and `/metrics` (the cluster's series). router/gateway/worker_app.py makes it an
+HTTP app, which the gateway process serves itself: one HTTP hop, no Ray call in the token
+path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from router.cluster.metrics_hub import (
+    MetricsHubConfig,
+    MetricsPusher,
+    flush_local_pushers,
+    get_metrics_hub,
+)
+from router.cluster.worker_set import WorkerSetConfig, get_worker_set_actor
+from router.cluster.worker_spec import WorkerSpec, WorkerSpecError, canonical_url
+from router.core.router import RouterConfig
+from router.gateway.admin import AdminAuth, change_body, load_admin_key, spec_from_body, worker_body
+from router.gateway.metrics import GatewayMetrics
+from router.gateway.routed_body import RoutedBody, chat_body, completion_body
+from router.gateway.tenants import TenantAuth, load_api_keys
+from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
+from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
+from worker.openai.errors import APIError
+from worker.openai.prompt import PromptBuilder
+from worker.tokenizer_files import tokenizer_dir
+
+
+@dataclass(frozen=True)
+class WorkerGatewayConfig:
+    model: str  # the API's model name (what the workers serve) and the hash namespace
+    tokenizer: str  # "tiny" or a directory with the model's tokenizer.json
+    router: RouterConfig
+    worker_set: WorkerSetConfig
+    api_keys_file: str | None = None
+    admin_key_file: str | None = None
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    metrics: MetricsHubConfig = field(default_factory=MetricsHubConfig)
+
+    def __post_init__(self):
+        if self.worker_set.model != self.model:
+            raise ValueError(f"WorkerGatewayConfig: the worker set checks model "
+                             f"{self.worker_set.model!r}, the gateway serves {self.model!r}")
+
+
+class WorkerGateway:
+    """One gateway process's handlers; `start` connects it to the cluster."""
+
+    def __init__(self, config: WorkerGatewayConfig, gateway_id: str):
+        self.config = config
+        self.model = config.model
+        self.gateway_id = gateway_id
+        self.prompts = PromptBuilder(tokenizer_dir(config.tokenizer), config.model,
+                                     config.router.block_size)
+        self.auth = TenantAuth(load_api_keys(config.api_keys_file))
+        self.admin = AdminAuth(load_admin_key(config.admin_key_file))
+        self.proxy = WorkerProxy(config.proxy)
+        self.metrics = GatewayMetrics(self.model)
+        self._pusher = MetricsPusher(f"gateway/{gateway_id}", self.metrics.registry,
+                                     config.metrics)
+        self.workers = None  # the worker-set actor, once started
+        self.router: WorkerRouter | None = None
+        self.hub = None
+
+    async def start(self) -> None:
+        """Finds (or creates) the cluster actors and reads the worker set once."""
+        self.workers = await asyncio.to_thread(get_worker_set_actor, self.config.worker_set)
+        self.hub = await asyncio.to_thread(get_metrics_hub, self.config.metrics)
+        self.router = WorkerRouter(self.config.router, self.model, self.gateway_id,
+                                   self.workers, metrics_config=self.config.metrics)
+        await self.router.start()
+        self._pusher.start()
+
+    async def aclose(self) -> None:
+        await self.proxy.aclose()
+
+    # ---- OpenAI API ----
+
+    async def completions(self, request: Request) -> Response:
+        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        routed = completion_body(await request.body(), self.prompts, self.model, tenant)
+        return await self._forward("/v1/completions", routed, tenant)
+
+    async def chat_completions(self, request: Request) -> Response:
+        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        routed = chat_body(await request.body(), self.prompts, self.model, tenant)
+        return await self._forward("/v1/chat/completions", routed, tenant)
+
+    async def models(self, request: Request) -> JSONResponse:
+        self.auth.tenant_of(request.headers.get("authorization"))
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": 0, "owned_by": "kvroute"}]})
+
+    # ---- the worker set (admin key) ----
+
+    async def list_workers(self, request: Request) -> JSONResponse:
+        self.admin.check(request.headers.get("authorization"))
+        view = await self.workers.poll.remote(-1)
+        return JSONResponse({"object": "list",
+                             "data": [worker_body(w) for w in view.workers]})
+
+    async def add_worker(self, request: Request) -> JSONResponse:
+        self.admin.check(request.headers.get("authorization"))
+        spec = spec_from_body(await request.body())
+        body = change_body(await self.workers.add.remote(spec))
+        return JSONResponse(body, status_code=201)
+
+    async def remove_worker(self, request: Request) -> JSONResponse:
+        self.admin.check(request.headers.get("authorization"))
+        try:
+            worker_id = canonical_url(request.query_params.get("url", ""))
+        except WorkerSpecError as err:
+            raise APIError(400, f"give the worker as ?url=...: {err}", param="url",
+                           code="invalid_value") from None
+        return JSONResponse(change_body(await self.workers.remove.remote(worker_id)))
+
+    # ---- operations ----
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: Request) -> JSONResponse:
+        """200 while a worker is up; the body lists every worker, and why a down one is."""
+        view = self.router.view
+        ready = bool(view.up())
+        body = {"ready": ready, "workers": [worker_body(w) for w in view.workers]}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        await flush_local_pushers()  # this process's series (gateway, router) are current
+        return Response(await self.hub.exposition.remote(), media_type=CONTENT_TYPE_LATEST)
+
+    # ---- internals ----
+
+    async def _forward(self, path: str, routed: RoutedBody, tenant: str) -> Response:
+        hashes = self.prompts.block_hashes(routed.token_ids, tenant)
+        base_id = uuid.uuid4().hex
+        request_ids: dict[str, str] = {}  # worker id -> the request id routed there
+
+        def pick(tried: frozenset[str]) -> WorkerSpec:
+            request_id = f"{base_id}~{len(tried)}"
+            try:
+                worker, _ = self.router.route(request_id, hashes, len(routed.token_ids),
+                                              routed.max_tokens, tried)
+            except NoWorkerAvailable as err:
+                raise APIError(503, f"no worker can take the request: {err}",
+                               type_="service_unavailable_error",
+                               code="worker_unavailable") from None
+            request_ids[worker.worker_id] = request_id
+            return worker
+
+        def release(worker_id: str, error: str | None) -> None:
+            self.router.release(request_ids.pop(worker_id), error)
+
+        return await self.proxy.forward(path, routed.body, pick, release)

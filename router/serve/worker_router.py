@@ -1,0 +1,188 @@
+"""A gateway's router over external workers: the Router core, fed from the cluster.
+
+Per gateway process: a `Router` (router/core), its index mirror fed by the KV index actor
+(where workers' KV events land, filed under the worker id), and the worker set (the named
+actor of router/cluster/worker_set.py) long-polled for the routable workers and their
+scraped queue gauges. Each worker is routed on its events while the index actor says its
+mode is `events` (it follows the worker's KV events and its view is exact), and on this
+router's routed history otherwise (no events, or they stopped or lost a gap), one worker at
+a time (`Router.set_replica_approximate`).
+
+Everything runs on the gateway's event loop; the lock guards the Router against the index
+mirror, which shares it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from kv.hashing import BlockHash
+from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
+from router.cluster.worker_spec import WorkerSetView, WorkerSpec
+from router.core.router import Router, RouterConfig, RoutingDecision
+from router.serve.index_mirror import IndexMirror, MirrorConfig
+from router.serve.router_metrics import RouterMetrics
+from router.serve.worker_metrics import WorkerModeMetrics
+
+log = logging.getLogger(__name__)
+
+WORKER_POLL_WAIT_S = 1.0  # long-poll of the worker set
+WORKER_POLL_RETRY_S = 0.5  # after a failed poll
+
+
+class NoWorkerAvailable(Exception):
+    """No routable worker is left for the request (the gateway answers 503)."""
+
+
+class WorkerRouter:
+    """Args:
+        router_config: the Router core's settings (block size = the gateway's hashing).
+        model: served model name (metric label).
+        gateway_id: this gateway process's id (metric label, index mirror id).
+        worker_set: handle of the worker-set actor (`poll`, `report_failure`).
+    """
+
+    def __init__(self, router_config: RouterConfig, model: str, gateway_id: str,
+                 worker_set: Any, mirror_config: MirrorConfig | None = None,
+                 metrics_config: MetricsHubConfig | None = None):
+        self._lock = threading.RLock()
+        self.router = Router(router_config)
+        self.mirror = IndexMirror(self.router, gateway_id, self._lock, config=mirror_config,
+                                  on_removed=self.router.drop_index)
+        self.metrics = RouterMetrics(model, gateway_id, self.router.policy.name)
+        self.modes = WorkerModeMetrics(self.metrics.registry, gateway_id)
+        self._pusher = MetricsPusher(f"router/{gateway_id}", self.metrics.registry,
+                                     metrics_config, before_push=self._refresh_gauges)
+        self._worker_set = worker_set
+        self.view = WorkerSetView(-1, ())  # -1: not polled yet
+        self._routable: dict[str, WorkerSpec] = {}  # up, and not drained by this gateway
+        self._approximate: dict[str, bool] = {}  # worker id -> its mode, as last set
+        self._routed: dict[str, str] = {}  # request id -> worker id, until released
+        self._first_view = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Starts the loops; returns once the worker set was read (or could not be)."""
+        if self._task is None:
+            self.mirror.start()
+            self._pusher.start()
+            self._task = asyncio.get_running_loop().create_task(self._poll_workers())
+        await self._first_view.wait()
+
+    def route(self, request_id: str, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
+              max_tokens: int, exclude: frozenset[str] = frozenset()
+              ) -> tuple[WorkerSpec, RoutingDecision]:
+        """Picks a worker (not in `exclude`) and records it until `release`."""
+        candidates = [w for w in self._routable if w not in exclude]
+        if not candidates:
+            raise NoWorkerAvailable(self._why_none(exclude))
+        start_s = time.perf_counter()
+        with self._lock:
+            reason = self.mirror.check_stale()
+            self._refresh_modes()
+            decision = self.router.route(request_id, block_hashes, num_prompt_tokens,
+                                         candidates, max_tokens)
+        self.metrics.observe_decision(decision, num_prompt_tokens,
+                                      time.perf_counter() - start_s)
+        if reason is not None and not self.router.config.approximate:
+            self.metrics.observe_fallback(reason)
+        self._routed[request_id] = decision.replica_id
+        self._set_outstanding(decision.replica_id)
+        return self._routable[decision.replica_id], decision
+
+    def release(self, request_id: str, error: str | None = None) -> None:
+        """The request is done on its worker; with `error` when the worker failed it, which
+        drains the worker here at once and has the worker set check it."""
+        worker_id = self._routed.pop(request_id, None)
+        if worker_id is None:
+            return
+        with self._lock:
+            self.router.on_finished(request_id)
+        self._set_outstanding(worker_id)
+        if error is not None and worker_id in self._routable:
+            self._drain(worker_id)
+            asyncio.get_running_loop().create_task(self._report(worker_id, error))
+
+    # ---- the worker set ----
+
+    async def _poll_workers(self) -> None:
+        while ray.is_initialized():  # a driver that shut Ray down leaves this loop running
+            try:
+                view = await self._worker_set.poll.remote(self.view.version, WORKER_POLL_WAIT_S)
+            except Exception as err:  # the actor restarting: keep the last view meanwhile
+                log.warning("worker set unreachable: %r", err)
+                self._first_view.set()
+                await asyncio.sleep(WORKER_POLL_RETRY_S)
+                continue
+            if view.version != self.view.version:
+                self._apply(view)
+            self._first_view.set()
+
+    def _apply(self, view: WorkerSetView) -> None:
+        up = {w.spec.worker_id: w for w in view.up()}
+        with self._lock:
+            for worker_id in [w for w in self._routable if w not in up]:
+                self._drain(worker_id)
+            for worker_id, status in up.items():
+                if worker_id not in self._routable:
+                    log.info("routing to worker %s", worker_id)
+                    self._routable[worker_id] = status.spec
+                    self.metrics.add_replica(worker_id)
+                if status.stats is not None:
+                    self.router.update_stats(worker_id, status.stats)
+        self.view = view
+
+    def _drain(self, worker_id: str) -> None:
+        """No new requests to the worker, and nothing of it left in the router."""
+        log.warning("not routing to worker %s any more", worker_id)
+        del self._routable[worker_id]
+        self._approximate.pop(worker_id, None)
+        with self._lock:
+            self.router.remove_replica(worker_id)
+        self.metrics.remove_replica(worker_id)
+        self.modes.remove(worker_id)
+        for request_id in [r for r, w in self._routed.items() if w == worker_id]:
+            del self._routed[request_id]  # their release finds nothing to do
+
+    async def _report(self, worker_id: str, error: str) -> None:
+        """Has the worker set check the worker; if it passes, it is routable again here
+        (the set did not change, so no poll would bring it back)."""
+        try:
+            await self._worker_set.report_failure.remote(worker_id, error)
+            self._apply(await self._worker_set.poll.remote(-1))
+        except Exception as err:
+            log.warning("could not report worker %s failing: %r", worker_id, err)
+
+    def _why_none(self, exclude: frozenset[str]) -> str:
+        if exclude and self._routable:
+            return f"every worker tried failed ({', '.join(sorted(exclude))})"
+        down = [f"{w.spec.worker_id}: {w.error}" for w in self.view.workers if w.state == "down"]
+        return "no worker is up" + (f" ({'; '.join(down)})" if down else "")
+
+    # ---- modes and gauges ----
+
+    def _refresh_modes(self) -> None:
+        """Events mode while the index actor says so (last poll), else approximate."""
+        modes = self.mirror.worker_modes
+        for worker_id in self._routable:
+            approximate = modes.get(worker_id) != "events"
+            if self._approximate.get(worker_id) != approximate:
+                self._approximate[worker_id] = approximate
+                self.router.set_replica_approximate(worker_id, approximate)
+                self.modes.set(worker_id, approximate)
+
+    def _set_outstanding(self, worker_id: str) -> None:
+        self.metrics.set_outstanding(worker_id, self.router.loads.num_outstanding(worker_id))
+
+    def _refresh_gauges(self) -> None:
+        with self._lock:
+            self._refresh_modes()
+            blocks = self.router.index_blocks()
+        self.metrics.set_index_blocks(blocks)

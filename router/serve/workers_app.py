@@ -1,0 +1,79 @@
+"""The Serve application in front of external workers: gateway replicas only.
+
+`kvroute serve --workers URL,...` (or a Serve config's `workers` arg) deploys `gateways`
+replicas of the worker gateway (router/gateway/worker_gateway.py); the workers run
+elsewhere. Each replica serves HTTP itself on the configured host and port (shared by the
+replicas of a node), so Serve's proxy is not used: deploy with `proxy_location` Disabled.
+`check_workers` is what `kvroute serve` runs before it starts anything: every listed worker
+must answer its health check and serve the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import httpx
+from ray import serve
+from ray.serve import Application
+
+from router.cluster.worker_probe import check_worker
+from router.cluster.worker_set import WorkerSetConfig
+from router.cluster.worker_spec import WorkerSpec, parse_workers
+from router.core.router import RouterConfig
+from router.gateway.http_server import HttpConfig, HttpServer
+from router.gateway.worker_app import create_app
+from router.gateway.worker_gateway import WorkerGateway, WorkerGatewayConfig
+from router.serve.request_router import gateway_process_id
+from router.serve.settings import ServeSettings
+
+
+@serve.deployment(name="WorkerGateway")
+class WorkerGatewayReplica:
+    """One gateway process: the gateway's handlers behind its own HTTP server."""
+
+    async def __init__(self, config: WorkerGatewayConfig, http: HttpConfig):
+        self.gateway = WorkerGateway(config, gateway_process_id())
+        await self.gateway.start()
+        self.server = HttpServer(create_app(self.gateway), http)
+        await self.server.start()
+
+    def check_health(self) -> None:
+        if not self.server.serving:
+            raise RuntimeError("the gateway's HTTP server stopped")
+
+    async def __del__(self) -> None:
+        server = getattr(self, "server", None)  # absent when the constructor failed
+        if server is not None:
+            await server.stop()  # lets accepted requests finish first
+        await self.gateway.aclose()
+
+
+def worker_gateway_config(args: ServeSettings) -> WorkerGatewayConfig:
+    """Raises ValueError (WorkerSpecError) naming a bad worker or setting."""
+    # The model name is the workers' (what they list in /v1/models), taken verbatim.
+    worker_set = WorkerSetConfig(model=args.model, block_size=args.block_size,
+                                 workers=parse_workers(args.workers),
+                                 health_period_s=args.worker_health_period_s)
+    return WorkerGatewayConfig(model=args.model, tokenizer=args.tokenizer or args.model,
+                               router=RouterConfig(**args.router_args()),
+                               worker_set=worker_set, api_keys_file=args.api_keys_file,
+                               admin_key_file=args.admin_key_file)
+
+
+def workers_application(args: ServeSettings, http: HttpConfig) -> Application:
+    return WorkerGatewayReplica.options(
+        num_replicas=args.gateways, ray_actor_options={"num_cpus": 0},
+        graceful_shutdown_timeout_s=http.graceful_shutdown_timeout_s + 10.0,
+    ).bind(worker_gateway_config(args), http)
+
+
+def check_workers(specs: Sequence[WorkerSpec], model: str, timeout_s: float = 5.0
+                  ) -> list[str]:
+    """What is wrong with each unusable worker (one message per worker, naming it)."""
+    async def check_all() -> list[str | None]:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            return await asyncio.gather(*(check_worker(client, s, model, timeout_s)
+                                          for s in specs))
+
+    return [p for p in asyncio.run(check_all()) if p is not None]

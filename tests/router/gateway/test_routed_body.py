@@ -1,0 +1,61 @@
+"""What the gateway reads of a request it forwards: the prompt's ids and the output length."""
+
+import json
+
+import pytest
+
+from router.gateway.routed_body import chat_body, completion_body
+from worker.openai.errors import APIError
+from worker.openai.prompt import PromptBuilder
+from worker.tokenizer_files import tokenizer_dir
+
+
+@pytest.fixture(scope="module")
+def prompts() -> PromptBuilder:
+    return PromptBuilder(tokenizer_dir("tiny"), "tiny", 16)
+
+
+def body(**kw) -> bytes:
+    return json.dumps({"model": "tiny", **kw}).encode()
+
+
+def test_a_completion_is_forwarded_as_received(prompts):
+    raw = body(prompt="hello", max_tokens=7, logprobs=2, n=3)  # the worker judges extras
+    routed = completion_body(raw, prompts, "tiny", "")
+    assert routed.token_ids == prompts.encode_text("hello")
+    assert routed.max_tokens == 7 and routed.body is raw
+
+
+def test_token_id_prompts_and_batches_route_on_the_first_prompt(prompts):
+    assert completion_body(body(prompt=[5, 6, 7]), prompts, "tiny", "").token_ids == [5, 6, 7]
+    assert completion_body(body(prompt=[[1, 2], [3]]), prompts, "tiny", "").token_ids == [1, 2]
+    batch = completion_body(body(prompt=["ab", "cd"]), prompts, "tiny", "")
+    assert batch.token_ids == prompts.encode_text("ab")
+    assert completion_body(body(prompt="x"), prompts, "tiny", "").max_tokens == 16  # default
+
+
+@pytest.mark.parametrize("raw, status", [
+    (b"{", 400), (b"[1]", 400), (body(prompt=""), 400), (body(prompt=[]), 400),
+    (body(prompt=[-1]), 400), (body(prompt=[True]), 400), (body(), 400),
+    (json.dumps({"model": "other", "prompt": "x"}).encode(), 404),
+])
+def test_bad_completions_are_refused_before_routing(prompts, raw, status):
+    with pytest.raises(APIError) as info:
+        completion_body(raw, prompts, "tiny", "")
+    assert info.value.status_code == status
+
+
+def test_a_chat_goes_through_the_template_with_text_parts_only(prompts):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                             {"type": "image_url", "image_url": {"url": "x"}}]}]
+    routed = chat_body(body(messages=messages, max_completion_tokens=3), prompts, "tiny", "")
+    assert routed.token_ids == prompts.encode_chat([{"role": "user", "content": "hi"}])
+    assert routed.max_tokens == 3
+    for bad in ([], [{"content": "no role"}], "text"):
+        with pytest.raises(APIError):
+            chat_body(body(messages=bad), prompts, "tiny", "")
+
+
+def test_a_tenant_salt_replaces_the_clients(prompts):
+    routed = completion_body(body(prompt="x", cache_salt="mine"), prompts, "tiny", "tenant-a")
+    assert json.loads(routed.body)["cache_salt"] == "tenant-a"

@@ -1,0 +1,210 @@
+"""kvroute in front of two external `kvroute engine` workers (real subprocesses), end to
+end over HTTP with the `openai` client: streams and usage pass through, the worker's own
+answers to bad input, the admin API, each worker's mode (the first publishes its KV events
+in vLLM's format and is routed on them, the second publishes none and is routed on routed
+history), and one worker killed under load (every request completes or fails with a clear
+error, none hangs; later requests go to the survivor)."""
+
+import asyncio
+import os
+import signal
+
+import httpx
+import openai
+import pytest
+import ray
+from ray import serve
+
+from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker, stop_all
+from router.cli import APP_NAME
+from router.gateway.http_server import HttpConfig
+from router.serve.settings import ServeSettings
+from router.serve.workers_app import workers_application
+from tests.router.serve.serve_helpers import Server, free_port, wait_until
+
+pytestmark = pytest.mark.slow
+
+ADMIN_KEY = "admin-key-of-the-e2e-test"
+# Simulated steps timed like an H100 running Llama-3-8B: a 300-token answer streams for
+# seconds, long enough to kill its worker mid-way.
+SIM_ARGS = (*SIM_TINY_ARGS[:2], "--sim-preset", "h100-llama3-8b")
+SHARED = "The system prompt every request of these tests shares. " * 8
+
+
+@pytest.fixture(scope="module")
+def workers():
+    started = [EngineWorker([*SIM_ARGS, "--kv-events-port", "0"]), EngineWorker(SIM_ARGS)]
+    try:
+        for worker in started:
+            worker.wait_ready()
+        yield started
+    finally:
+        stop_all(started)
+
+
+def spec_of(worker: EngineWorker) -> str:
+    if worker.kv_events_endpoint is None:
+        return worker.url
+    return (f"{worker.url}#kv_events={worker.kv_events_endpoint}"
+            f"&kv_replay={worker.kv_events_replay_endpoint}")
+
+
+@pytest.fixture(scope="module")
+def server(workers):
+    # The gateway processes read the admin key from their environment, which Ray's local
+    # processes inherit from this one.
+    os.environ["KVROUTE_ADMIN_KEY"] = ADMIN_KEY
+    # A crowded box can start Ray's agents slower than the raylet waits for by default.
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
+    port = free_port()
+    settings = ServeSettings(model="tiny", workers=tuple(spec_of(w) for w in workers))
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="serve",
+             object_store_memory=128 * 1024**2, log_to_driver=False)
+    try:
+        serve.start(proxy_location="Disabled")
+        serve.run(workers_application(settings, HttpConfig("127.0.0.1", port)),
+                  name=APP_NAME, route_prefix=None)
+        srv = Server(f"http://127.0.0.1:{port}", {})
+        wait_until(lambda: httpx.get(f"{srv.base_url}/ready", timeout=10).status_code == 200,
+                   60, "the gateway to see a worker up")
+        yield srv
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        del os.environ["KVROUTE_ADMIN_KEY"]
+
+
+def client(server, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0,
+                         timeout=120, **kw)
+
+
+def admin(server, method: str, key: str | None = ADMIN_KEY, **kw) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.request(method, f"{server.base_url}/v1/workers", headers=headers,
+                         timeout=30, **kw)
+
+
+def routed(server) -> dict[str, float]:
+    """Routing decisions so far, per worker (this gateway's counter)."""
+    return server.by_label("kvroute_router_requests_total", "replica")
+
+
+def test_streams_pass_through_with_usage_and_cached_tokens(server):
+    c = client(server)
+    prompt = SHARED + "What is routed where?"
+    usages = []
+    for _ in range(2):
+        chunks = list(c.completions.create(model="tiny", prompt=prompt, max_tokens=8,
+                                           stream=True,
+                                           stream_options={"include_usage": True}))
+        assert chunks[-2].choices[0].finish_reason == "length"
+        usages.append(chunks[-1].usage)
+    assert usages[0].completion_tokens == usages[1].completion_tokens == 8
+    assert usages[0].prompt_tokens == usages[1].prompt_tokens
+    # The second request went where the first one's prefix is cached.
+    assert usages[1].prompt_tokens_details.cached_tokens >= len(SHARED) - 16
+    chat = c.chat.completions.create(model="tiny", max_tokens=4,
+                                     messages=[{"role": "user", "content": SHARED}])
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 4
+
+
+def test_bad_input_gets_the_answer_of_the_gateway_or_the_worker(server):
+    c = client(server)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        c.completions.create(model="other", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):  # the worker's check
+        c.completions.create(model="tiny", prompt="x", max_tokens=-1)
+    with pytest.raises(openai.BadRequestError, match="prompt"):
+        c.completions.create(model="tiny", prompt=[], max_tokens=1)
+    bad = httpx.post(f"{server.base_url}/v1/completions", content=b"{", timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+
+
+def test_each_worker_is_routed_in_its_own_mode(server, workers):
+    with_events, without = workers
+
+    def modes(worker) -> dict[str, float]:
+        client(server).completions.create(model="tiny", prompt="mode", max_tokens=1)
+        return server.by_label("kvroute_router_worker_mode", "mode", replica=worker.url)
+
+    wait_until(lambda: modes(with_events) == {"events": 1.0, "approximate": 0.0}, 60,
+               "the worker publishing KV events to be routed on them")
+    assert modes(without) == {"events": 0.0, "approximate": 1.0}
+
+
+def test_the_admin_api_needs_the_admin_key_and_changes_where_requests_go(server, workers):
+    a, b = workers[0].url, workers[1].url
+    assert admin(server, "GET", key=None).status_code == 401
+    assert admin(server, "DELETE", key="wrong", params={"url": b}).status_code == 403
+    assert {w["url"] for w in admin(server, "GET").json()["data"]} == {a, b}
+    removed = admin(server, "DELETE", params={"url": b})
+    assert removed.status_code == 200 and removed.json()["outcome"] == "removed"
+    wait_until(lambda: b not in routed(server) and b not in [
+        w["url"] for w in httpx.get(f"{server.base_url}/ready").json()["workers"]], 30,
+        "the gateway to stop routing to the removed worker")
+    before = routed(server).get(a, 0.0)
+    c = client(server)
+    for i in range(6):
+        c.completions.create(model="tiny", prompt=f"{i} only a now", max_tokens=1)
+    assert routed(server)[a] == before + 6 and b not in routed(server)
+    added = admin(server, "POST", json={"url": b + "/v1"})
+    assert added.status_code == 201 and added.json()["state"] == "up"
+    assert admin(server, "POST", json={"url": b}).status_code == 409
+    dead = admin(server, "POST", json={"url": "http://127.0.0.1:1"})
+    assert dead.status_code == 502 and "http://127.0.0.1:1 is unreachable" in dead.text
+    wait_until(lambda: len(httpx.get(f"{server.base_url}/ready").json()["workers"]) == 2,
+               30, "the re-added worker in the gateway's view")
+
+
+async def _stream(c: openai.AsyncOpenAI, i: int) -> str:
+    """One long stream: 'ok' when it completed, else the error the client raised."""
+    try:
+        stream = await c.completions.create(model="tiny", prompt=f"{SHARED} load {i}",
+                                            max_tokens=300, stream=True,
+                                            extra_body={"ignore_eos": True})
+        finish = None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        return "ok" if finish == "length" else f"ended without finishing: {finish}"
+    except openai.APIError as err:
+        return f"error: {err}"
+
+
+def test_a_worker_killed_under_load(server, workers):
+    victim, survivor = workers[1], workers[0]
+    wait_until(lambda: victim.url in routed(server) or not httpx.post(
+        f"{server.base_url}/v1/completions", timeout=60,
+        json={"model": "tiny", "prompt": "warm", "max_tokens": 1}).is_error, 30,
+        "both workers routable")
+
+    def running_on_victim() -> bool:
+        text = httpx.get(f"{victim.url}/metrics", timeout=10).text
+        return any(line.startswith("vllm:num_requests_running") and not line.endswith(" 0.0")
+                   for line in text.splitlines())
+
+    async def load() -> list[str]:
+        c = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="none",
+                               max_retries=0, timeout=120)
+        tasks = [asyncio.create_task(_stream(c, i)) for i in range(12)]
+        await asyncio.to_thread(wait_until, running_on_victim, 60,
+                                "streams running on the victim")
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(load())
+    failed = [r for r in results if r != "ok"]
+    assert failed, "no stream was running on the killed worker"
+    for result in failed:  # cut mid-stream: an error event naming the worker, no replay
+        assert result.startswith("error:") and f"worker {victim.url} failed" in result, result
+    ready = httpx.get(f"{server.base_url}/ready", timeout=30).json()
+    down = {w["url"]: w["error"] for w in ready["workers"] if w["state"] == "down"}
+    assert list(down) == [victim.url] and "unreachable" in down[victim.url]
+    before = routed(server).get(survivor.url, 0.0)
+    c = client(server)
+    for i in range(8):
+        done = c.completions.create(model="tiny", prompt=f"after {i}", max_tokens=2)
+        assert done.choices[0].finish_reason == "length"
+    assert routed(server)[survivor.url] == before + 8
+    assert victim.url not in routed(server)

@@ -38,7 +38,7 @@ from router.gateway.metrics import CountRequests, GatewayMetrics
 from router.gateway.prefixes import PrefixService
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.engine_replica import EngineReplicaBody
-from router.serve.ingress_router import ROUTE_HEADER
+from router.serve.ingress_router import ROUTE_HEADER, ROUTED_BY_HEADER
 from worker.openai.http_errors import install_error_handlers
 from worker.openai.prompt import PromptBuilder
 from worker.openai_server.serving import OpenAIServing
@@ -145,6 +145,8 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
         except BaseException:
             replica.route_ends.add(route)
             raise
+        if route:  # which router routed it: clients and tests see the routing step worked
+            response.headers[ROUTED_BY_HEADER] = route.split(" ", 1)[0]
         if isinstance(response, StreamingResponse):
             response.body_iterator = _then(response.body_iterator,
                                            lambda: replica.route_ends.add(route))

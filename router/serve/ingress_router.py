@@ -40,6 +40,7 @@ from worker.tokenizer_files import tokenizer_dir
 log = logging.getLogger(__name__)
 
 ROUTE_HEADER = "x-serve-router-kvroute-route"  # "<router id> <route id>"
+ROUTED_BY_HEADER = "x-kvroute-router"  # on the response: the router id of ROUTE_HEADER
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from router.cli import APP_NAME
+from router.serve.ingress_router import ROUTED_BY_HEADER
 from tests.router.serve.serve_helpers import Server, free_port, wait_until
 
 KVROUTE = str(Path(sys.executable).with_name("kvroute"))
@@ -55,17 +56,27 @@ class CLIServer(Server):
         return False
 
 
-def _ready(base_url: str, num_replicas: int) -> bool:
+def _ready(base_url: str, num_replicas: int, routed_probe: dict[str, str] | None) -> bool:
+    """/ready lists every replica, and with `routed_probe` (request headers) a completion
+    says a router routed it (ingress direct: HAProxy takes the ingress request router into
+    its config some time after the replicas answer)."""
     try:
         body = httpx.get(f"{base_url}/ready", timeout=5).json()
+        if len(body.get("replicas", [])) != num_replicas:
+            return False
+        if routed_probe is None:
+            return True
+        resp = httpx.post(f"{base_url}/v1/completions", timeout=30, headers=routed_probe,
+                          json={"model": "tiny", "prompt": "ready?", "max_tokens": 1})
     except (httpx.HTTPError, ValueError):
         return False
-    return len(body.get("replicas", [])) == num_replicas
+    return resp.status_code == 200 and ROUTED_BY_HEADER in resp.headers
 
 
 @contextmanager
 def kvroute_cli_server(flags: list[str], num_replicas: int, log_path: Path,
-                       attempts: int = 3) -> Iterator[CLIServer]:
+                       attempts: int = 3,
+                       routed_probe: dict[str, str] | None = None) -> Iterator[CLIServer]:
     """`kvroute serve FLAGS --replicas N` on a free port; stopped (SIGTERM, then its whole
     process group) on exit. A start that fails (a crowded box can make the local Ray
     instance miss its own startup deadline) is tried again."""
@@ -78,8 +89,9 @@ def kvroute_cli_server(flags: list[str], num_replicas: int, log_path: Path,
                                 start_new_session=True, env=dict(os.environ))
         base_url = f"http://127.0.0.1:{port}"
         try:
-            wait_until(lambda p=proc, u=base_url: p.poll() is not None or _ready(u, num_replicas),
-                       300, "kvroute serve to come up")
+            wait_until(lambda p=proc, u=base_url: (
+                p.poll() is not None or _ready(u, num_replicas, routed_probe)),
+                300, "kvroute serve to come up")
             if proc.poll() is None:
                 break
         except AssertionError:

@@ -31,7 +31,8 @@ def server(tmp_path_factory):
     keys_file.write_text(json.dumps(KEYS))
     flags = ["--ingress", "direct", "--engine", "sim", "--sim-preset", "tiny",
              "--num-blocks", "256", "--api-keys-file", str(keys_file)]
-    with kvroute_cli_server(flags, 2, workdir / "serve.log") as srv:
+    with kvroute_cli_server(flags, 2, workdir / "serve.log",
+                            routed_probe={"Authorization": "Bearer key-a"}) as srv:
         yield srv
 
 

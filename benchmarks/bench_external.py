@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.simlib import workloads as wl  # noqa: E402
 from benchmarks.simlib.engine_workers import EngineWorker, stop_all  # noqa: E402
-from benchmarks.simlib.gateway_server import start_gateway  # noqa: E402
+from benchmarks.simlib.gateway_server import start_gateway, stop_gateway  # noqa: E402
 from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator, summarize_http  # noqa
 from benchmarks.simlib.overhead_probe import (  # noqa: E402
     RoundRobinTransport,
@@ -53,6 +53,7 @@ from benchmarks.simlib.overhead_probe import (  # noqa: E402
 )
 from benchmarks.simlib.pooled import PooledLRU  # noqa: E402
 from benchmarks.simlib.prompts import TokenSource  # noqa: E402
+from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 from benchmarks.simlib.results import write_section  # noqa: E402
 from kv.hashing import block_hashes, namespace_root  # noqa: E402
 
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in ("direct", *GATEWAYS)}
     latency: list[dict] = []
     streams: list[dict] = []
+    head = None
     try:
         for worker in workers:  # they start together; on a crowded box that takes minutes
             worker.wait_ready(timeout_s=900.0)
@@ -156,6 +158,9 @@ def main(argv: list[str] | None = None) -> dict:
                        f"&kv_replay={w.kv_events_replay_endpoint}" for w in workers]
         seeds = iter(range(1, 1000))  # every run its own prompts
         with tempfile.TemporaryDirectory(prefix="kvroute-bench-external-") as tmp:
+            # one local Ray instance that each gateway joins in turn (a start per gateway
+            # multiplies a crowded box's startup failures)
+            head = RayHead(Path(tmp))
             for round_index in range(args.rounds):
                 # every other round backwards, so a drift of the box's load hits all alike
                 order = list(runs) if round_index % 2 == 0 else list(runs)[::-1]
@@ -168,7 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
                     # routed history assumes each worker caches what its pool holds
                     flags = [*flags, "--num-blocks", str(args.num_blocks)]
                     server = start_gateway(with_events if events else urls, flags,
-                                           Path(tmp) / f"serve-{name}.log", events=events)
+                                           Path(tmp) / f"serve-{name}.log", events=events,
+                                           head=head)
                     try:
                         warm_up(args, server.base_url, urls)
                         runs[name].append(run_workload(args, server.base_url, urls,
@@ -178,8 +184,12 @@ def main(argv: list[str] | None = None) -> dict:
                         if name == "round_robin":
                             streams.append(measure_streams(args, server.base_url, urls))
                     finally:
-                        server.stop()
+                        stop_gateway(server, head)
+            head.stop()
+            head = None
     finally:
+        if head is not None:
+            head.stop()
         stop_all(workers)
     return report(args, runs, latency, streams)
 

@@ -16,6 +16,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.simlib.ray_head import RayHead
+from benchmarks.simlib.servers import SLOW_BOX_ENV
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -27,7 +30,7 @@ def free_port() -> int:
 
 class GatewayServer:
     def __init__(self, workers: Sequence[str], args: Sequence[str], log_path: Path,
-                 model: str = "tiny"):
+                 model: str = "tiny", address: str | None = None):
         self.port = free_port()
         self.model = model
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -35,10 +38,12 @@ class GatewayServer:
         kvroute = Path(sys.executable).with_name("kvroute")
         cmd = [str(kvroute), "serve", "--workers", ",".join(workers), "--model", model, *args,
                "--host", "127.0.0.1", "--port", str(self.port)]
+        if address is not None:  # a shared local instance (benchmarks/simlib/ray_head.py)
+            cmd += ["--address", address]
         self.log_path = log_path
         self._log = open(log_path, "w")
         # A crowded box can start Ray's agents slower than the raylet waits by default.
-        env = {**os.environ, "RAY_agent_register_timeout_ms": "120000"}
+        env = {**os.environ, **SLOW_BOX_ENV}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      cwd=ROOT, env=env, start_new_session=True)
 
@@ -90,18 +95,27 @@ class GatewayServer:
 
 
 def start_gateway(workers: Sequence[str], args: Sequence[str], log_path: Path, events: bool,
-                  attempts: int = 3) -> GatewayServer:
-    """A ready server; a start that fails is tried again (on a crowded box a local Ray
-    instance can miss its own startup deadline)."""
+                  head: RayHead | None = None, attempts: int = 3) -> GatewayServer:
+    """A ready server, joining `head` if given; a start that fails is tried again (on a
+    crowded box a local Ray instance can miss its own startup deadline)."""
     for attempt in range(1, attempts + 1):
-        server = GatewayServer(workers, args, log_path)
+        server = GatewayServer(workers, args, log_path,
+                               address=head.address if head is not None else None)
         try:
             server.wait_ready(events)
             return server
         except RuntimeError as err:
-            server.stop()
+            stop_gateway(server, head)
             if attempt == attempts:
                 raise
             print(f"kvroute serve failed to start (attempt {attempt}): {str(err)[-300:]}",
                   flush=True)
     raise AssertionError("unreachable")
+
+
+def stop_gateway(server: GatewayServer, head: RayHead | None) -> None:
+    """Stops the server and, in a shared instance, what it left there (Serve, kvroute's
+    named actors), so the next server starts as on a fresh one."""
+    server.stop()
+    if head is not None:
+        head.reset_serve()

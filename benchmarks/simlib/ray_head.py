@@ -59,7 +59,7 @@ import sys, ray
 from ray import serve
 ray.init(address=sys.argv[1], namespace="serve", log_to_driver=False)
 serve.shutdown()
-for name in ("kvroute-index", "kvroute-metrics"):
+for name in ("kvroute-index", "kvroute-metrics", "kvroute-workers"):
     try:
         ray.kill(ray.get_actor(name, namespace="kvroute"), no_restart=True)
     except ValueError:

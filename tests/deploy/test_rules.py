@@ -12,6 +12,9 @@ from .metrics_contract import contract_types
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "dashboards" / "rules" / "kvroute.rules.yaml"
 RULE_TESTS = Path(__file__).with_name("promtool") / "kvroute_rules_test.yaml"
+OPERATIONS_DOC = REPO / "docs" / "operations.md"
+# The chart's prometheusRule.runbookBaseUrl default; the rule file carries it.
+RUNBOOK_BASE_URL = "https://github.com/kvroute/kvroute/blob/main/docs/operations.md"
 
 
 def rules_of(kind: str) -> list[dict]:
@@ -36,8 +39,26 @@ def test_promtool_unit_tests_pass(promtool_bin):
 
 def test_required_alerts_exist():
     assert {rule["alert"] for rule in rules_of("alert")} == {
+        "KvrouteTargetAbsent", "KvrouteTargetDown", "KvrouteHigh5xxRate",
         "KvrouteLowDeliveredHitRate", "KvroutePredictionGap", "KvrouteReplicaDown",
         "KvrouteKVPressure", "KvrouteHighTTFT"}
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces
+    as dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_alert_links_its_runbook_section_in_the_operations_guide():
+    anchors = {github_anchor(line.lstrip("#")) for line in OPERATIONS_DOC.read_text().splitlines()
+               if line.startswith("#")}
+    for rule in rules_of("alert"):
+        url = rule["annotations"]["runbook_url"]
+        base, anchor = url.split("#")
+        assert base == RUNBOOK_BASE_URL, rule["alert"]
+        assert anchor == rule["alert"].lower()
+        assert anchor in anchors, f"docs/operations.md has no section {rule['alert']}"
 
 
 def test_unit_tests_fire_and_hold_every_alert_and_check_every_recording_rule():

@@ -5,10 +5,22 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from worker.hf_hub import is_repo_id, repo_name
+
+
+def default_served_name(model: str) -> str:
+    """The API's model name when none is given: `tiny`, a repo id as vLLM serves it
+    (`org/name`, without a revision), or a checkpoint directory's name."""
+    if model == "tiny":
+        return "tiny"
+    if is_repo_id(model):
+        return repo_name(model)
+    return os.path.basename(os.path.normpath(model))
+
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "tiny"  # "tiny" (embedded) or a Hugging Face checkpoint directory
+    model: str = "tiny"  # "tiny" (embedded), a HF checkpoint directory or a HF repo id
     served_model_name: str = ""  # the API's model name and hash namespace; default derived
     replica_id: str = "replica-0"
     engine: str = "real"  # real: run the model; sim: the simulated executor
@@ -28,9 +40,7 @@ class EngineConfig:
 
     def __post_init__(self):
         if not self.served_model_name:
-            name = "tiny" if self.model == "tiny" else os.path.basename(
-                os.path.normpath(self.model))
-            object.__setattr__(self, "served_model_name", name)
+            object.__setattr__(self, "served_model_name", default_served_name(self.model))
         if self.pin_budget_blocks is None:
             object.__setattr__(self, "pin_budget_blocks", self.num_blocks // 4)
         if self.engine not in ("real", "sim"):

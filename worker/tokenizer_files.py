@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.byte_tokenizer import write_byte_tokenizer
+from worker.hf_hub import is_repo_id, snapshot_dir
 from worker.staged_dir import build_dir_once
 
 TINY_NAME = "tiny"
@@ -46,19 +47,23 @@ def require_dir(model_dir: str | Path) -> Path:
     return model_dir
 
 
-def checkpoint_dir(name_or_path: str | Path) -> Path:
-    """A checkpoint directory named by the user (not `tiny`), checked to exist."""
+def checkpoint_dir(name_or_path: str | Path, *, weights: bool = True) -> Path:
+    """A checkpoint named by the user (not `tiny`): a directory, checked to exist, or a
+    Hugging Face repo id, fetched into (or found in) the hub cache (worker/hf_hub.py); with
+    `weights` False only its configs and tokenizer are fetched."""
+    if is_repo_id(name_or_path):
+        return snapshot_dir(str(name_or_path), weights=weights)
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
-        raise FileNotFoundError(f"model {str(name_or_path)!r} is neither {TINY_NAME!r} "
-                                f"nor a checkpoint directory")
+        raise FileNotFoundError(f"model {str(name_or_path)!r} is neither {TINY_NAME!r}, "
+                                f"a checkpoint directory nor a Hugging Face repo id")
     return path
 
 
 def tokenizer_dir(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """The directory with the model's tokenizer.json ('tiny': its byte tokenizer only)."""
     if str(name_or_path) != TINY_NAME:
-        return checkpoint_dir(name_or_path)
+        return checkpoint_dir(name_or_path, weights=False)
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
     return build_dir_once(
         root / "tiny-tokenizer",

@@ -44,8 +44,15 @@ class ServeSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field(
-        "tiny", description="'tiny' (embedded random-weight Llama, generated on first use) or a "
-                            "Hugging Face Llama-family checkpoint directory")
+        "tiny", description="'tiny' (embedded random-weight Llama, generated on first use), a "
+                            "Hugging Face Llama-family checkpoint directory, or a Hugging Face "
+                            "repo id org/name[@revision] (fetched into the hub cache, "
+                            "$HF_HUB_CACHE, on first use)")
+    served_model_name: str | None = Field(
+        None, min_length=1, description="the model name the API serves, clients send and "
+                                        "prefixes are hashed under (unset: 'tiny', the repo "
+                                        "id, or the checkpoint directory's name); with "
+                                        "workers, model names it instead")
     replicas: PositiveInt = Field(2, description="engine replicas (data parallel)")
     tp: PositiveInt = Field(
         1, description="tensor-parallel ranks per replica (one placement-group bundle each)")
@@ -146,6 +153,9 @@ class ServeSettings(BaseModel):
                              "with workers the worker gateway is the ingress (drop one)")
         RouterConfig(**self.router_args())
         self.engine_config()
+        if self.workers and self.served_model_name is not None:
+            raise ValueError("served_model_name names the engine replicas' model; with "
+                             "workers, model is the name they serve")
         return self
 
     def router_args(self) -> dict[str, Any]:
@@ -160,7 +170,8 @@ class ServeSettings(BaseModel):
                 "host_cost_fraction": self.host_cost_fraction}
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(model=self.model, engine=self.engine, tp=self.tp,
+        return EngineConfig(model=self.model, served_model_name=self.served_model_name or "",
+                            engine=self.engine, tp=self.tp,
                             block_size=self.block_size, num_blocks=self.num_blocks,
                             num_host_blocks=self.num_host_blocks,
                             max_model_len=self.max_model_len, sim_preset=self.sim_preset,

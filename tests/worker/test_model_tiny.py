@@ -42,7 +42,8 @@ def test_resolve_model(tmp_path, monkeypatch):
     monkeypatch.setenv("KVROUTE_CACHE_DIR", str(tmp_path))
     assert resolve_model("tiny") == tmp_path / "tiny"
     assert resolve_model(tmp_path / "tiny") == tmp_path / "tiny"
-    with pytest.raises(FileNotFoundError, match="neither 'tiny' nor a checkpoint directory"):
+    with pytest.raises(FileNotFoundError,
+                       match="neither 'tiny', a checkpoint directory nor a Hugging Face repo id"):
         resolve_model(tmp_path / "missing")
 
 

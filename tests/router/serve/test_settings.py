@@ -104,3 +104,20 @@ def test_cli_shares_local_cpus_unless_set():
     assert local_cpus_per_rank(settings, num_cpus=None).cpus_per_rank == 1.0
     pinned = ServeSettings(replicas=2, tp=2, cpus_per_rank=0.25)
     assert local_cpus_per_rank(pinned, num_cpus=2).cpus_per_rank == 0.25
+
+
+def test_served_model_name_reaches_the_engine_the_gateway_and_the_router():
+    app = build_app({"served_model_name": "llama-prod", "engine": "sim", "replicas": 1})
+    gateway, engine = _deployments(app)
+    (engine_config,) = engine.init_args
+    assert engine_config.served_model_name == "llama-prod"
+    assert gateway.init_args[1].served_model_name == "llama-prod"
+    assert engine._deployment_config.request_router_config.request_router_kwargs[
+        "model"] == "llama-prod"
+    assert load_settings(ServeSettings, {}, env={}).engine_config().served_model_name == "tiny"
+
+
+def test_served_model_name_is_refused_with_workers():
+    with pytest.raises(SettingsError, match="with workers, model is the name they serve"):
+        load_settings(ServeSettings, {"served_model_name": "x", "model": "x",
+                                      "workers": "http://w0:8000"}, env={})

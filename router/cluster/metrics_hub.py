@@ -6,6 +6,10 @@ snapshot of it (the collected metric families) to the named actor `kvroute-metri
 families of the same name from several processes are merged into one family, so the text
 has one HELP/TYPE header per name as the format requires. A source that stops pushing for
 `3 x push_interval_s` is dropped.
+
+Each snapshot also names the Ray node (its IP) of the process that pushed it, so a scrape can
+ask for one node's processes only (`/metrics?node=IP`): Kubernetes then scrapes every pod as
+its own target and each series carries the pod and node it comes from (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -90,15 +94,22 @@ def exposition(families: list[Metric]) -> bytes:
     return generate_latest(registry)
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    pushed_at_s: float  # time.monotonic() of the push
+    node_ip: str | None  # the pushing process's Ray node; None: unknown (matches no node)
+    families: list[Metric]
+
+
 class MetricsHub:
     """Latest snapshot per source; serves the merged exposition of the live ones."""
 
     def __init__(self, config: MetricsHubConfig | None = None):
         self._config = config or MetricsHubConfig()
-        self._snapshots: dict[str, tuple[float, list[Metric]]] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
 
-    def push(self, source_id: str, families: list[Metric]) -> None:
-        self._snapshots[source_id] = (time.monotonic(), families)
+    def push(self, source_id: str, families: list[Metric], node_ip: str | None = None) -> None:
+        self._snapshots[source_id] = _Snapshot(time.monotonic(), node_ip, families)
 
     def drop(self, source_id: str) -> None:
         self._snapshots.pop(source_id, None)
@@ -107,14 +118,18 @@ class MetricsHub:
         self._expire()
         return sorted(self._snapshots)
 
-    def exposition(self) -> bytes:
+    def exposition(self, node_ip: str | None = None) -> bytes:
+        """The merged series of every live source, or with `node_ip` of those on that node."""
         self._expire()
-        return exposition(merge_families([fams for _, fams in self._snapshots.values()]))
+        return exposition(merge_families([
+            snap.families for snap in self._snapshots.values()
+            if node_ip is None or snap.node_ip == node_ip]))
 
     def _expire(self) -> None:
         cutoff = self._config.push_interval_s * self._config.stale_after_intervals
         now = time.monotonic()
-        for source_id in [s for s, (t, _) in self._snapshots.items() if now - t > cutoff]:
+        for source_id in [s for s, snap in self._snapshots.items()
+                          if now - snap.pushed_at_s > cutoff]:
             del self._snapshots[source_id]
 
 
@@ -148,6 +163,7 @@ class MetricsPusher:
         self.source_id = source_id
         self._before_push = before_push  # refreshes gauges computed on demand
         self._registry = registry
+        self._node_ip: str | None = None  # this process's Ray node, looked up at first push
         self._config = config or MetricsHubConfig()
         self._hub = ActorLink(f"metrics push from {source_id}",
                               lambda: get_metrics_hub(self._config))
@@ -172,4 +188,6 @@ class MetricsPusher:
     async def _push(self, hub: ray.actor.ActorHandle) -> None:
         if self._before_push is not None:
             self._before_push()
-        await hub.push.remote(self.source_id, list(self._registry.collect()))
+        if self._node_ip is None:
+            self._node_ip = ray.util.get_node_ip_address()
+        await hub.push.remote(self.source_id, list(self._registry.collect()), self._node_ip)

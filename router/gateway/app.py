@@ -157,9 +157,12 @@ class Gateway:
         return JSONResponse(body, status_code=200 if replica_ids else 503)
 
     @app.get("/metrics")
-    async def metrics_endpoint(self) -> Response:
+    async def metrics_endpoint(self, node: str | None = None) -> Response:
+        """Every process's series, or with `?node=IP` those of the processes on that Ray
+        node (a per-pod scrape target, see the chart's PodMonitor)."""
         await flush_local_pushers()  # this process's series (gateway, router) are current
-        return Response(await self.hub.exposition.remote(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await self.hub.exposition.remote(node),
+                        media_type=CONTENT_TYPE_LATEST)
 
     # ---- internals ----
 

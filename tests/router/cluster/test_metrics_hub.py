@@ -1,5 +1,7 @@
 """The metrics hub's merge: one family per name, per-process series kept, shared ones summed."""
 
+from dataclasses import replace
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -36,7 +38,22 @@ def test_hub_drops_a_source_that_stopped_pushing():
     hub = MetricsHub()
     hub.push("engine/a", _process("a", 1, 0))
     hub.push("engine/b", _process("b", 1, 0))
-    hub._snapshots["engine/a"] = (hub._snapshots["engine/a"][0] - 10.0,
-                                  hub._snapshots["engine/a"][1])  # last push 10 s ago
+    snap = hub._snapshots["engine/a"]
+    hub._snapshots["engine/a"] = replace(snap, pushed_at_s=snap.pushed_at_s - 10.0)  # 10 s ago
     assert hub.live_sources() == ["engine/b"]
     assert 'replica="a"' not in hub.exposition().decode()
+
+
+def test_exposition_of_one_node_holds_only_the_processes_pushed_from_it():
+    hub = MetricsHub()
+    hub.push("engine/a", _process("a", 3, 1), node_ip="10.0.0.1")
+    hub.push("engine/b", _process("b", 5, 2), node_ip="10.0.0.2")
+    hub.push("gateway/g", _process("g", 0, 4), node_ip="10.0.0.1")
+    node1 = _values(hub.exposition("10.0.0.1"))
+    assert node1[("kvroute_engine_prefix_cache_hit_tokens_total", (("replica", "a"),))] == 3
+    assert ("kvroute_engine_prefix_cache_hit_tokens_total", (("replica", "b"),)) not in node1
+    assert node1[("kvroute_gateway_requests_total", (("status", "200"),))] == 5
+    assert _values(hub.exposition("10.0.0.2"))[
+        ("kvroute_gateway_requests_total", (("status", "200"),))] == 2
+    assert _values(hub.exposition("10.0.0.9")) == {}
+    assert _values(hub.exposition())[("kvroute_gateway_requests_total", (("status", "200"),))] == 7

@@ -11,6 +11,8 @@ import math
 import httpx
 import openai
 import pytest
+import ray
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.router.serve.serve_helpers import (
     kvroute_server,
@@ -289,3 +291,16 @@ def test_metrics_endpoint_serves_every_process(server):
     for name in ("kvroute_router_decision_seconds_bucket", "kvroute_gateway_requests_total",
                  "kvroute_router_index_blocks", "kvroute_engine_ttft_seconds_bucket"):
         assert name in names
+
+
+def test_metrics_of_one_node_are_the_series_of_the_processes_on_it(server):
+    """`/metrics?node=IP` (the chart's per-pod scrape): this one-node cluster's node holds
+    every process; another address holds none."""
+    samples = {}
+    for node in (ray.util.get_node_ip_address(), "192.0.2.1"):
+        text = httpx.get(f"{server.base_url}/metrics", params={"node": node}, timeout=30).text
+        samples[node] = {s.name for fam in text_string_to_metric_families(text)
+                         for s in fam.samples}
+    assert {"kvroute_engine_prompt_tokens_total", "kvroute_router_index_blocks",
+            "kvroute_gateway_requests_total"} <= samples[ray.util.get_node_ip_address()]
+    assert samples["192.0.2.1"] == set()

@@ -30,10 +30,19 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
-{{/* Labels that pick the head pod, where the gateway serves the API and /metrics. */}}
+{{/* Labels that pick the head pod (with `workers`, where the worker gateways listen). */}}
 {{- define "kvroute.gatewaySelectorLabels" -}}
 {{ include "kvroute.selectorLabels" . }}
 app.kubernetes.io/component: gateway
+{{- end }}
+
+{{/* The Service clients reach: KubeRay's serve Service (with `workers`, the chart's own). */}}
+{{- define "kvroute.serviceName" -}}
+{{- if or .Values.service.enabled .Values.workers }}
+{{- include "kvroute.fullname" . }}
+{{- else }}
+{{- printf "%s-serve-svc" (include "kvroute.fullname" .) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -46,25 +55,120 @@ builds for `engine.engine`, `cuda` for `real` (GPU engines), `cpu` for `sim`.
 {{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}
 
-{{/* The --model argument: `tiny`, or the checkpoint directory inside the pods. */}}
+{{/* The --model argument: `tiny`, the checkpoint directory inside the pods, or a repo id. */}}
 {{- define "kvroute.modelArg" -}}
 {{- if eq .Values.model.source "builtin" }}tiny
 {{- else if eq .Values.model.source "image" }}{{ .Values.model.imagePath }}
+{{- else if eq .Values.model.source "huggingface" }}{{ .Values.model.huggingface.repoId }}
 {{- else }}{{ printf "%s/%s" (trimSuffix "/" .Values.model.pvc.mountPath) .Values.model.pvc.path }}
+{{- end }}
+{{- end }}
+
+{{/*
+The environment of every Ray container: the Ray Serve environment, where the Hugging Face
+cache is (and its token), the admin key, then the operator's extraEnv (last, so it wins).
+*/}}
+{{- define "kvroute.env" -}}
+{{- $hf := .Values.model.huggingface }}
+{{ include "kvroute.serveEnv" . }}
+{{- if eq .Values.model.source "huggingface" }}
+- name: HF_HUB_CACHE
+  value: {{ $hf.cache.mountPath | quote }}
+{{- if $hf.offline }}
+- name: HF_HUB_OFFLINE
+  value: "1"
+{{- end }}
+{{- if $hf.tokenSecretName }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $hf.tokenSecretName }}
+      key: {{ $hf.tokenSecretKey }}
+{{- end }}
+{{- end }}
+{{- if .Values.adminKey.enabled }}
+- name: KVROUTE_ADMIN_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.adminKey.secretName }}
+      key: {{ .Values.adminKey.secretKey }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+What every Ray container shares after its resources: env, envFrom, securityContext.
+*/}}
+{{- define "kvroute.containerCommon" -}}
+{{- with include "kvroute.env" . | trim }}
+env:
+  {{- . | nindent 2 }}
+{{- end }}
+{{- with .Values.envFrom }}
+envFrom:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.securityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Scheduling and security of a Ray pod; `component` is the values section (gateway or engine).
+*/}}
+{{- define "kvroute.podCommon" -}}
+{{- $component := index . 1 }}
+{{- with index . 0 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $component.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $component.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $component.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $component.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 {{- end }}
 
 {{/*
 Volumes and mounts every Ray pod gets, since gateway and engine actors need the model (and
 the gateway the API keys) wherever Ray places them: the model claim when the model lives on
-a PVC, the API keys Secret when keys are on.
+a PVC, the Hugging Face cache for a repo id, the API keys Secret when keys are on.
 */}}
 {{- define "kvroute.volumes" -}}
+{{- $hf := .Values.model.huggingface }}
 {{- if eq .Values.model.source "pvc" }}
 - name: model
   persistentVolumeClaim:
     claimName: {{ .Values.model.pvc.claimName }}
     readOnly: true
+{{- else if eq .Values.model.source "huggingface" }}
+- name: hf-cache
+  {{- if $hf.cache.claimName }}
+  persistentVolumeClaim:
+    claimName: {{ $hf.cache.claimName }}
+  {{- else }}
+  emptyDir:
+    sizeLimit: {{ $hf.cache.sizeLimit }}
+  {{- end }}
 {{- end }}
 {{- if .Values.apiKeys.enabled }}
 - name: api-keys
@@ -78,6 +182,9 @@ a PVC, the API keys Secret when keys are on.
 - name: model
   mountPath: {{ .Values.model.pvc.mountPath }}
   readOnly: true
+{{- else if eq .Values.model.source "huggingface" }}
+- name: hf-cache
+  mountPath: {{ .Values.model.huggingface.cache.mountPath }}
 {{- end }}
 {{- if .Values.apiKeys.enabled }}
 - name: api-keys

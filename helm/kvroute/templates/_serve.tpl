@@ -1,17 +1,31 @@
 {{/* The port the Ray Serve proxy (the gateway) listens on: the OpenAI API and /metrics. */}}
 {{- define "kvroute.gatewayPort" -}}8000{{- end }}
 
-{{/* A Ray custom resource only the head offers, so gateway replicas run there. */}}
+{{/* A Ray custom resource only the head offers, so worker gateway replicas run there. */}}
 {{- define "kvroute.gatewayResource" -}}kvroute_gateway{{- end }}
+
+{{/*
+"true" when the gateway processes are pinned to the head: the worker gateways (they listen
+on the head's port themselves) and, with ingress direct, the ingress request routers (as the
+direct ingress was built); the Gateway deployment runs wherever Serve places it.
+*/}}
+{{- define "kvroute.gatewaysOnHead" -}}
+{{- if or .Values.workers (eq .Values.gateway.ingress "direct") }}true{{ end }}
+{{- end }}
 
 {{/* Where the API keys Secret is mounted in every pod. */}}
 {{- define "kvroute.apiKeysDir" -}}/etc/kvroute/api-keys{{- end }}
 
-{{/* The name the API serves the model under: the checkpoint directory's name, or tiny;
-with workers, the name they serve (model.servedName, else the model arg as given). */}}
+{{/* The name the API serves the model under: model.servedName, else the checkpoint
+directory's name, the repo id (without its revision), or tiny; with workers, the name they
+serve (model.servedName, else the model arg as given). */}}
 {{- define "kvroute.servedModelName" -}}
-{{- if .Values.workers }}
-{{- .Values.model.servedName | default (include "kvroute.modelArg" .) }}
+{{- if .Values.model.servedName }}
+{{- .Values.model.servedName }}
+{{- else if .Values.workers }}
+{{- include "kvroute.modelArg" . }}
+{{- else if eq .Values.model.source "huggingface" }}
+{{- regexReplaceAll "@.*$" .Values.model.huggingface.repoId "" }}
 {{- else }}
 {{- base (include "kvroute.modelArg" .) }}
 {{- end }}
@@ -37,13 +51,12 @@ passed to the ingress request router.
 
 {{/*
 Ray Serve config (serveConfigV2) of the kvroute application. `args` are the fields of
-ServeSettings (router/serve/settings.py). The HTTP proxy runs on the head only, so the head
-pod is the one gateway endpoint and the one metrics target; `deployments` pins the Gateway
-deployment (named in router/gateway/app.py), or with ingress direct the
-KVRouteIngressRouter (router/serve/ingress_router.py), to the head and, with autoscaling,
-lets Serve scale EngineReplica (router/serve/engine_replica.py). With `workers`, the app is
-the worker gateway (router/serve/workers_app.py): its replicas, on the head, listen on the
-gateway port themselves, so no Serve proxy runs.
+ServeSettings (router/serve/settings.py). A Serve proxy runs on every node (EveryNode), so
+every pod answers the API and the head is no single point of failure; the Gateway
+deployment (router/gateway/app.py) runs wherever Serve places it, and with autoscaling
+Serve scales EngineReplica (router/serve/engine_replica.py). With `workers`, the app is the
+worker gateway (router/serve/workers_app.py): its replicas, pinned to the head, listen on
+the gateway port themselves, so no Serve proxy runs.
 */}}
 {{- define "kvroute.serveConfig" -}}
 {{- $engine := .Values.engine }}
@@ -71,15 +84,21 @@ gateway port themselves, so no Serve proxy runs.
 {{- $_ := set $args "model" (include "kvroute.servedModelName" .) }}
 {{- $_ := set $args "tokenizer" (include "kvroute.modelArg" .) }}
 {{- end }}
+{{- if and .Values.model.servedName (empty $workers) }}
+{{- $_ := set $args "served_model_name" .Values.model.servedName }}
+{{- end }}
 {{- if .Values.apiKeys.enabled }}
 {{- $_ := set $args "api_keys_file" (printf "%s/%s" (include "kvroute.apiKeysDir" .) .Values.apiKeys.secretKey) }}
 {{- end }}
-{{- $gatewayResources := dict (include "kvroute.gatewayResource" .) 1 }}
+{{- $gatewayOptions := dict "num_cpus" 0 }}
+{{- if include "kvroute.gatewaysOnHead" . }}
+{{- $_ := set $gatewayOptions "resources" (dict (include "kvroute.gatewayResource" .) 1) }}
+{{- end }}
 {{- /* the gateway processes: the Gateway ingress, or with ingress direct the routers */}}
 {{- $gatewayDeployment := ternary "KVRouteIngressRouter" "Gateway" (eq .Values.gateway.ingress "direct") }}
 {{- $deployments := list (dict
   "name" (ternary "WorkerGateway" $gatewayDeployment (not (empty $workers)))
-  "ray_actor_options" (dict "num_cpus" 0 "resources" $gatewayResources)) }}
+  "ray_actor_options" $gatewayOptions) }}
 {{- if and $engine.autoscaling.enabled (empty $workers) }}
 {{- $deployments = append $deployments (dict
   "name" "EngineReplica"
@@ -103,6 +122,6 @@ gateway port themselves, so no Serve proxy runs.
 {{- toYaml (dict "proxy_location" "Disabled" "http_options" $httpOptions "applications" (list $app)) }}
 {{- else }}
 {{- $_ := set $app "route_prefix" "/" }}
-{{- toYaml (dict "proxy_location" "HeadOnly" "http_options" $httpOptions "applications" (list $app)) }}
+{{- toYaml (dict "proxy_location" "EveryNode" "http_options" $httpOptions "applications" (list $app)) }}
 {{- end }}
 {{- end }}

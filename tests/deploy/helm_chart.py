@@ -22,6 +22,8 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
     "sim-minimal": ("sim-minimal.yaml",),
     "direct": ("direct.yaml",),
     "workers": ("workers.yaml",),
+    "huggingface": ("huggingface.yaml",),
+    "incremental": ("incremental.yaml",),
 }
 
 
@@ -57,10 +59,11 @@ def lint(helm_bin: str, value_files: Sequence[str] = ()) -> subprocess.Completed
                     *_value_args(value_files, ()))
 
 
-def notes(helm_bin: str, value_files: Sequence[str] = ()) -> str:
+def notes(helm_bin: str, value_files: Sequence[str] = (),
+          set_values: Sequence[str] = ()) -> str:
     """NOTES.txt as `helm install` prints it (client-side dry run: no cluster needed)."""
     result = run_helm(helm_bin, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
-                      "--dry-run=client", *_value_args(value_files, ()))
+                      "--dry-run=client", *_value_args(value_files, set_values))
     assert result.returncode == 0, result.stderr
     return result.stdout.split("NOTES:\n", 1)[1]
 

@@ -50,7 +50,8 @@ def test_every_ray_container_has_the_serve_env_of_its_ingress(helm_bin, value_se
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_notes_name_the_served_model(helm_bin, value_set):
     (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
-    settings = ServeSettings(model=app["args"]["model"], workers=app["args"].get("workers", ()))
+    settings = ServeSettings(model=app["args"]["model"], workers=app["args"].get("workers", ()),
+                             served_model_name=app["args"].get("served_model_name"))
     # with workers, the model is the name they serve, verbatim
     served = (settings.model if settings.workers
               else settings.engine_config().served_model_name)

@@ -20,13 +20,18 @@ from .helm_chart import (
     template,
 )
 
+# The OpenAI endpoint's Service is the RayService's own (KubeRay creates it), except in front
+# of external workers.
 EXPECTED_KINDS = {
-    "default": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
-    "pvc-tp4": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
-    "autoscaling": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
+    "default": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
+    "pvc-tp4": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
+    "autoscaling": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
     "sim-minimal": ["RayService"],
     "direct": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
     "workers": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
+    "huggingface": ["ConfigMap", "HTTPRoute", "Ingress", "PodMonitor", "PrometheusRule",
+                    "RayService"],
+    "incremental": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
 }
 
 
@@ -52,7 +57,7 @@ def test_default_values(helm_bin):
     docs = render(helm_bin)
     assert one(docs, "RayService")["metadata"]["name"] == "demo-kvroute"
     assert serve_config(docs) == {
-        "proxy_location": "HeadOnly",
+        "proxy_location": "EveryNode",
         "http_options": {"host": "0.0.0.0", "port": 8000},
         "applications": [{
             "name": "kvroute",
@@ -65,8 +70,7 @@ def test_default_values(helm_bin):
                 "load_weight": 0.2, "host_cost_fraction": 0.2, "gateways": 1,
                 "ingress": "gateway",
             },
-            "deployments": [{"name": "Gateway", "ray_actor_options": {
-                "num_cpus": 0, "resources": {"kvroute_gateway": 1}}}],
+            "deployments": [{"name": "Gateway", "ray_actor_options": {"num_cpus": 0}}],
         }],
     }
     group = engine_group(docs)
@@ -75,8 +79,13 @@ def test_default_values(helm_bin):
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert worker["resources"]["requests"]["nvidia.com/gpu"] == 1
     head = one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]
-    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-gpus": "0",
-                                      "resources": '"{\\"kvroute_gateway\\": 1000}"'}
+    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-gpus": "0"}
+    spec = one(docs, "RayService")["spec"]
+    assert spec["upgradeStrategy"] == {"type": "NewCluster"}
+    assert spec["excludeHeadPodFromServeSvc"] is False
+    assert spec["serveService"]["metadata"]["name"] == "demo-kvroute"
+    assert spec["serveService"]["spec"] == {"type": "ClusterIP",
+                                            "ports": [{"name": "serve", "port": 8000}]}
     assert "nvidia.com/gpu" not in container(head["template"])["resources"]["limits"]
     assert "enableInTreeAutoscaling" not in one(docs, "RayService")["spec"]["rayClusterConfig"]
     assert "volumes" not in head["template"]["spec"]
@@ -121,10 +130,10 @@ def test_pvc_model_tp4_api_keys_and_host_tier(helm_bin):
     assert [t["key"] for t in group["template"]["spec"]["tolerations"]] == [
         "nvidia.com/gpu", "dedicated"]
     assert head["spec"]["nodeSelector"] == {"node-role.kubernetes.io/cpu": "true"}
-    service = one(docs, "Service")
+    service = one(docs, "RayService")["spec"]["serveService"]
     assert service["spec"]["type"] == "LoadBalancer"
-    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
-        ("http", 8000, "serve"), ("ray-dashboard", 8265, "dashboard")]
+    assert service["metadata"]["annotations"] == {
+        "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}
     assert one(docs, "PodMonitor")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert one(docs, "PrometheusRule")["metadata"]["labels"]["release"] == (
         "kube-prometheus-stack")
@@ -183,24 +192,40 @@ def test_bad_values_fail_with_a_clear_message(helm_bin, set_values, message):
     assert result.stdout == ""
 
 
-def test_service_and_pod_monitor_select_the_gateway_on_the_head_only(helm_bin):
+def test_pod_monitor_scrapes_every_pod_for_its_own_series(helm_bin):
     docs = render(helm_bin)
     head, worker = head_template(docs), engine_group(docs)["template"]
-
-    def selects(selector: dict, pod: dict) -> bool:
-        return selector.items() <= pod["metadata"]["labels"].items()
-
-    service = one(docs, "Service")
     monitor = one(docs, "PodMonitor")["spec"]
-    for selector in (service["spec"]["selector"], monitor["selector"]["matchLabels"]):
-        assert selects(selector, head)
-        assert not selects(selector, worker)
-    # Exactly the documented endpoint: the gateway port 8000, path /metrics.
-    assert monitor["podMetricsEndpoints"] == [{"port": "serve", "path": "/metrics",
-                                               "interval": "15s"}]
-    serve_ports = [p for p in container(head)["ports"] if p["name"] == "serve"]
-    assert serve_ports == [{"name": "serve", "containerPort": 8000}]
+    for pod in (head, worker):
+        assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        # the Serve proxy every node runs (EveryNode) answers /metrics on the serve port
+        assert [p for p in container(pod)["ports"] if p["name"] == "serve"] == [
+            {"name": "serve", "containerPort": 8000}]
     assert serve_config(docs)["http_options"]["port"] == 8000
+    assert serve_config(docs)["proxy_location"] == "EveryNode"
+    # /metrics?node=<pod IP>: that pod's processes (docs/metrics.md); job kvroute, node label
+    assert monitor["podMetricsEndpoints"] == [{
+        "port": "serve", "path": "/metrics", "interval": "15s",
+        "relabelings": [
+            {"sourceLabels": ["__meta_kubernetes_pod_ip"], "targetLabel": "__param_node"},
+            {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"},
+            {"targetLabel": "job", "replacement": "kvroute"}]}]
+
+
+def test_workers_keep_a_service_on_the_head_where_the_worker_gateways_listen(helm_bin):
+    docs = render(helm_bin, VALUE_SETS["workers"])
+    head, service = head_template(docs), one(docs, "Service")
+    assert service["spec"]["selector"].items() <= head["metadata"]["labels"].items()
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "gateway"
+    assert service["spec"]["ports"] == [{"name": "serve", "port": 8000, "targetPort": "serve",
+                                         "protocol": "TCP"}]
+    spec = one(docs, "RayService")["spec"]
+    assert "serveService" not in spec and "excludeHeadPodFromServeSvc" not in spec
+    assert head_template(docs)["spec"]["containers"][0]["name"] == "ray-head"
+    assert one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"][
+        "rayStartParams"]["resources"] == '"{\\"kvroute_gateway\\": 1000}"'
+    (app,) = serve_config(docs)["applications"]
+    assert app["deployments"][0]["ray_actor_options"]["resources"] == {"kvroute_gateway": 1}
 
 
 def test_dashboard_configmap_carries_the_dashboard_verbatim(helm_bin):
@@ -210,7 +235,7 @@ def test_dashboard_configmap_carries_the_dashboard_verbatim(helm_bin):
         assert json.loads(config_map["data"]["kvroute.json"]) == json.load(f)
 
 
-def test_prometheus_rule_carries_the_rule_file_verbatim(helm_bin):
+def test_prometheus_rule_carries_the_rule_file_verbatim_at_the_defaults(helm_bin):
     rule = one(render(helm_bin), "PrometheusRule")
     with open(REPO / "dashboards" / "rules" / "kvroute.rules.yaml") as f:
         assert rule["spec"] == yaml.safe_load(f)
@@ -219,6 +244,8 @@ def test_prometheus_rule_carries_the_rule_file_verbatim(helm_bin):
 def test_notes_show_a_first_request(helm_bin):
     text = notes(helm_bin)
     assert "kubectl -n llm port-forward svc/demo-kvroute 8000:8000" in text
+    assert "kubectl -n llm port-forward svc/kvroute-sim-serve-svc 8000:8000" in notes(
+        helm_bin, VALUE_SETS["sim-minimal"])
     assert "curl http://127.0.0.1:8000/v1/completions" in text
     assert '"model": "tiny"' in text
     assert "Authorization" not in text
@@ -226,9 +253,9 @@ def test_notes_show_a_first_request(helm_bin):
     assert '"model": "llama-3-70b-instruct"' in with_keys
     assert "get secret llm-api-keys -o jsonpath='{.data.keys\\.txt}' | base64 -d" in with_keys
     assert '-H "Authorization: Bearer $KVROUTE_API_KEY"' in with_keys
-    without_service = notes(helm_bin, VALUE_SETS["sim-minimal"])
+    assert "simulated" in notes(helm_bin, VALUE_SETS["sim-minimal"])
+    without_service = notes(helm_bin, VALUE_SETS["workers"], ["service.enabled=false"])
     assert "app.kubernetes.io/component=gateway" in without_service
-    assert "simulated" in without_service
 
 
 def test_every_value_is_documented():
@@ -255,3 +282,101 @@ def test_every_value_is_documented():
         elif value != "":
             undocumented.append(name)  # a value without a comment (a section has no value)
     assert undocumented == []
+
+
+def test_huggingface_model_ingress_route_and_pod_settings(helm_bin):
+    docs = render(helm_bin, VALUE_SETS["huggingface"])
+    args = serve_config(docs)["applications"][0]["args"]
+    assert (args["model"], args["served_model_name"]) == (
+        "meta-llama/Llama-3.1-8B-Instruct@main", "llama-3.1-8b")
+    cache_volume = {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}
+    cache_mount = {"name": "hf-cache", "mountPath": "/var/cache/huggingface"}
+    env = [{"name": "HF_HUB_CACHE", "value": "/var/cache/huggingface"},
+           {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token",
+                                                               "key": "token"}}},
+           {"name": "NCCL_DEBUG", "value": "WARN"}]
+    for pod in (head_template(docs), engine_group(docs)["template"]):
+        assert cache_volume in pod["spec"]["volumes"]
+        assert cache_mount in container(pod)["volumeMounts"]
+        assert [e for e in container(pod)["env"] if not e["name"].startswith("RAY_")] == env
+        assert container(pod)["envFrom"] == [{"secretRef": {"name": "llm-env"}}]
+        assert container(pod)["securityContext"] == {"allowPrivilegeEscalation": False}
+        assert pod["spec"]["securityContext"] == {"fsGroup": 1000}
+        assert pod["metadata"]["annotations"] == {
+            "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+    assert head_template(docs)["spec"]["priorityClassName"] == "llm-control"
+    engine_pod = engine_group(docs)["template"]["spec"]
+    assert engine_pod["priorityClassName"] == "llm-serving"
+    assert list(engine_pod["affinity"]) == ["podAntiAffinity"]
+    assert "affinity" not in head_template(docs)["spec"]
+    assert one(docs, "RayService")["spec"]["excludeHeadPodFromServeSvc"] is True
+    backend = {"service": {"name": "demo-kvroute", "port": {"number": 8000}}}
+    ingress = one(docs, "Ingress")["spec"]
+    assert ingress["ingressClassName"] == "nginx"
+    assert ingress["tls"] == [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}]
+    assert ingress["rules"] == [{"host": "llm.example.com", "http": {"paths": [
+        {"path": "/v1", "pathType": "Prefix", "backend": backend}]}}]
+    route = one(docs, "HTTPRoute")
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"] == {
+        "parentRefs": [{"name": "public", "namespace": "infra", "sectionName": "https"}],
+        "hostnames": ["llm.example.com"],
+        "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                   "backendRefs": [{"name": "demo-kvroute", "port": 8000}]}]}
+    assert '"model": "llama-3.1-8b"' in notes(helm_bin, VALUE_SETS["huggingface"])
+
+
+def test_huggingface_cache_without_a_claim_is_an_emptydir_offline_without_a_token(helm_bin):
+    docs = render(helm_bin, set_values=[
+        "model.source=huggingface", "model.huggingface.repoId=Qwen/Qwen2.5-0.5B-Instruct",
+        "model.huggingface.offline=true"])
+    args = serve_config(docs)["applications"][0]["args"]
+    assert args["model"] == "Qwen/Qwen2.5-0.5B-Instruct" and "served_model_name" not in args
+    pod = engine_group(docs)["template"]
+    assert {"name": "hf-cache", "emptyDir": {"sizeLimit": "200Gi"}} in pod["spec"]["volumes"]
+    assert [e for e in container(pod)["env"] if e["name"].startswith("HF_")] == [
+        {"name": "HF_HUB_CACHE", "value": "/var/cache/huggingface"},
+        {"name": "HF_HUB_OFFLINE", "value": "1"}]
+    assert '"model": "Qwen/Qwen2.5-0.5B-Instruct"' in notes(
+        helm_bin, set_values=["model.source=huggingface",
+                              "model.huggingface.repoId=Qwen/Qwen2.5-0.5B-Instruct"])
+
+
+def test_incremental_upgrade_strategy_leaves_the_ingress_to_kuberay(helm_bin):
+    docs = render(helm_bin, VALUE_SETS["incremental"])
+    spec = one(docs, "RayService")["spec"]
+    assert spec["upgradeStrategy"] == {
+        "type": "NewClusterWithIncrementalUpgrade",
+        "clusterUpgradeOptions": {"gatewayClassName": "istio", "maxSurgePercent": 25,
+                                  "stepSizePercent": 5, "intervalSeconds": 30}}
+    # KubeRay ignores a custom serve Service here: each cluster gets its own behind its Gateway
+    assert "serveService" not in spec
+    assert spec["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+    assert "kubectl -n llm get gateway demo-kvroute-gateway" in notes(
+        helm_bin, VALUE_SETS["incremental"])
+
+
+@pytest.mark.parametrize("set_values, message", [
+    (["upgradeStrategy.type=NewClusterWithIncrementalUpgrade",
+      "upgradeStrategy.incremental.gatewayClassName=istio"],
+     "NewClusterWithIncrementalUpgrade needs engine.autoscaling.enabled"),
+    (["upgradeStrategy.type=NewClusterWithIncrementalUpgrade"],
+     "at '/upgradeStrategy/incremental/gatewayClassName'"),
+    (["upgradeStrategy.type=Rolling"], "at '/upgradeStrategy/type'"),
+    (["upgradeStrategy.type=NewClusterWithIncrementalUpgrade",
+      "upgradeStrategy.incremental.gatewayClassName=istio", "engine.autoscaling.enabled=true",
+      "ingress.enabled=true"], "KubeRay's own Gateway and HTTPRoute are the ingress"),
+    (["httpRoute.enabled=true"], "httpRoute.parentRefs must name the Gateway"),
+    (["model.source=huggingface"], "at '/model/huggingface/repoId'"),
+    (["model.source=huggingface", "model.huggingface.repoId=/models/llama"],
+     "at '/model/huggingface/repoId'"),
+    (["engine.priorityClassName=Not_A_Name"], "at '/engine/priorityClassName'"),
+    (["prometheusRule.alerts.KvrouteHighTTFT.for=soon"],
+     "at '/prometheusRule/alerts/KvrouteHighTTFT/for'"),
+    (["prometheusRule.alerts.KvrouteReplicaDown.threshold=1"],
+     "at '/prometheusRule/alerts/KvrouteReplicaDown'"),
+])
+def test_bad_new_values_fail_with_a_clear_message(helm_bin, set_values, message):
+    result = template(helm_bin, set_values=set_values)
+    assert result.returncode != 0
+    assert message in result.stderr

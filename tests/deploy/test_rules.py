@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from .helm_chart import one, render
 from .metrics_contract import contract_types
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,3 +87,63 @@ def test_rules_read_only_contract_series_and_their_own_records():
     for rule in rules_of("record") + rules_of("alert"):
         names = set(re.findall(r"[a-z_]*:?kvroute_\w+(?::\w+)?", rule["expr"]))
         assert names <= known, rule.get("record", rule.get("alert"))
+
+
+def test_the_charts_thresholds_and_durations_are_the_ones_promtool_sees_fire(
+        helm_bin, promtool_bin, tmp_path):
+    """The PrometheusRule rendered with other thresholds and `for`, run by promtool: the 5xx
+    alert now fires on the "good" model's 0.5% too, after 1 minute instead of 5."""
+    values = tmp_path / "alerts.yaml"
+    values.write_text(yaml.safe_dump({"prometheusRule": {
+        "runbookBaseUrl": "https://ops.example.com/kvroute",
+        "alerts": {"KvrouteHigh5xxRate": {"threshold": 0.001, "for": "1m"}}}}))
+    rule = one(render(helm_bin, [str(values)]), "PrometheusRule")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    series = [(model, endpoint, status, per_min)
+              for model, endpoint, status, per_min in (
+                  ("bad", "/v1/completions", "200", 540), ("bad", "/v1/completions", "503", 60),
+                  ("good", "/v1/chat/completions", "200", 597),
+                  ("good", "/v1/chat/completions", "500", 3))]
+    description = next(r for r in rules_of("alert") if r["alert"] == "KvrouteHigh5xxRate")[
+        "annotations"]["description"]
+
+    def fired(model: str, percent: str) -> dict:
+        return {"exp_labels": {"model": model, "severity": "critical"},
+                "exp_annotations": {
+                    "summary": f"kvroute {model}: {percent} of API requests fail with 5xx",
+                    "description": description,
+                    "runbook_url": "https://ops.example.com/kvroute#kvroutehigh5xxrate"}}
+
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{
+                "series": f'kvroute_gateway_requests_total{{model="{m}",endpoint="{e}",'
+                          f'status="{s}"}}',
+                "values": f"0+{n}x20"} for m, e, s, n in series],
+            "alert_rule_test": [
+                {"alertname": "KvrouteHigh5xxRate", "eval_time": "2m", "exp_alerts": []},
+                {"alertname": "KvrouteHigh5xxRate", "eval_time": "4m",
+                 "exp_alerts": [fired("bad", "10%"), fired("good", "0.5%")]}]}]}))
+    result = subprocess.run([promtool_bin, "test", "rules", "test.yaml"], capture_output=True,
+                            text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expr = next(r for group in rule["spec"]["groups"] for r in group["rules"]
+                if r.get("alert") == "KvrouteHigh5xxRate")["expr"]
+    assert expr == "model:kvroute_gateway_5xx_ratio:rate5m > 0.001"
+
+
+def test_every_alert_has_chart_values_and_a_threshold_value_only_where_it_ends_its_expr():
+    values = yaml.safe_load((REPO / "helm" / "kvroute" / "values.yaml").read_text())
+    alerts = values["prometheusRule"]["alerts"]
+    assert set(alerts) == {rule["alert"] for rule in rules_of("alert")}
+    for rule in rules_of("alert"):
+        setting = alerts[rule["alert"]]
+        assert setting["for"] == rule["for"], rule["alert"]
+        ends = re.search(r"[<>]=? *([0-9.eE+-]+)\s*$", rule["expr"])
+        if "threshold" in setting:
+            assert ends and float(ends.group(1)) == setting["threshold"], rule["alert"]
+        else:
+            assert rule["alert"] in ("KvrouteTargetAbsent", "KvrouteTargetDown",
+                                     "KvrouteReplicaDown", "KvrouteLowDeliveredHitRate")

@@ -141,8 +141,10 @@ class WorkerGateway:
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
+        """Every process's series, or with `?node=IP` those on that Ray node (per pod)."""
         await flush_local_pushers()  # this process's series (gateway, router) are current
-        return Response(await self.hub.exposition.remote(), media_type=CONTENT_TYPE_LATEST)
+        node = request.query_params.get("node")
+        return Response(await self.hub.exposition.remote(node), media_type=CONTENT_TYPE_LATEST)
 
     # ---- internals ----
 

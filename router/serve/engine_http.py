@@ -194,8 +194,9 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
                             status_code=200 if replica_ids else 503)
 
     @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
+    async def metrics_endpoint(node: str | None = None) -> Response:
+        """Every process's series, or with `?node=IP` those on that Ray node (per pod)."""
         await flush_local_pushers()  # this process's series (engine, gateway) are current
-        return Response(await hub.exposition.remote(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await hub.exposition.remote(node), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -27,7 +27,7 @@ EXPECTED_KINDS = {
     "pvc-tp4": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
     "autoscaling": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
     "sim-minimal": ["RayService"],
-    "direct": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
+    "direct": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
     "workers": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
     "huggingface": ["ConfigMap", "HTTPRoute", "Ingress", "PodMonitor", "PrometheusRule",
                     "RayService"],
@@ -380,3 +380,16 @@ def test_bad_new_values_fail_with_a_clear_message(helm_bin, set_values, message)
     result = template(helm_bin, set_values=set_values)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_only_direct_ingress_routers_and_worker_gateways_stay_on_the_head(helm_bin):
+    for value_set, name, pinned in (("default", "Gateway", False),
+                                    ("direct", "KVRouteIngressRouter", True),
+                                    ("workers", "WorkerGateway", True)):
+        docs = render(helm_bin, VALUE_SETS[value_set])
+        gateway = serve_config(docs)["applications"][0]["deployments"][0]
+        assert gateway["name"] == name
+        assert ("resources" in gateway["ray_actor_options"]) is pinned, value_set
+        head_params = one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"][
+            "rayStartParams"]
+        assert ("resources" in head_params) is pinned, value_set

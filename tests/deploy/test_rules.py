@@ -123,8 +123,8 @@ def test_the_charts_thresholds_and_durations_are_the_ones_promtool_sees_fire(
                           f'status="{s}"}}',
                 "values": f"0+{n}x20"} for m, e, s, n in series],
             "alert_rule_test": [
-                {"alertname": "KvrouteHigh5xxRate", "eval_time": "2m", "exp_alerts": []},
-                {"alertname": "KvrouteHigh5xxRate", "eval_time": "4m",
+                {"alertname": "KvrouteHigh5xxRate", "eval_time": "1m", "exp_alerts": []},
+                {"alertname": "KvrouteHigh5xxRate", "eval_time": "3m",
                  "exp_alerts": [fired("bad", "10%"), fired("good", "0.5%")]}]}]}))
     result = subprocess.run([promtool_bin, "test", "rules", "test.yaml"], capture_output=True,
                             text=True, timeout=60, cwd=tmp_path)

@@ -155,6 +155,10 @@ def test_metrics_endpoint_serves_every_process(server):
     for name in ("kvroute_router_decision_seconds_bucket", "kvroute_gateway_requests_total",
                  "kvroute_engine_ttft_seconds_bucket", "kvroute_router_index_blocks"):
         assert name in names
+    # `?node=IP` (the chart's per-pod scrape) reaches the hub through the replica's server:
+    # no process runs on a node of another address
+    other = httpx.get(f"{server.base_url}/metrics", params={"node": "192.0.2.1"}, timeout=30)
+    assert other.status_code == 200 and "kvroute_" not in other.text
 
 
 def test_a_killed_replica_leaves_the_survivor_serving(server, oai):

@@ -61,19 +61,19 @@ class LossyLink:
         self.publish_snapshot = actor.publish_snapshot
         self.forget_replica = actor.forget_replica
 
-    async def _publish(self, batch, stats):
+    async def _publish(self, batch, stats, *rest):
         fate = next(self._fates, "deliver")
         if fate == "drop":
             return False
         if fate == "delay":
             self._delayed.append(batch)
             return False
-        needs_snapshot = await self._actor.publish.remote(batch, stats)
+        needs_snapshot = await self._actor.publish.remote(batch, stats, *rest)
         for late in self._delayed:  # arrives after a newer batch: reordered
-            needs_snapshot |= await self._actor.publish.remote(late, stats)
+            needs_snapshot |= await self._actor.publish.remote(late, stats, *rest)
         self._delayed.clear()
         if fate == "dup":
-            needs_snapshot |= await self._actor.publish.remote(batch, stats)
+            needs_snapshot |= await self._actor.publish.remote(batch, stats, *rest)
         return needs_snapshot
 
 

@@ -4,9 +4,10 @@ routed them.
 With direct streaming the request goes from HAProxy straight to the engine replica's HTTP
 port, so the router that picked the replica never sees it end. The replica tells it through
 the index actor: each publish carries the route ids that ended since the last one, by router
-id, and each router's next poll takes its own. A router that stops polling for
-`router_timeout_s` loses its outbox (it is gone, or restarted under a new id: nothing would
-take them).
+id, and each router's next poll takes its own. A router can route (and its request end)
+before its first poll reaches the actor: ends for a router not yet polling are kept as for
+one that just polled. A router that stops polling (or never starts) for `router_timeout_s`
+loses its outbox (it is gone, or restarted under a new id: nothing would take them).
 """
 
 from __future__ import annotations
@@ -19,16 +20,19 @@ class RouteEnds:
     def __init__(self, router_timeout_s: float):
         self._router_timeout_s = router_timeout_s
         self._outbox: dict[str, list[str]] = {}  # router id -> ended route ids
-        self._last_poll_s: dict[str, float] = {}  # router id -> last take (monotonic s)
+        # router id -> last take, or the first end for a router not yet polling (monotonic s)
+        self._last_poll_s: dict[str, float] = {}
 
     def add(self, ended: Mapping[str, Sequence[str]]) -> bool:
         """Queues route ids for their routers; True when any router gets news."""
         now = time.monotonic()
         news = False
         for router_id, route_ids in ended.items():
-            last = self._last_poll_s.get(router_id)
-            if not route_ids or last is None or now - last > self._router_timeout_s:
-                continue  # a router that never polled or stopped: nothing would take them
+            if not route_ids:
+                continue
+            last = self._last_poll_s.setdefault(router_id, now)  # not polling yet: its grace
+            if now - last > self._router_timeout_s:
+                continue  # a router that stopped polling: nothing would take them
             self._outbox.setdefault(router_id, []).extend(route_ids)
             news = True
         return news

@@ -16,11 +16,18 @@ def test_each_router_takes_its_own_ends_once():
     assert ends.num_queued() == 0
 
 
-def test_ends_for_a_router_that_never_polled_or_stopped_are_dropped():
+def test_ends_for_a_router_not_yet_polling_wait_for_its_first_poll():
+    # a router's first request can end before its first poll reaches the index actor
+    ends = RouteEnds(router_timeout_s=60.0)
+    assert ends.add({"new-router": ["r1"]})
+    assert ends.take("new-router") == ("r1",)
+
+
+def test_ends_for_a_router_that_stopped_polling_are_dropped():
     ends = RouteEnds(router_timeout_s=0.0)  # every router counts as gone at once
-    assert not ends.add({"never-polled": ["r1"]})
     ends.take("router-a")
     assert not ends.add({"router-a": ["r2"]})  # its last poll is older than the timeout
+    ends.take("router-b")  # any poll drops the outboxes of routers gone quiet
     assert ends.num_queued() == 0
 
 
@@ -29,7 +36,8 @@ async def test_a_poll_returns_at_once_with_the_ends_a_replica_published():
     first = await index.poll(PollRequest("router-a", {}))
     assert first.ended_route_ids == ()
     index.publish(EventBatch("replica-1", "epoch", 0, ()), None,
-                  {"router-a": ("r1",), "router-b": ("r2",)})  # router-b never polled
+                  {"router-a": ("r1",), "router-b": ("r2",)})  # router-b not polling yet
     reply = await index.poll(PollRequest("router-a", {}, wait_s=30.0))
     assert reply.ended_route_ids == ("r1",)
+    assert (await index.poll(PollRequest("router-b", {}))).ended_route_ids == ("r2",)
     assert index.route_ends.num_queued() == 0

@@ -15,17 +15,15 @@ router's outstanding load drops when the request finishes.
 A body it cannot route (not JSON, not a completion, a bad key) still gets a replica, by load:
 that replica's own API answers the client with the right 4xx.
 
-(No `from __future__ import annotations`: FastAPI must see `Request` itself in the routes
-Serve's ingress wraps.)
 """
+
+from __future__ import annotations
 
 import json
 import logging
 import uuid
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.exceptions import DeploymentUnavailableError
 
@@ -107,14 +105,46 @@ class RouteCalls:
                          self.prompts.block_hashes(token_ids, tenant), max_tokens)
 
 
-router_app = FastAPI(title="kvroute ingress request router", docs_url=None, redoc_url=None,
-                     openapi_url=None)
+async def _read_body(receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client left
+            return b""
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
+async def _send_json(send, status: int, body: dict) -> None:
+    payload = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _lifespan(receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# Serve's access log line per /internal/route call costs as much as routing it; the
+# engine replica that serves the request keeps its own.
 @serve.deployment(name="KVRouteIngressRouter", max_ongoing_requests=1000,
-                  ray_actor_options={"num_cpus": 0})
-@serve.ingress(router_app)
+                  ray_actor_options={"num_cpus": 0},
+                  logging_config={"log_level": "WARNING", "enable_access_log": False})
+@serve.ingress()
 class IngressRouter:
+    """HAProxy's routing endpoint, as a bare ASGI app: one small JSON call per client
+    request, where FastAPI's routing, validation and response classes cost more than the
+    routing itself (benchmarks/RESULTS.md, "Serving overhead")."""
+
     def __init__(self, engine_handle, config: IngressRouterConfig):
         self.router_id = gateway_process_id()
         prompts = PromptBuilder(tokenizer_dir(config.model), config.served_model_name,
@@ -122,24 +152,46 @@ class IngressRouter:
         self.calls = RouteCalls(prompts, TenantAuth(load_api_keys(config.api_keys_file)))
         self.engine = engine_handle
 
-    @router_app.post("/internal/route")
-    async def route(self, request: Request) -> JSONResponse:
-        call = self.calls.of(await request.body(), request.headers.get("authorization"))
+    def __serve_build_asgi_app__(self) -> _RouterApp:
+        return _RouterApp(self)
+
+    async def route(self, body: bytes, authorization: str | None) -> tuple[int, dict]:
+        call = self.calls.of(body, authorization)
         try:
             async with self.engine.choose_replica(*((call,) if call else ()),
                                                   _reserve=False) as selection:
                 replica = selection._replica  # Serve LLM's LLMRouter reads the same fields
         except (DeploymentUnavailableError, RuntimeError) as err:
-            return JSONResponse({"detail": f"no engine replica: {err}"}, status_code=503)
+            return 503, {"detail": f"no engine replica: {err}"}
         endpoint = replica.backend_http_endpoint
         if endpoint is None:
-            return JSONResponse({"detail": f"replica {selection.replica_id} has no HTTP "
-                                           f"port"}, status_code=503)
+            return 503, {"detail": f"replica {selection.replica_id} has no HTTP port"}
         headers = {ROUTE_HEADER: f"{self.router_id} {call.route_id}"} if call else {}
-        return JSONResponse({"host": endpoint[0], "port": endpoint[1],
-                             "replica_id": replica.replica_id.to_full_id_str(),
-                             "request_headers": headers})
+        return 200, {"host": endpoint[0], "port": endpoint[1],
+                     "replica_id": replica.replica_id.to_full_id_str(),
+                     "request_headers": headers}
 
-    @router_app.get("/health")
-    async def health(self) -> dict:
-        return {"status": "ok"}
+
+class _RouterApp:
+    """The ASGI app (a class with an async __call__: uvicorn, under Serve, tells ASGI 3 from
+    ASGI 2 by that)."""
+
+    def __init__(self, router: IngressRouter):
+        self.router = router
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        path, method = scope.get("path"), scope.get("method")
+        if path == "/internal/route" and method == "POST":
+            authorization = None
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value.decode("latin-1")
+            status, body = await self.router.route(await _read_body(receive), authorization)
+        elif path == "/health" and method == "GET":
+            status, body = 200, {"status": "ok"}
+        else:
+            status, body = 404, {"detail": "Not Found"}
+        await _send_json(send, status, body)

@@ -103,12 +103,13 @@ class ServeSettings(BaseModel):
         1, description="gateway processes: the HTTP ingress (ingress gateway) or the ingress "
                        "request routers (ingress direct)")
     ingress: Literal["gateway", "direct"] = Field(
-        "gateway", description="gateway: requests enter through Serve's proxy and kvroute's "
-                               "gateway deployment, which streams from the engine replica over "
-                               "Ray; direct: HAProxy (bundled with ray[serve]) asks kvroute's "
-                               "router for a replica and sends the request to that engine "
-                               "replica's own HTTP server (Serve's direct streaming: no Python "
-                               "proxy, no Ray hop per token)")
+        "direct", description="direct (the default; with workers: gateway): HAProxy "
+                              "(bundled with ray[serve]) asks kvroute's router for a replica "
+                              "and sends the request to that engine replica's own HTTP server "
+                              "(Serve's direct streaming: no Python proxy, no Ray hop per "
+                              "token); gateway: requests enter through Serve's proxy and "
+                              "kvroute's gateway deployment, which streams from the engine "
+                              "replica over Ray")
     cpus_per_rank: float | None = Field(
         None, gt=0, description="CPUs reserved per TP rank (unset: 1, or with `kvroute serve` "
                                 "on a local Ray instance a fair share of its CPUs when the "
@@ -143,6 +144,14 @@ class ServeSettings(BaseModel):
     @classmethod
     def _parse_workers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(str(spec) for spec in parse_workers(value))  # canonical, no duplicates
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workers_take_the_gateway(cls, data: Any) -> Any:
+        # With workers, the worker gateway is the ingress: the default ingress is not theirs.
+        if isinstance(data, dict) and data.get("workers") and "ingress" not in data:
+            return {**data, "ingress": "gateway"}
+        return data
 
     @model_validator(mode="after")
     def _check_components(self) -> ServeSettings:

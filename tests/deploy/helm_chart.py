@@ -20,7 +20,7 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
     "pvc-tp4": ("pvc-tp4.yaml",),
     "autoscaling": ("autoscaling.yaml",),
     "sim-minimal": ("sim-minimal.yaml",),
-    "direct": ("direct.yaml",),
+    "gateway": ("gateway.yaml",),
     "workers": ("workers.yaml",),
     "huggingface": ("huggingface.yaml",),
     "incremental": ("incremental.yaml",),

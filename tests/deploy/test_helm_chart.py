@@ -27,7 +27,7 @@ EXPECTED_KINDS = {
     "pvc-tp4": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
     "autoscaling": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
     "sim-minimal": ["RayService"],
-    "direct": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
+    "gateway": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
     "workers": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
     "huggingface": ["ConfigMap", "HTTPRoute", "Ingress", "PodMonitor", "PrometheusRule",
                     "RayService"],
@@ -68,9 +68,10 @@ def test_default_values(helm_bin):
                 "num_blocks": 1024, "num_host_blocks": 0, "cpus_per_rank": 1,
                 "gpus_per_rank": 1, "policy": "cache_aware", "approximate": False,
                 "load_weight": 0.2, "host_cost_fraction": 0.2, "gateways": 1,
-                "ingress": "gateway",
+                "ingress": "direct",
             },
-            "deployments": [{"name": "Gateway", "ray_actor_options": {"num_cpus": 0}}],
+            "deployments": [{"name": "KVRouteIngressRouter", "ray_actor_options": {
+                "num_cpus": 0, "resources": {"kvroute_gateway": 1}}}],
         }],
     }
     group = engine_group(docs)
@@ -79,7 +80,8 @@ def test_default_values(helm_bin):
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert worker["resources"]["requests"]["nvidia.com/gpu"] == 1
     head = one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]
-    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-gpus": "0"}
+    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-gpus": "0",
+                                      "resources": '"{\\"kvroute_gateway\\": 1000}"'}
     spec = one(docs, "RayService")["spec"]
     assert spec["upgradeStrategy"] == {"type": "NewCluster"}
     assert spec["excludeHeadPodFromServeSvc"] is False
@@ -99,7 +101,7 @@ def test_pvc_model_tp4_api_keys_and_host_tier(helm_bin):
         "block_size": 32, "num_blocks": 65536, "num_host_blocks": 131072, "cpus_per_rank": 4,
         "gpus_per_rank": 1, "policy": "cache_aware", "approximate": False,
         "load_weight": 0.25, "host_cost_fraction": 0.1, "gateways": 2,
-        "ingress": "gateway",
+        "ingress": "direct",
         "api_keys_file": "/etc/kvroute/api-keys/keys.txt",
     }
     group = engine_group(docs)

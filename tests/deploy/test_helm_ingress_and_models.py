@@ -120,8 +120,8 @@ def test_bad_new_values_fail_with_a_clear_message(helm_bin, set_values, message)
 
 
 def test_only_direct_ingress_routers_and_worker_gateways_stay_on_the_head(helm_bin):
-    for value_set, name, pinned in (("default", "Gateway", False),
-                                    ("direct", "KVRouteIngressRouter", True),
+    for value_set, name, pinned in (("gateway", "Gateway", False),
+                                    ("default", "KVRouteIngressRouter", True),
                                     ("workers", "WorkerGateway", True)):
         docs = render(helm_bin, VALUE_SETS[value_set])
         gateway = serve_config(docs)["applications"][0]["deployments"][0]

@@ -1,3 +1,8 @@
+{{/* How requests enter: gateway.ingress, or with workers the worker gateway ("gateway"). */}}
+{{- define "kvroute.ingress" -}}
+{{- if .Values.workers }}gateway{{ else }}{{ .Values.gateway.ingress }}{{ end }}
+{{- end }}
+
 {{/* The port the Ray Serve proxy (the gateway) listens on: the OpenAI API and /metrics. */}}
 {{- define "kvroute.gatewayPort" -}}8000{{- end }}
 
@@ -10,7 +15,7 @@ on the head's port themselves) and, with ingress direct, the ingress request rou
 direct ingress was built); the Gateway deployment runs wherever Serve places it.
 */}}
 {{- define "kvroute.gatewaysOnHead" -}}
-{{- if or .Values.workers (eq .Values.gateway.ingress "direct") }}true{{ end }}
+{{- if or .Values.workers (eq (include "kvroute.ingress" .) "direct") }}true{{ end }}
 {{- end }}
 
 {{/* Where the API keys Secret is mounted in every pod. */}}
@@ -39,7 +44,7 @@ passed to the ingress request router.
 {{- define "kvroute.serveEnv" -}}
 - name: RAY_SERVE_THROUGHPUT_OPTIMIZED
   value: "1"
-{{- if eq .Values.gateway.ingress "direct" }}
+{{- if eq (include "kvroute.ingress" .) "direct" }}
 - name: RAY_SERVE_ENABLE_HA_PROXY
   value: "1"
 - name: RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY
@@ -76,7 +81,7 @@ the gateway port themselves, so no Serve proxy runs.
   "load_weight" $routing.loadWeight
   "host_cost_fraction" $routing.hostCostFraction
   "gateways" .Values.gateway.replicas
-  "ingress" .Values.gateway.ingress
+  "ingress" (include "kvroute.ingress" .)
 }}
 {{- $workers := .Values.workers }}
 {{- if $workers }}
@@ -95,7 +100,7 @@ the gateway port themselves, so no Serve proxy runs.
 {{- $_ := set $gatewayOptions "resources" (dict (include "kvroute.gatewayResource" .) 1) }}
 {{- end }}
 {{- /* the gateway processes: the Gateway ingress, or with ingress direct the routers */}}
-{{- $gatewayDeployment := ternary "KVRouteIngressRouter" "Gateway" (eq .Values.gateway.ingress "direct") }}
+{{- $gatewayDeployment := ternary "KVRouteIngressRouter" "Gateway" (eq (include "kvroute.ingress" .) "direct") }}
 {{- $deployments := list (dict
   "name" (ternary "WorkerGateway" $gatewayDeployment (not (empty $workers)))
   "ray_actor_options" $gatewayOptions) }}

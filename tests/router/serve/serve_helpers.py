@@ -69,7 +69,9 @@ class Server:
 
 @contextmanager
 def kvroute_server(args: dict, num_cpus: int = 2) -> Iterator[Server]:
-    """Local Ray, Serve on a free port, the kvroute app; torn down on exit."""
+    """Local Ray, Serve on a free port, the kvroute app (ingress gateway unless `args` says:
+    this process's Ray has no HAProxy environment); torn down on exit."""
+    args = {"ingress": "gateway", **args}
     port = free_port()
     ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="serve",
              object_store_memory=128 * 1024**2, log_to_driver=False)

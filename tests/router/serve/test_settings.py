@@ -27,7 +27,7 @@ def _deployments(app):
 
 def test_serve_run_key_value_strings_are_coerced():
     args = convert_args_to_dict(("replicas=3", "tp=2", "approximate=true", "engine=sim",
-                                 "imbalance_threshold=inf", "gateways=2"))
+                                 "imbalance_threshold=inf", "gateways=2", "ingress=gateway"))
     assert args["replicas"] == "3"  # what Serve's CLI hands the builder: strings
     app = call_user_app_builder_with_args_if_necessary(build_app, args)
     gateway, engine = _deployments(app)
@@ -107,7 +107,8 @@ def test_cli_shares_local_cpus_unless_set():
 
 
 def test_served_model_name_reaches_the_engine_the_gateway_and_the_router():
-    app = build_app({"served_model_name": "llama-prod", "engine": "sim", "replicas": 1})
+    app = build_app({"served_model_name": "llama-prod", "engine": "sim", "replicas": 1,
+                     "ingress": "gateway"})
     gateway, engine = _deployments(app)
     (engine_config,) = engine.init_args
     assert engine_config.served_model_name == "llama-prod"
@@ -121,3 +122,12 @@ def test_served_model_name_is_refused_with_workers():
     with pytest.raises(SettingsError, match="with workers, model is the name they serve"):
         load_settings(ServeSettings, {"served_model_name": "x", "model": "x",
                                       "workers": "http://w0:8000"}, env={})
+
+
+def test_ingress_is_direct_by_default_and_the_worker_gateway_with_workers():
+    assert load_settings(ServeSettings, {}, env={}).ingress == "direct"
+    workers = load_settings(ServeSettings, {"model": "m", "workers": "http://w0:8000"}, env={})
+    assert workers.ingress == "gateway"
+    with pytest.raises(SettingsError, match="with workers the worker gateway is the ingress"):
+        load_settings(ServeSettings, {"model": "m", "workers": "http://w0:8000",
+                                      "ingress": "direct"}, env={})

@@ -266,6 +266,12 @@ class KVCacheManager:
         self._locked_host = []
         return plan
 
+    def abort_copy_plan(self, plan: CopyPlan) -> None:
+        """The step that carried `plan` failed, maybe before its copies ran: forget every
+        entry they were to fill, so no later request hits KV that was never written."""
+        self.host.discard_slots({slot for _, slot in plan.swap_out})
+        self.pool.uncache(self.pool.blocks[block_id] for _, block_id in plan.swap_in)
+
     # -- pinned prefixes -------------------------------------------------------------------
 
     def pin(self, name: str, block_hashes: Sequence[BlockHash]) -> int | None:

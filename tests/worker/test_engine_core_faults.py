@@ -1,0 +1,51 @@
+"""Engine core under faults: a failed step must leave no cache entry pointing at KV that
+was never written (issue 14 #4)."""
+
+from kv.events import EventLog
+from kv.manager import KVCacheConfig, MatchResult
+from tests.kv.conftest import BLOCK_SIZE, ROOT, hashes
+from worker.api import SamplingParams
+from worker.engine_core import EngineCore
+from worker.request import Request
+from worker.scheduler import SchedulerConfig
+
+A = list(range(100, 112))  # 3 full blocks of 4
+B = list(range(700, 712))
+
+
+def make_core() -> EngineCore:
+    return EngineCore(KVCacheConfig(num_blocks=3, block_size=BLOCK_SIZE, num_host_blocks=4),
+                      SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4),
+                      EventLog("r0", epoch="e0"))
+
+
+def run(core: EngineCore, request_id: str, tokens: list[int], fail: bool = False):
+    core.add(Request(request_id, tokens, SamplingParams(max_tokens=1), BLOCK_SIZE, ROOT))
+    plan, unfit = core.plan_step()
+    assert plan is not None and not unfit
+    if fail:
+        assert [r.request_id for r in core.fail_step(plan.step)] == [request_id]
+    else:
+        core.update(plan.step, {request_id: 1})
+    core.scheduler.check_invariants()
+    return plan.step.copies
+
+
+def test_failed_step_drops_host_entries_its_swap_out_never_wrote():
+    core = make_core()
+    run(core, "a", A)
+    copies = run(core, "b", B, fail=True)  # evicting A to host: the copies never ran
+    assert copies.swap_out
+    assert core.kv.match(hashes(A)) == MatchResult(0, 0, 0)
+
+
+def test_failed_step_drops_device_entries_its_swap_in_never_filled():
+    core = make_core()
+    run(core, "a", A)
+    run(core, "b", B)  # A goes to the host tier for real
+    assert core.kv.match(hashes(A)).num_host_blocks == 3
+    copies = run(core, "a2", A, fail=True)
+    assert copies.swap_in
+    match = core.kv.match(hashes(A))
+    assert match.num_device_blocks == 0  # would be 3 garbage hits without the abort
+    run(core, "a3", A)  # served again from the (valid) host copies or recomputed

@@ -207,3 +207,22 @@ def test_failed_step_forgets_the_cache_entries_its_copies_were_to_fill():
     assert BlockRemoved(tuple(hashes(A)), "device") in mgr.event_log.drain().events
     mgr.check_invariants()
 
+
+
+def test_repin_credits_the_blocks_it_frees():
+    mgr = make_manager(8, pin_budget_blocks=3)
+    other = list(range(300, 312))
+    admit(mgr, "a", A)
+    mgr.cache_blocks("a", hashes(A), 12)
+    admit(mgr, "o", other)
+    mgr.cache_blocks("o", hashes(other), 12)
+    mgr.free("a")
+    mgr.free("o")
+    assert mgr.pin("sys", hashes(A)) == 3
+    # Moving "sys" to another 3-block prefix frees A's 3 blocks: within the budget.
+    assert mgr.pin("sys", hashes(other)) == 3
+    assert mgr.num_pinned_blocks == 3
+    # A block another name still holds is not freed by the re-pin.
+    assert mgr.pin("keep", hashes(other)[:1]) == 1
+    assert mgr.pin("sys", hashes(A)) is None  # frees 2, needs 3 new: 1 + 3 > 3
+    mgr.check_invariants()

@@ -49,3 +49,23 @@ def test_failed_step_drops_device_entries_its_swap_in_never_filled():
     match = core.kv.match(hashes(A))
     assert match.num_device_blocks == 0  # would be 3 garbage hits without the abort
     run(core, "a3", A)  # served again from the (valid) host copies or recomputed
+
+
+async def test_prompt_that_cannot_fit_beside_the_pins_is_refused_with_the_reason():
+    import pytest
+
+    from tests.worker.test_engine_sim import collect, make_engine, prompt
+    from worker.api import EngineInputError, EngineRequest
+
+    engine = make_engine(num_blocks=8, pin_budget_blocks=4)
+    system = prompt(64)
+    assert await engine.pin_prefix("sys", system) == 4
+    # 7 blocks fit the pool but not the 4 unpinned ones: refused at once, not queued.
+    with pytest.raises(EngineInputError, match="besides its 4 pinned blocks"):
+        await collect(engine, EngineRequest("big", prompt(100, 300),
+                                            SamplingParams(max_tokens=1)))
+    # A prompt that starts with the pinned prefix reuses those blocks and fits.
+    out = await collect(engine, EngineRequest("ok", system + prompt(40, 300),
+                                              SamplingParams(max_tokens=1)))
+    assert out[-1].finish_reason == "length"
+    await engine.shutdown()

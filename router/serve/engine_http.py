@@ -40,7 +40,9 @@ from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.engine_replica import EngineReplicaBody
 from router.serve.ingress_router import ROUTE_HEADER, ROUTED_BY_HEADER
 from worker.openai.http_errors import install_error_handlers
+from worker.openai.limits import read_body
 from worker.openai.prompt import PromptBuilder
+from worker.openai.schema import DEFAULT_LIMITS
 from worker.openai_server.serving import OpenAIServing
 from worker.tokenizer_files import tokenizer_dir
 
@@ -172,7 +174,8 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     @app.post("/v1/prefixes")
     async def register_prefix(request: Request) -> dict:
         tenant = auth.tenant_of(request.headers.get("authorization"))
-        return await prefixes.register(await request.body(), tenant, serving.check_model)
+        raw = await read_body(request, DEFAULT_LIMITS)
+        return await prefixes.register(raw, tenant, serving.check_model)
 
     @app.get("/v1/prefixes")
     async def list_prefixes(request: Request) -> dict:

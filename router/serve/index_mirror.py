@@ -164,8 +164,8 @@ class IndexMirror:
         if self._view_dirty and now - self._view_at_s >= self.config.view_refresh_s:
             self._view_at_s = now
             index = self.router.index
-            self._view = {rid: contents_digest(index.blocks_of(rid, "device"),
-                                               index.blocks_of(rid, "host"))
+            self._view = {rid: contents_digest(index.held_view(rid, "device"),
+                                               index.held_view(rid, "host"))
                           for rid in self._cursors}
             self._view_dirty = False
         return self._view

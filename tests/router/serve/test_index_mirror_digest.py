@@ -1,0 +1,37 @@
+"""The mirror's view digests (issue 14 #6): computed from the index's live sets, never by
+copying and sorting a replica's whole hash set on the routing event loop."""
+
+import os
+import threading
+
+from kv.events import Cursor, EventLog, contents_digest
+from router.core.config import RouterConfig
+from router.core.index import PrefixIndex
+from router.core.router import Router
+from router.serve.index_mirror import IndexMirror
+
+
+def test_digest_is_order_independent_and_matches_the_replica_side():
+    hashes = [os.urandom(16) for _ in range(1000)]
+    a = contents_digest(frozenset(hashes), frozenset(hashes[:10]))
+    b = contents_digest(dict.fromkeys(reversed(hashes)).keys(), list(hashes[9::-1]))
+    assert a == b
+    assert a != contents_digest(frozenset(hashes[1:]), frozenset(hashes[:10]))
+    assert a != contents_digest(frozenset(hashes[:10]), frozenset(hashes))  # media differ
+
+
+def test_mirror_digests_without_copying_the_replica_sets(monkeypatch):
+    def no_copy(*args, **kwargs):
+        raise AssertionError("the mirror copied a replica's whole hash set")
+
+    router = Router(RouterConfig(block_size=16))
+    hashes = [os.urandom(16) for _ in range(5000)]
+    log = EventLog("r0", epoch="e0")
+    router.apply_snapshot(log.snapshot(hashes, hashes[:3]))
+    mirror = IndexMirror(router, "router-a", threading.Lock(), index=object())
+    mirror._cursors["r0"] = Cursor("e0", 0)
+    monkeypatch.setattr(PrefixIndex, "blocks_of", no_copy)
+    monkeypatch.setattr("builtins.sorted", no_copy)
+    view = mirror._digests()
+    monkeypatch.undo()
+    assert view == {"r0": contents_digest(frozenset(hashes), frozenset(hashes[:3]))}

@@ -35,3 +35,33 @@ def test_mirror_digests_without_copying_the_replica_sets(monkeypatch):
     view = mirror._digests()
     monkeypatch.undo()
     assert view == {"r0": contents_digest(frozenset(hashes), frozenset(hashes[:3]))}
+
+
+def make_stats(num_waiting: int = 0):
+    from worker.api import EngineStats
+
+    return EngineStats(num_running=1, num_waiting=num_waiting, num_queued_prefill_tokens=64,
+                       num_blocks=8, num_used_blocks=1, num_cached_blocks=0,
+                       num_pinned_blocks=0, num_free_blocks=7, num_host_blocks=0,
+                       num_host_cached_blocks=0)
+
+
+def test_a_replica_seen_dead_does_not_reappear_from_a_poll_that_crossed_its_death():
+    """Issue 14 #9: forget_replica, then a reply still carrying the replica re-added it."""
+    from router.cluster.index_actor import PollReply
+
+    router = Router(RouterConfig(block_size=16))
+    mirror = IndexMirror(router, "router-a", threading.Lock(), index=object())
+    log = EventLog("r0", epoch="e0")
+    snap = log.snapshot([os.urandom(16) for _ in range(3)])
+    mirror._apply(PollReply((snap,), (), {"r0": make_stats()}, ()))
+    assert router.index.replica_ids == ["r0"] and router.loads._stats
+    mirror.forget_replica("r0")
+    later = log.snapshot([os.urandom(16) for _ in range(4)])
+    mirror._apply(PollReply((later,), (), {"r0": make_stats()}, ()))
+    assert router.index.replica_ids == [] and "r0" not in router.loads._stats
+    assert "r0" not in mirror._cursors
+    # The same id under a new epoch is a restarted replica: it is back.
+    reborn = EventLog("r0", epoch="e1").snapshot([os.urandom(16)])
+    mirror._apply(PollReply((reborn,), (), {}, ()))
+    assert router.index.replica_ids == ["r0"]

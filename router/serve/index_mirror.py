@@ -40,10 +40,13 @@ class MirrorConfig:
     # A replica this router saw die is ignored (at its epoch) for this long: polls that
     # crossed its death still carry it and must not bring it back.
     gone_ttl_s: float = 300.0
+    # After an index-actor restart (it forgot every replica), replicas it no longer lists
+    # keep their index, load, marks and history this long, until they publish again.
+    restart_grace_s: float = 15.0
 
     def __post_init__(self):
         for name in ("poll_timeout_s", "stale_after_s", "retry_interval_s", "view_refresh_s",
-                     "gone_ttl_s"):
+                     "gone_ttl_s", "restart_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"MirrorConfig: {name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.poll_wait_s < self.poll_timeout_s:
@@ -72,6 +75,8 @@ class IndexMirror:
         self._cursors: dict[str, Cursor] = {}
         # replica_id -> (epoch it died in, None: any; when) for replicas seen dead here
         self._gone: dict[str, tuple[str | None, float]] = {}
+        self._incarnation: str | None = None  # of the index actor, as of the last poll
+        self._grace: dict[str, float] = {}  # replica_id -> monotonic deadline (restart)
         self._view: dict[str, ContentsDigest] = {}
         self._view_dirty = True
         self._view_at_s = -math.inf  # when the view was last computed (monotonic s)
@@ -135,9 +140,15 @@ class IndexMirror:
     def _apply(self, reply: PollReply) -> None:
         router = self.router
         self._expire_gone()
+        restarted = self._incarnation not in (None, reply.incarnation)
+        self._incarnation = reply.incarnation
         for replica_id in reply.removed_replica_ids:
-            self._on_removed(replica_id)
+            if restarted:  # not gone: the actor forgot it; resync when it publishes again
+                self._grace[replica_id] = time.monotonic() + self.config.restart_grace_s
+            else:
+                self._on_removed(replica_id)
             self._cursors.pop(replica_id, None)
+        self._end_grace(reply)
         for snap in reply.snapshots:
             if self._is_gone(snap.replica_id, snap.epoch):
                 continue
@@ -164,6 +175,23 @@ class IndexMirror:
             cursor = self._cursors.pop(replica_id, None)
             self._gone[replica_id] = (cursor.epoch if cursor else None, time.monotonic())
             self._view_dirty = True
+
+    def _end_grace(self, reply: PollReply) -> None:
+        """Replicas in restart grace that published again are resynced (their snapshot
+        replaces the index); those silent past the deadline are removed."""
+        if not self._grace:
+            return
+        for snap in reply.snapshots:
+            self._grace.pop(snap.replica_id, None)
+        now = time.monotonic()
+        for replica_id in [r for r, deadline in self._grace.items() if deadline < now]:
+            del self._grace[replica_id]
+            self._on_removed(replica_id)
+            self._view_dirty = True
+
+    @property
+    def replicas_in_grace(self) -> list[str]:
+        return sorted(self._grace)
 
     def _is_gone(self, replica_id: str, epoch: str) -> bool:
         """True for data of a replica seen dead here; a new epoch (it restarted under the

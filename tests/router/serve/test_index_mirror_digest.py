@@ -65,3 +65,46 @@ def test_a_replica_seen_dead_does_not_reappear_from_a_poll_that_crossed_its_deat
     reborn = EventLog("r0", epoch="e1").snapshot([os.urandom(16)])
     mirror._apply(PollReply((reborn,), (), {}, ()))
     assert router.index.replica_ids == ["r0"]
+
+
+def test_index_actor_restart_keeps_router_state_through_grace_then_resyncs():
+    """Issue 14 #3: a restarted actor lists every cursor as removed; the router held on."""
+    from router.cluster.index_actor import PollReply
+    from router.serve.index_mirror import MirrorConfig
+
+    router = Router(RouterConfig(block_size=16))
+    mirror = IndexMirror(router, "router-a", threading.Lock(), index=object(),
+                         config=MirrorConfig(restart_grace_s=60.0))
+    logs = {rid: EventLog(rid, epoch="e0") for rid in ("r0", "r1")}
+    held = {rid: [os.urandom(16) for _ in range(3)] for rid in logs}
+    snaps = tuple(logs[rid].snapshot(held[rid]) for rid in logs)
+    mirror._apply(PollReply(snaps, (), {"r0": make_stats()}, (), incarnation="actor-1"))
+    router.loads.add("req-1", "r0", 100.0, 10)
+    before = router.loads.load("r0")
+    # The actor restarted: it knows nobody yet.
+    mirror._apply(PollReply((), (), {}, ("r0", "r1"), incarnation="actor-2"))
+    assert sorted(router.index.replica_ids) == ["r0", "r1"]
+    assert router.index.blocks_of("r0") == frozenset(held["r0"])
+    assert router.loads.load("r0") == before and mirror.replicas_in_grace == ["r0", "r1"]
+    assert mirror._cursors == {}  # the next poll asks for snapshots
+    # r0 publishes again (its contents moved on meanwhile): resynced from its snapshot.
+    held["r0"] = held["r0"][1:] + [os.urandom(16)]
+    mirror._apply(PollReply((logs["r0"].snapshot(held["r0"]),), (), {}, (),
+                            incarnation="actor-2"))
+    assert router.index.blocks_of("r0") == frozenset(held["r0"])
+    assert mirror.replicas_in_grace == ["r1"]
+    # r1 never comes back: removed once its grace ends.
+    mirror._grace["r1"] = 0.0
+    mirror._apply(PollReply((), (), {}, (), incarnation="actor-2"))
+    assert router.index.replica_ids == ["r0"] and mirror.replicas_in_grace == []
+
+
+def test_without_a_restart_removed_replicas_go_at_once():
+    from router.cluster.index_actor import PollReply
+
+    router = Router(RouterConfig(block_size=16))
+    mirror = IndexMirror(router, "router-a", threading.Lock(), index=object())
+    snap = EventLog("r0", epoch="e0").snapshot([os.urandom(16)])
+    mirror._apply(PollReply((snap,), (), {}, (), incarnation="actor-1"))
+    mirror._apply(PollReply((), (), {}, ("r0",), incarnation="actor-1"))
+    assert router.index.replica_ids == []

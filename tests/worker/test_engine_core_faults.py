@@ -69,3 +69,12 @@ async def test_prompt_that_cannot_fit_beside_the_pins_is_refused_with_the_reason
                                               SamplingParams(max_tokens=1)))
     assert out[-1].finish_reason == "length"
     await engine.shutdown()
+
+
+def test_published_load_does_not_count_a_waiting_requests_cached_prefix():
+    """Issue 14 #11: the replica holding the cache looked busiest to the router."""
+    core = make_core()
+    run(core, "a", A)  # A's 3 blocks are cached now
+    core.add(Request("w", A + [1, 2, 3, 4], SamplingParams(max_tokens=1), BLOCK_SIZE, ROOT))
+    core.add(Request("cold", B, SamplingParams(max_tokens=1), BLOCK_SIZE, ROOT))
+    assert core.stats().num_queued_prefill_tokens == 4 + 12

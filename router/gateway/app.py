@@ -27,6 +27,7 @@ from router.cluster.metrics_hub import (
 )
 from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
 from router.gateway.metrics import CountRequests, GatewayMetrics
+from router.gateway.pin_admin import PinAdmin
 from router.gateway.prefixes import PrefixService
 from router.gateway.stream_slots import StreamSlots
 from router.gateway.tenants import TenantAuth, load_api_keys
@@ -88,7 +89,9 @@ class Gateway:
         self._max_model_len: int | None = None  # the replicas' own context limit
         self.index = get_index_actor()
         self.hub = get_metrics_hub(config.metrics)
-        self.prefixes = PrefixService(self.engine, self.index, self.prompts)
+        self.pin_admin = PinAdmin.from_env(self.auth)
+        self.prefixes = PrefixService(self.engine, self.index, self.prompts,
+                                      self.pin_admin.quota)
         self.metrics = GatewayMetrics(self.model)
         self._pusher = MetricsPusher(f"gateway/{self.gateway_id}", self.metrics.registry,
                                      config.metrics)
@@ -137,7 +140,7 @@ class Gateway:
 
     @app.post("/v1/prefixes")
     async def register_prefix(self, request: Request) -> dict:
-        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        tenant = self.pin_admin.tenant_for_change(request.headers)
         return await self.prefixes.register(await read_body(request, self.limits), tenant,
                                             self._check_model)
 
@@ -148,7 +151,7 @@ class Gateway:
 
     @app.delete("/v1/prefixes/{name}")
     async def delete_prefix(self, name: str, request: Request) -> dict:
-        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        tenant = self.pin_admin.tenant_for_change(request.headers)
         return await self.prefixes.delete(name, tenant)
 
     # ---- operations ----

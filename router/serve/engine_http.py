@@ -35,6 +35,7 @@ from router.cluster.metrics_hub import (
 )
 from router.gateway.engine_client import EngineClient, RetryConfig
 from router.gateway.metrics import CountRequests, GatewayMetrics
+from router.gateway.pin_admin import PinAdmin
 from router.gateway.prefixes import PrefixService
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.engine_replica import EngineReplicaBody
@@ -117,7 +118,9 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     index, hub = get_index_actor(), get_metrics_hub(config.metrics)
     context = serve.get_replica_context()
     own_deployment = serve.get_deployment_handle(context.deployment, context.app_name)
-    prefixes = PrefixService(EngineClient(own_deployment, config.retry), index, prompts)
+    pin_admin = PinAdmin.from_env(auth)
+    prefixes = PrefixService(EngineClient(own_deployment, config.retry), index, prompts,
+                             pin_admin.quota)
     metrics = GatewayMetrics(model)
     pusher = MetricsPusher(f"gateway/{replica.replica_id}", metrics.registry, config.metrics)
 
@@ -173,7 +176,7 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
 
     @app.post("/v1/prefixes")
     async def register_prefix(request: Request) -> dict:
-        tenant = auth.tenant_of(request.headers.get("authorization"))
+        tenant = pin_admin.tenant_for_change(request.headers)
         raw = await read_body(request, DEFAULT_LIMITS)
         return await prefixes.register(raw, tenant, serving.check_model)
 
@@ -183,7 +186,7 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
 
     @app.delete("/v1/prefixes/{name}")
     async def delete_prefix(name: str, request: Request) -> dict:
-        tenant = auth.tenant_of(request.headers.get("authorization"))
+        tenant = pin_admin.tenant_for_change(request.headers)
         return await prefixes.delete(name, tenant)
 
     @app.get("/health")

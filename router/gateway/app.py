@@ -28,7 +28,7 @@ from router.cluster.metrics_hub import (
 from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
 from router.gateway.metrics import CountRequests, GatewayMetrics
 from router.gateway.pin_admin import PinAdmin
-from router.gateway.prefixes import PrefixService
+from router.gateway.prefixes import PrefixRegisterRequest, PrefixService
 from router.gateway.stream_slots import StreamSlots
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
@@ -42,6 +42,7 @@ from worker.openai.engine_params import (
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
 from worker.openai.limits import RequestLimits, read_body
+from worker.openai.openapi_body import request_body
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape, sse
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
@@ -105,7 +106,7 @@ class Gateway:
 
     # ---- OpenAI API ----
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
         body = parse_body(await read_body(request, self.limits), CompletionRequest,
@@ -117,7 +118,7 @@ class Gateway:
             token_ids = list(body.prompt)
         return await self._generate("completion", "cmpl", body, token_ids, tenant)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
         body = parse_body(await read_body(request, self.limits), ChatCompletionRequest,
@@ -138,7 +139,7 @@ class Gateway:
 
     # ---- pinned prefixes ----
 
-    @app.post("/v1/prefixes")
+    @app.post("/v1/prefixes", openapi_extra=request_body(PrefixRegisterRequest))
     async def register_prefix(self, request: Request) -> dict:
         tenant = self.pin_admin.tenant_for_change(request.headers)
         return await self.prefixes.register(await read_body(request, self.limits), tenant,

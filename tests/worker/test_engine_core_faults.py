@@ -78,3 +78,18 @@ def test_published_load_does_not_count_a_waiting_requests_cached_prefix():
     core.add(Request("w", A + [1, 2, 3, 4], SamplingParams(max_tokens=1), BLOCK_SIZE, ROOT))
     core.add(Request("cold", B, SamplingParams(max_tokens=1), BLOCK_SIZE, ROOT))
     assert core.stats().num_queued_prefill_tokens == 4 + 12
+
+
+async def test_an_unpin_aimed_at_another_replica_is_a_no_op():
+    """Issue 14 #8: an unpin for a dead replica, routed elsewhere, removed a newer pin."""
+    from router.serve.engine_replica import unpin_if_mine
+    from tests.worker.test_engine_sim import make_engine, prompt
+    from worker.api import UnpinRequest
+
+    engine = make_engine(num_blocks=16, pin_budget_blocks=4)
+    assert await engine.pin_prefix("t/sys", prompt(64)) == 4
+    assert not unpin_if_mine(engine, "r-live", UnpinRequest("t/sys", "r-dead"))
+    assert engine.core.kv.num_pinned_blocks == 4  # the newer pin is still here
+    assert unpin_if_mine(engine, "r-live", UnpinRequest("t/sys", "r-live"))
+    assert engine.core.kv.num_pinned_blocks == 0
+    await engine.shutdown()

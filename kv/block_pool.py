@@ -235,6 +235,21 @@ class BlockPool:
         self._emit_stored(run, run_parent, run_start, len(blocks), token_ids)
         return num_stored
 
+    def uncache(self, blocks: Iterable[Block]) -> None:
+        """Makes blocks unfindable (their data was never written); they stay allocated or
+        free as they were."""
+        dropped = []
+        for block in blocks:
+            if block.block_hash is None or self.cached.get(block.block_hash) is not block:
+                continue
+            del self.cached[block.block_hash]
+            dropped.append(block.block_hash)
+            block.block_hash = None
+            if block.ref_cnt == 0:
+                self.num_cached_free_blocks -= 1
+        if dropped and self.event_log is not None:
+            self.event_log.append(BlockRemoved(tuple(dropped), "device"))
+
     def _emit_stored(self, run: list[BlockHash], parent_hash: BlockHash | None,
                      run_start: int, num_blocks: int,
                      token_ids: Sequence[int] | None) -> None:

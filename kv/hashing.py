@@ -22,9 +22,19 @@ _xxh3_128_digest = xxhash.xxh3_128_digest
 
 
 def namespace_root(model: str, adapter: str = "", salt: str = "") -> BlockHash:
-    """The parent of block 0: model, LoRA adapter and tenant salt are part of every hash."""
-    payload = b"\x00".join(field.encode("utf-8") for field in (model, adapter, salt))
+    """The parent of block 0: model, LoRA adapter and tenant salt are part of every hash.
+
+    The fields are joined with NUL; a field holding NUL or backslash is escaped first, so
+    ("a\\x00b", "") and ("a", "b") cannot alias (fields without them hash as before).
+    """
+    payload = b"\x00".join(_escape_field(field) for field in (model, adapter, salt))
     return _xxh3_128_digest(_NAMESPACE_TAG + payload)
+
+
+def _escape_field(field: str) -> bytes:
+    if "\x00" in field or "\\" in field:
+        field = field.replace("\\", "\\\\").replace("\x00", "\\0")
+    return field.encode("utf-8")
 
 
 _NATIVE_LE_UINT32 = array.array("I").itemsize == 4 and sys.byteorder == "little"

@@ -63,6 +63,15 @@ class HostTier:
         else:
             del self._locked[block_hash]
 
+    def discard_slots(self, slots: set[int]) -> None:
+        """Drops the entries held in `slots` (copies that never ran: their data is garbage)."""
+        for block_hash in [h for h, slot in self._slots.items() if slot in slots]:
+            if block_hash in self._locked:
+                continue  # read by a later, still pending plan: its lock owner decides
+            self._free_slots.append(self._slots.pop(block_hash))
+            if self.event_log is not None:
+                self.event_log.append(BlockRemoved((block_hash,), "host"))
+
     def _evict_one(self) -> bool:
         for block_hash in self._slots:
             if block_hash not in self._locked:

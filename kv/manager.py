@@ -266,6 +266,12 @@ class KVCacheManager:
         self._locked_host = []
         return plan
 
+    def abort_copy_plan(self, plan: CopyPlan) -> None:
+        """The step that carried `plan` failed, maybe before its copies ran: forget every
+        entry they were to fill, so no later request hits KV that was never written."""
+        self.host.discard_slots({slot for _, slot in plan.swap_out})
+        self.pool.uncache(self.pool.blocks[block_id] for _, block_id in plan.swap_in)
+
     # -- pinned prefixes -------------------------------------------------------------------
 
     def pin(self, name: str, block_hashes: Sequence[BlockHash]) -> int | None:
@@ -277,10 +283,12 @@ class KVCacheManager:
         blocks = [self.pool.cached.get(h) for h in block_hashes]
         if any(b is None for b in blocks):
             return None
-        old = {b.block_id for b in self._pins.get(name, [])}
-        num_new = len({b.block_id for b in blocks if b.block_id not in self._pin_counts}
-                      - old)  # type: ignore[union-attr]
-        if len(self._pin_counts) + num_new > self.config.pin_budget_blocks:
+        new_ids = {b.block_id for b in blocks}  # type: ignore[union-attr]
+        # A re-pin frees the old pin's blocks that no other pin holds: credit them.
+        freed = {b.block_id for b in self._pins.get(name, [])
+                 if self._pin_counts[b.block_id] == 1} - new_ids
+        num_new = len(new_ids - self._pin_counts.keys())
+        if len(self._pin_counts) - len(freed) + num_new > self.config.pin_budget_blocks:
             return None
         self.unpin(name)
         self.pool.touch(blocks)  # type: ignore[arg-type]
@@ -305,6 +313,19 @@ class KVCacheManager:
     @property
     def num_pinned_blocks(self) -> int:
         return len(self._pin_counts)
+
+    def num_blocks_beside_pins(self, num_tokens: int, block_hashes: Sequence[BlockHash]
+                               ) -> tuple[int, int]:
+        """(unpinned blocks a `num_tokens` request needs, unpinned blocks the pool has): a
+        request whose need exceeds the second can never run here while the pins stay. Its
+        leading blocks that are pinned already are not needed again."""
+        num_needed = -(-num_tokens // self.block_size)
+        for block_hash in block_hashes:
+            block = self.pool.cached.get(block_hash)
+            if block is None or block.block_id not in self._pin_counts:
+                break
+            num_needed -= 1
+        return num_needed, self.pool.num_blocks - len(self._pin_counts)
 
     # -- introspection ---------------------------------------------------------------------
 

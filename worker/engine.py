@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from kv.events import EventBatch, EventLog, Snapshot
-from kv.hashing import namespace_root
+from kv.hashing import block_hashes, namespace_root
 from kv.manager import KVCacheConfig
 from worker.api import (
     EngineInputError,
@@ -192,10 +192,28 @@ class Engine:
             raise EngineInputError(f"prompt token ids must be in [0, {vocab})")
         if request.request_id in self.core.scheduler.requests:
             raise EngineInputError(f"duplicate request id {request.request_id!r}")
+        self._check_fits_beside_pins(request)
         expected = n // self.config.block_size
         if request.block_hashes is not None and len(request.block_hashes) != expected:
             raise EngineInputError(f"block_hashes has {len(request.block_hashes)} entries; a "
                                    f"{n}-token prompt has {expected} full blocks")
+
+    def _check_fits_beside_pins(self, request: EngineRequest) -> None:
+        """Pins shrink the pool: a prompt that cannot fit beside them would block the head of
+        the queue, then fail; refuse it now with the reason."""
+        kv = self.core.kv
+        if not kv.num_pinned_blocks:
+            return
+        root = self._root(request.adapter, request.cache_salt)
+        hashes = request.block_hashes
+        if hashes is None:
+            hashes = block_hashes(request.prompt_token_ids, self.config.block_size, root)
+        num_needed, num_free = kv.num_blocks_beside_pins(len(request.prompt_token_ids) + 1,
+                                                         hashes)
+        if num_needed > num_free:
+            raise EngineInputError(
+                f"the prompt needs {num_needed} KV blocks; this replica has {num_free} "
+                f"besides its {kv.num_pinned_blocks} pinned blocks")
 
     def _root(self, adapter: str, salt: str) -> bytes:
         key = (adapter, salt)

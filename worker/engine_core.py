@@ -78,7 +78,9 @@ class EngineCore:
 
     def fail_step(self, step: StepInput) -> list[Request]:
         """A step whose compute failed: finishes its requests with "error" and returns
-        them (those already finished while it ran are left out)."""
+        them (those already finished while it ran are left out). The step's block copies
+        may not have run: the cache entries they were to fill are dropped."""
+        self.kv.abort_copy_plan(step.copies)
         failed = (self.scheduler.finish(seq.request_id, "error") for seq in step.seqs)
         return [req for req in failed if req is not None]
 

@@ -213,10 +213,15 @@ class Scheduler:
     # -- introspection ---------------------------------------------------------------------
 
     def num_queued_prefill_tokens(self) -> int:
-        """Prompt tokens not yet computed (waiting requests counted whole)."""
-        return (sum(r.num_tokens - r.num_computed_tokens for r in self.running
-                    if r.num_computed_tokens < r.num_tokens - 1)
-                + sum(r.num_tokens for r in self.waiting))
+        """Prompt tokens still to compute. A waiting request's cached prefix is not work:
+        counting it made the replicas that hold the cache look busiest to the router."""
+        running = sum(r.num_tokens - r.num_computed_tokens for r in self.running
+                      if r.num_computed_tokens < r.num_tokens - 1)
+        waiting = 0
+        for r in self.waiting:
+            num_cached = self.kv.match(r.block_hashes).num_cached_blocks * self.block_size
+            waiting += r.num_tokens - min(num_cached, r.num_tokens - 1)
+        return running + waiting
 
     def check_invariants(self) -> None:
         self.kv.check_invariants()

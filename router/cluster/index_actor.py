@@ -78,6 +78,9 @@ class PollReply:
     worker_modes: dict[str, str] = field(default_factory=dict)
     # direct-streaming requests this router routed that ended on their replica
     ended_route_ids: tuple[str, ...] = ()
+    # the actor's incarnation: a new one means it restarted and forgot every replica, so
+    # routers hold their state for a grace period instead of dropping it (index_mirror.py)
+    incarnation: str = ""
 
 
 @dataclass
@@ -236,7 +239,8 @@ class KVIndex:
         removed = tuple(sorted(set(request.cursors) - set(self._replicas)))
         stats = {rid: rep.stats for rid, rep in self._replicas.items() if rep.stats is not None}
         return PollReply(tuple(snapshots), tuple(batches), stats, removed,
-                         self.external_workers.modes(), self.route_ends.take(request.router_id))
+                         self.external_workers.modes(), self.route_ends.take(request.router_id),
+                         self.incarnation)
 
     def _touch(self, replica_id: str) -> _Replica:
         rep = self._replicas.get(replica_id)

@@ -19,7 +19,7 @@ collection over them would stall a routing decision for tens of milliseconds).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from kv.events import MEDIA, EventBatch, Medium, ReplicaEventTracker, Snapshot
 from kv.hashing import BlockHash
@@ -281,6 +281,12 @@ class PrefixIndex:
         m = self._masks.get(block_hash, 0)
         return {rid for rid, rep in self._replicas.items()
                 if m & self._medium_bits(rep, medium)[0]}
+
+    def held_view(self, replica_id: str, medium: Medium = "device") -> Collection[BlockHash]:
+        """The replica's blocks as a live, read-only view (no copy): read it under the lock
+        that guards the index, and do not keep it."""
+        rep = self._replicas.get(replica_id)
+        return rep.held[medium].keys() if rep else ()
 
     def blocks_of(self, replica_id: str, medium: Medium = "device") -> frozenset[BlockHash]:
         rep = self._replicas.get(replica_id)

@@ -27,7 +27,9 @@ from router.cluster.metrics_hub import (
 )
 from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
 from router.gateway.metrics import CountRequests, GatewayMetrics
-from router.gateway.prefixes import PrefixService
+from router.gateway.pin_admin import PinAdmin
+from router.gateway.prefixes import PrefixRegisterRequest, PrefixService
+from router.gateway.stream_slots import StreamSlots
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
 from worker.api import EngineRequest, TokenDelta, Usage
@@ -39,6 +41,8 @@ from worker.openai.engine_params import (
 )
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
+from worker.openai.limits import RequestLimits, read_body
+from worker.openai.openapi_body import request_body
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape, sse
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
@@ -77,6 +81,8 @@ class Gateway:
         self.config = config
         self.model = config.served_model_name
         self.gateway_id = gateway_process_id()
+        self.limits = RequestLimits.from_env()
+        self.streams = StreamSlots.from_env()
         self.prompts = PromptBuilder(tokenizer_dir(config.model), self.model, config.block_size)
         self.auth = TenantAuth(load_api_keys(config.api_keys_file))
         self.engine = EngineClient(engine_handle, config.retry)
@@ -84,7 +90,9 @@ class Gateway:
         self._max_model_len: int | None = None  # the replicas' own context limit
         self.index = get_index_actor()
         self.hub = get_metrics_hub(config.metrics)
-        self.prefixes = PrefixService(self.engine, self.index, self.prompts)
+        self.pin_admin = PinAdmin.from_env(self.auth)
+        self.prefixes = PrefixService(self.engine, self.index, self.prompts,
+                                      self.pin_admin.quota)
         self.metrics = GatewayMetrics(self.model)
         self._pusher = MetricsPusher(f"gateway/{self.gateway_id}", self.metrics.registry,
                                      config.metrics)
@@ -98,10 +106,11 @@ class Gateway:
 
     # ---- OpenAI API ----
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        body = parse_body(await request.body(), CompletionRequest)
+        body = parse_body(await read_body(request, self.limits), CompletionRequest,
+                          self.limits)
         self._check_model(body.model)
         if isinstance(body.prompt, str):
             token_ids = self.prompts.encode_text(body.prompt)
@@ -109,10 +118,11 @@ class Gateway:
             token_ids = list(body.prompt)
         return await self._generate("completion", "cmpl", body, token_ids, tenant)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        body = parse_body(await request.body(), ChatCompletionRequest)
+        body = parse_body(await read_body(request, self.limits), ChatCompletionRequest,
+                          self.limits)
         self._check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
@@ -129,10 +139,11 @@ class Gateway:
 
     # ---- pinned prefixes ----
 
-    @app.post("/v1/prefixes")
+    @app.post("/v1/prefixes", openapi_extra=request_body(PrefixRegisterRequest))
     async def register_prefix(self, request: Request) -> dict:
-        tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        return await self.prefixes.register(await request.body(), tenant, self._check_model)
+        tenant = self.pin_admin.tenant_for_change(request.headers)
+        return await self.prefixes.register(await read_body(request, self.limits), tenant,
+                                            self._check_model)
 
     @app.get("/v1/prefixes")
     async def list_prefixes(self, request: Request) -> dict:
@@ -141,7 +152,7 @@ class Gateway:
 
     @app.delete("/v1/prefixes/{name}")
     async def delete_prefix(self, name: str, request: Request) -> dict:
-        tenant = self.auth.tenant_of(request.headers.get("authorization"))
+        tenant = self.pin_admin.tenant_for_change(request.headers)
         return await self.prefixes.delete(name, tenant)
 
     # ---- operations ----
@@ -200,9 +211,15 @@ class Gateway:
         shape = ResponseShape.new(kind, response_id, self.model)
         if not body.stream:
             return JSONResponse(await self._collect(shape, request))
-        stream = self.engine.stream(request)
-        first = await anext(stream)  # errors before the first token are plain 4xx/503
-        return StreamingResponse(self._sse(shape, first, stream, body.include_usage()),
+        self.streams.acquire(tenant)  # 429 + Retry-After over the tenant's limit
+        try:
+            stream = self.engine.stream(request)
+            first = await anext(stream)  # errors before the first token are plain 4xx/503
+        except BaseException:
+            self.streams.release(tenant)
+            raise
+        events = self._sse(shape, first, stream, body.include_usage())
+        return StreamingResponse(self.streams.hold(tenant, events),
                                  media_type="text/event-stream")
 
     async def _collect(self, shape: ResponseShape, request: EngineRequest) -> dict:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_v
 
 from router.cluster.prefix_registry import PrefixRecord
 from router.gateway.engine_client import EngineClient
+from router.gateway.pin_admin import PinQuota
 from worker.api import PinRequest, PinResult, UnpinRequest
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder, PromptError
@@ -63,10 +64,12 @@ def engine_pin_name(tenant: str, name: str) -> str:
 
 
 class PrefixService:
-    def __init__(self, engine: EngineClient, index: Any, prompts: PromptBuilder):
+    def __init__(self, engine: EngineClient, index: Any, prompts: PromptBuilder,
+                 quota: PinQuota | None = None):
         self._engine = engine
         self._index = index
         self._prompts = prompts
+        self._quota = quota or PinQuota()
 
     async def register(self, raw_body: bytes, tenant: str,
                        check_model: Callable[[str | None], None]) -> dict[str, Any]:
@@ -87,6 +90,11 @@ class PrefixService:
             token_ids = self._prompts.encode_text(body.prompt)
         else:
             token_ids = list(body.prompt)
+        # Checked before any engine work; two gateways racing may both pass (by one name).
+        existing = await self._index.list_prefixes.remote(tenant)
+        self._quota.check(tenant, body.name, len(token_ids) // self._prompts.block_size,
+                          [(r.name, r.num_pinned_blocks or r.num_prompt_tokens
+                            // self._prompts.block_size) for r in existing])
         record = await self._pin(body.name, tenant, token_ids)
         old = await self._index.put_prefix.remote(record)
         if old is not None and old.replica_id and old.replica_id != record.replica_id:

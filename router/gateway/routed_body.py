@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.openai.errors import APIError
+from worker.openai.limits import check_body_size, check_json_depth
 from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.schema import DEFAULT_MAX_TOKENS
+from worker.openai.schema import DEFAULT_LIMITS, DEFAULT_MAX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,11 @@ class RoutedBody:
 
 
 def _load(raw: bytes, model: str) -> dict[str, Any]:
+    check_body_size(len(raw), DEFAULT_LIMITS)
+    check_json_depth(raw, DEFAULT_LIMITS)
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise APIError(400, f"the request body is not valid JSON: {err}",
                        code="invalid_json") from None
     if not isinstance(data, dict):

@@ -8,6 +8,7 @@ Keys come from a file (`--api-keys-file FILE`): a JSON object {"key": "tenant", 
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 from collections.abc import Mapping
@@ -41,10 +42,11 @@ def parse_api_keys_text(text: str) -> dict[str, str]:
 
 def parse_api_keys_env(value: str) -> dict[str, str]:
     keys: dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in value.split(","))):
+    for position, item in enumerate(filter(None, (p.strip() for p in value.split(","))), 1):
         key, sep, tenant = item.partition("=")
         if not sep or not key or not tenant:
-            raise ValueError(f"{API_KEYS_ENV}: expected key=tenant pairs, got {item!r}")
+            # Never echo the entry: it holds a secret.
+            raise ValueError(f"{API_KEYS_ENV}: entry {position} is not a key=tenant pair")
         keys[key] = tenant
     return keys
 
@@ -62,6 +64,7 @@ class TenantAuth:
 
     def __init__(self, keys: Mapping[str, str]):
         self._keys = dict(keys)
+        self._key_bytes = [(key.encode("utf-8"), tenant) for key, tenant in self._keys.items()]
 
     @property
     def enabled(self) -> bool:
@@ -74,7 +77,17 @@ class TenantAuth:
             raise APIError(401, "missing API key: send 'Authorization: Bearer KEY'",
                            code="invalid_api_key")
         scheme, _, key = authorization.partition(" ")
-        tenant = self._keys.get(key.strip()) if scheme.lower() == "bearer" else None
+        tenant = self._match(key.strip()) if scheme.lower() == "bearer" else None
         if tenant is None:
             raise APIError(401, "incorrect API key provided", code="invalid_api_key")
         return tenant
+
+    def _match(self, key: str) -> str | None:
+        """The key's tenant, compared in constant time against every key (a dict lookup or
+        `==` would leak through timing how much of a guess is right)."""
+        given = key.encode("utf-8", "surrogateescape")
+        found = None
+        for candidate, tenant in self._key_bytes:
+            if hmac.compare_digest(candidate, given):
+                found = tenant
+        return found

@@ -36,7 +36,9 @@ from router.gateway.tenants import TenantAuth, load_api_keys
 from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
 from worker.openai.errors import APIError
+from worker.openai.limits import read_body
 from worker.openai.prompt import PromptBuilder
+from worker.openai.schema import DEFAULT_LIMITS
 from worker.tokenizer_files import tokenizer_dir
 
 
@@ -92,12 +94,14 @@ class WorkerGateway:
 
     async def completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        routed = completion_body(await request.body(), self.prompts, self.model, tenant)
+        raw = await read_body(request, DEFAULT_LIMITS)
+        routed = completion_body(raw, self.prompts, self.model, tenant)
         return await self._forward("/v1/completions", routed, tenant)
 
     async def chat_completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        routed = chat_body(await request.body(), self.prompts, self.model, tenant)
+        raw = await read_body(request, DEFAULT_LIMITS)
+        routed = chat_body(raw, self.prompts, self.model, tenant)
         return await self._forward("/v1/chat/completions", routed, tenant)
 
     async def models(self, request: Request) -> JSONResponse:
@@ -115,7 +119,7 @@ class WorkerGateway:
 
     async def add_worker(self, request: Request) -> JSONResponse:
         self.admin.check(request.headers.get("authorization"))
-        spec = spec_from_body(await request.body())
+        spec = spec_from_body(await read_body(request, DEFAULT_LIMITS))
         body = change_body(await self.workers.add.remote(spec))
         return JSONResponse(body, status_code=201)
 

@@ -35,12 +35,15 @@ from router.cluster.metrics_hub import (
 )
 from router.gateway.engine_client import EngineClient, RetryConfig
 from router.gateway.metrics import CountRequests, GatewayMetrics
+from router.gateway.pin_admin import PinAdmin
 from router.gateway.prefixes import PrefixService
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.engine_replica import EngineReplicaBody
 from router.serve.ingress_router import ROUTE_HEADER, ROUTED_BY_HEADER
 from worker.openai.http_errors import install_error_handlers
+from worker.openai.limits import read_body
 from worker.openai.prompt import PromptBuilder
+from worker.openai.schema import DEFAULT_LIMITS
 from worker.openai_server.serving import OpenAIServing
 from worker.tokenizer_files import tokenizer_dir
 
@@ -115,7 +118,9 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     index, hub = get_index_actor(), get_metrics_hub(config.metrics)
     context = serve.get_replica_context()
     own_deployment = serve.get_deployment_handle(context.deployment, context.app_name)
-    prefixes = PrefixService(EngineClient(own_deployment, config.retry), index, prompts)
+    pin_admin = PinAdmin.from_env(auth)
+    prefixes = PrefixService(EngineClient(own_deployment, config.retry), index, prompts,
+                             pin_admin.quota)
     metrics = GatewayMetrics(model)
     pusher = MetricsPusher(f"gateway/{replica.replica_id}", metrics.registry, config.metrics)
 
@@ -171,8 +176,9 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
 
     @app.post("/v1/prefixes")
     async def register_prefix(request: Request) -> dict:
-        tenant = auth.tenant_of(request.headers.get("authorization"))
-        return await prefixes.register(await request.body(), tenant, serving.check_model)
+        tenant = pin_admin.tenant_for_change(request.headers)
+        raw = await read_body(request, DEFAULT_LIMITS)
+        return await prefixes.register(raw, tenant, serving.check_model)
 
     @app.get("/v1/prefixes")
     async def list_prefixes(request: Request) -> dict:
@@ -180,7 +186,7 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
 
     @app.delete("/v1/prefixes/{name}")
     async def delete_prefix(name: str, request: Request) -> dict:
-        tenant = auth.tenant_of(request.headers.get("authorization"))
+        tenant = pin_admin.tenant_for_change(request.headers)
         return await prefixes.delete(name, tenant)
 
     @app.get("/health")

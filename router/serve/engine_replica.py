@@ -88,7 +88,7 @@ class EngineReplicaBody:
         return PinResult(self.replica_id, num_blocks)
 
     async def unpin_prefix(self, request: UnpinRequest) -> bool:
-        return self.engine.unpin_prefix(request.name)
+        return unpin_if_mine(self.engine, self.replica_id, request)
 
     def cache_digest(self, query: ReplicaQuery) -> ContentsDigest | None:
         """What this replica holds, fingerprinted (None when asked of another replica)."""
@@ -130,3 +130,11 @@ def engine_deployment_options(num_replicas: int, tp: int, resources: ReplicaReso
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 30.0,
     }
+
+
+def unpin_if_mine(engine, replica_id: str, request: UnpinRequest) -> bool:
+    """Unpins only on the replica the request names. Aimed at a dead replica, Serve routes
+    it to another one, whose pin of the same name is a newer one: keep it (a no-op)."""
+    if request.target_replica_id != replica_id:
+        return False
+    return engine.unpin_prefix(request.name)

@@ -37,9 +37,16 @@ class MirrorConfig:
     # most this often: under load every poll brings events, and redoing it per poll cost
     # the router process more CPU than its routing decisions did.
     view_refresh_s: float = 1.0
+    # A replica this router saw die is ignored (at its epoch) for this long: polls that
+    # crossed its death still carry it and must not bring it back.
+    gone_ttl_s: float = 300.0
+    # After an index-actor restart (it forgot every replica), replicas it no longer lists
+    # keep their index, load, marks and history this long, until they publish again.
+    restart_grace_s: float = 15.0
 
     def __post_init__(self):
-        for name in ("poll_timeout_s", "stale_after_s", "retry_interval_s", "view_refresh_s"):
+        for name in ("poll_timeout_s", "stale_after_s", "retry_interval_s", "view_refresh_s",
+                     "gone_ttl_s", "restart_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"MirrorConfig: {name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.poll_wait_s < self.poll_timeout_s:
@@ -68,6 +75,10 @@ class IndexMirror:
         self._index = ActorLink(f"router {router_id}: index poll", get_index_actor, index,
                                 on_failure=lambda _: self._set_fallback("index_unreachable"))
         self._cursors: dict[str, Cursor] = {}
+        # replica_id -> (epoch it died in, None: any; when) for replicas seen dead here
+        self._gone: dict[str, tuple[str | None, float]] = {}
+        self._incarnation: str | None = None  # of the index actor, as of the last poll
+        self._grace: dict[str, float] = {}  # replica_id -> monotonic deadline (restart)
         self._view: dict[str, ContentsDigest] = {}
         self._view_dirty = True
         self._view_at_s = -math.inf  # when the view was last computed (monotonic s)
@@ -132,19 +143,31 @@ class IndexMirror:
 
     def _apply(self, reply: PollReply) -> None:
         router = self.router
+        self._expire_gone()
+        restarted = self._incarnation not in (None, reply.incarnation)
+        self._incarnation = reply.incarnation
         for replica_id in reply.removed_replica_ids:
-            self._on_removed(replica_id)
+            if restarted:  # not gone: the actor forgot it; resync when it publishes again
+                self._grace[replica_id] = time.monotonic() + self.config.restart_grace_s
+            else:
+                self._on_removed(replica_id)
             self._cursors.pop(replica_id, None)
+        self._end_grace(reply)
         for snap in reply.snapshots:
+            if self._is_gone(snap.replica_id, snap.epoch):
+                continue
             router.apply_snapshot(snap)
             self._cursors[snap.replica_id] = Cursor(snap.epoch, snap.next_seq)
         for batch in reply.batches:
+            if self._is_gone(batch.replica_id, batch.epoch):
+                continue
             if router.apply_batch(batch):
                 self._cursors.pop(batch.replica_id, None)  # next poll brings a snapshot
             else:
                 self._cursors[batch.replica_id] = Cursor(batch.epoch, batch.next_seq)
         for replica_id, stats in reply.stats.items():
-            router.update_stats(replica_id, stats)
+            if replica_id not in self._gone:
+                router.update_stats(replica_id, stats)
         self.worker_modes = reply.worker_modes
         if reply.snapshots or reply.batches or reply.removed_replica_ids:
             self._view_dirty = True
@@ -153,8 +176,42 @@ class IndexMirror:
         """The replica is gone (Serve says so): drop it here now, not at the next poll."""
         with self._lock:
             self.router.remove_replica(replica_id)
-            self._cursors.pop(replica_id, None)
+            cursor = self._cursors.pop(replica_id, None)
+            self._gone[replica_id] = (cursor.epoch if cursor else None, time.monotonic())
             self._view_dirty = True
+
+    def _end_grace(self, reply: PollReply) -> None:
+        """Replicas in restart grace that published again are resynced (their snapshot
+        replaces the index); those silent past the deadline are removed."""
+        if not self._grace:
+            return
+        for snap in reply.snapshots:
+            self._grace.pop(snap.replica_id, None)
+        now = time.monotonic()
+        for replica_id in [r for r, deadline in self._grace.items() if deadline < now]:
+            del self._grace[replica_id]
+            self._on_removed(replica_id)
+            self._view_dirty = True
+
+    @property
+    def replicas_in_grace(self) -> list[str]:
+        return sorted(self._grace)
+
+    def _is_gone(self, replica_id: str, epoch: str) -> bool:
+        """True for data of a replica seen dead here; a new epoch (it restarted under the
+        same id) brings it back."""
+        gone = self._gone.get(replica_id)
+        if gone is None:
+            return False
+        if gone[0] is not None and gone[0] != epoch:
+            del self._gone[replica_id]
+            return False
+        return True
+
+    def _expire_gone(self) -> None:
+        cutoff = time.monotonic() - self.config.gone_ttl_s
+        for replica_id in [r for r, (_, t) in self._gone.items() if t < cutoff]:
+            del self._gone[replica_id]
 
     async def report_dead(self, replica_id: str) -> None:
         """Tells the index actor now, rather than after the replica's lease runs out."""
@@ -168,8 +225,8 @@ class IndexMirror:
         if self._view_dirty and now - self._view_at_s >= self.config.view_refresh_s:
             self._view_at_s = now
             index = self.router.index
-            self._view = {rid: contents_digest(index.blocks_of(rid, "device"),
-                                               index.blocks_of(rid, "host"))
+            self._view = {rid: contents_digest(index.held_view(rid, "device"),
+                                               index.held_view(rid, "host"))
                           for rid in self._cursors}
             self._view_dirty = False
         return self._view

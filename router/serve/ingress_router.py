@@ -31,8 +31,14 @@ from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
 from worker.openai.engine_params import max_new_tokens
 from worker.openai.errors import APIError
+from worker.openai.limits import check_body_size, check_json_depth
 from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.schema import DEFAULT_MAX_TOKENS, ChatCompletionRequest, parse_body
+from worker.openai.schema import (
+    DEFAULT_LIMITS,
+    DEFAULT_MAX_TOKENS,
+    ChatCompletionRequest,
+    parse_body,
+)
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -74,6 +80,8 @@ class RouteCalls:
     def of(self, body: bytes, authorization: str | None) -> RouteCall | None:
         try:
             tenant = self.auth.tenant_of(authorization)
+            check_body_size(len(body), DEFAULT_LIMITS)
+            check_json_depth(body, DEFAULT_LIMITS)
             data = json.loads(body)
             if not isinstance(data, dict):
                 return None
@@ -97,7 +105,7 @@ class RouteCalls:
                     max_tokens = DEFAULT_MAX_TOKENS
                 elif type(max_tokens) is not int or max_tokens < 1:
                     return None
-        except (APIError, PromptError, ValueError):
+        except (APIError, PromptError, ValueError, RecursionError):
             return None  # the replica's API answers the client with the 4xx
         if not token_ids:
             return None

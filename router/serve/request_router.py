@@ -83,6 +83,7 @@ class KVRouteRequestRouter(RequestRouter):
         self._decisions: dict[str, tuple[Any, int, float, float]] = {}
         self._routed: dict[str, str] = {}  # internal request id or route id -> replica id
         self._direct_at: dict[str, float] = {}  # direct route id -> routed at (monotonic s)
+        self._next_sweep_s = time.monotonic() + _ABANDONED_AFTER_S
         self._started = False
         self._swept_at = time.monotonic()  # the last sweep for abandoned decisions
 
@@ -125,7 +126,10 @@ class KVRouteRequestRouter(RequestRouter):
         else:
             self._decisions[request_id] = (decision, len(token_ids), elapsed_s,
                                            time.monotonic())
-        if len(self._decisions) + len(self._direct_at) > _SWEEP_AT_DECISIONS:
+        # Sweep when many are kept, and at least once a period: a quiet router must not keep
+        # an abandoned decision's load for ever either.
+        if (len(self._decisions) + len(self._direct_at) > _SWEEP_AT_DECISIONS
+                or time.monotonic() >= self._next_sweep_s):
             self._sweep_abandoned()
         return [[by_id[decision.replica_id]]]
 
@@ -133,17 +137,19 @@ class KVRouteRequestRouter(RequestRouter):
                           result: Any) -> None:
         request_id = pending_request.metadata.internal_request_id
         entry = self._decisions.pop(request_id, None)
+        self._routed[request_id] = replica_id.unique_id  # its completion ends it either way
         if entry is None:
             return
         decision, num_prompt_tokens, elapsed_s, _ = entry
         self.metrics.observe_decision(decision, num_prompt_tokens, elapsed_s)
-        self._routed[request_id] = replica_id.unique_id
         self._update_outstanding(replica_id.unique_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        """The request ended, or an attempt at it did (a replica rejected it, the caller
+        gave up): either way its outstanding load and held marks go now. Popping only the
+        decision (as before) could take a retry's decision and leave its load for ever."""
         self._decisions.pop(internal_request_id, None)
-        if self._routed.pop(internal_request_id, None) is None:
-            return
+        self._routed.pop(internal_request_id, None)
         with self._lock:
             self.router.on_finished(internal_request_id)
         self._update_outstanding(replica_id.unique_id)
@@ -205,6 +211,7 @@ class KVRouteRequestRouter(RequestRouter):
         completion callback, and a direct route's end can be lost (the index actor
         restarted): release their load after a while."""
         now = time.monotonic()
+        self._next_sweep_s = now + _ABANDONED_AFTER_S / 2
         cutoff = now - _ABANDONED_AFTER_S
         for request_id in [r for r, e in self._decisions.items() if e[3] < cutoff]:
             del self._decisions[request_id]

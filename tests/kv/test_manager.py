@@ -177,3 +177,52 @@ def test_block_table_is_cached_and_a_handed_out_table_never_changes():
     assert m.num_device_blocks == 2 and ids == [0, 1, 3]
     assert mgr.allocate("b", 13) == [0, 1, 3, 4]
     mgr.check_invariants()
+
+
+def test_failed_step_forgets_the_cache_entries_its_copies_were_to_fill():
+    mgr = make_manager(3, num_host_blocks=4)
+    admit(mgr, "a", A)
+    mgr.cache_blocks("a", hashes(A), 12)
+    mgr.free("a")
+    admit(mgr, "b", list(range(700, 712)))  # evicts A's blocks to host: swap_out planned
+    mgr.abort_copy_plan(mgr.take_copy_plan())  # the step failed before copying
+    assert not any(h in mgr.host for h in hashes(A))
+    assert mgr.match(hashes(A)) == MatchResult(0, 0, 0)
+    mgr.free("b")
+    mgr.check_invariants()
+
+    mgr = make_manager(3, num_host_blocks=4)
+    admit(mgr, "a", A)
+    mgr.cache_blocks("a", hashes(A), 12)
+    mgr.free("a")
+    admit(mgr, "b", list(range(700, 712)))
+    mgr.take_copy_plan()  # these copies ran
+    mgr.free("b")
+    mgr.event_log.drain()
+    admit(mgr, "a2", A)  # host hits: swap_in planned, device blocks cached at once
+    mgr.abort_copy_plan(mgr.take_copy_plan())
+    mgr.free("a2")
+    assert mgr.match(hashes(A)).num_device_blocks == 0  # no garbage device hit
+    assert mgr.match(hashes(A)).num_host_blocks == 3  # the host copies are still good
+    assert BlockRemoved(tuple(hashes(A)), "device") in mgr.event_log.drain().events
+    mgr.check_invariants()
+
+
+
+def test_repin_credits_the_blocks_it_frees():
+    mgr = make_manager(8, pin_budget_blocks=3)
+    other = list(range(300, 312))
+    admit(mgr, "a", A)
+    mgr.cache_blocks("a", hashes(A), 12)
+    admit(mgr, "o", other)
+    mgr.cache_blocks("o", hashes(other), 12)
+    mgr.free("a")
+    mgr.free("o")
+    assert mgr.pin("sys", hashes(A)) == 3
+    # Moving "sys" to another 3-block prefix frees A's 3 blocks: within the budget.
+    assert mgr.pin("sys", hashes(other)) == 3
+    assert mgr.num_pinned_blocks == 3
+    # A block another name still holds is not freed by the re-pin.
+    assert mgr.pin("keep", hashes(other)[:1]) == 1
+    assert mgr.pin("sys", hashes(A)) is None  # frees 2, needs 3 new: 1 + 3 > 3
+    mgr.check_invariants()

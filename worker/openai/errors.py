@@ -18,6 +18,7 @@ class APIError(Exception):
         self.type = type_
         self.param = param
         self.code = code
+        self.headers: dict[str, str] | None = None  # e.g. Retry-After on a 429
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,

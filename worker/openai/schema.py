@@ -22,6 +22,15 @@ from pydantic import (
 )
 
 from worker.openai.errors import APIError
+from worker.openai.limits import (
+    RequestLimits,
+    check_body_size,
+    check_json_depth,
+    check_stops,
+    check_text_length,
+)
+
+DEFAULT_LIMITS = RequestLimits()
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -137,17 +146,22 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
-def parse_body(raw: bytes, model_cls: type[BaseModel]) -> Any:
-    """The body as `model_cls`, or APIError(400) naming the first bad parameter."""
+def parse_body(raw: bytes, model_cls: type[BaseModel],
+               limits: RequestLimits = DEFAULT_LIMITS) -> Any:
+    """The body as `model_cls`, or APIError (413 too large, else 400 naming the first bad
+    parameter). Size and nesting are checked before parsing, text length before anyone
+    tokenizes it (worker/openai/limits.py)."""
+    check_body_size(len(raw), limits)
+    check_json_depth(raw, limits)
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise APIError(400, f"the request body is not valid JSON: {err}",
                        code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     try:
-        return model_cls.model_validate(data)
+        body = model_cls.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
@@ -159,3 +173,14 @@ def parse_body(raw: bytes, model_cls: type[BaseModel]) -> Any:
             message = f"invalid value for {param!r}: {detail}"
             code = "invalid_value"
         raise APIError(400, message, param=param, code=code) from None
+    _check_text(body, limits)
+    return body
+
+
+def _check_text(body: BaseModel, limits: RequestLimits) -> None:
+    if isinstance(body, CompletionRequest) and isinstance(body.prompt, str):
+        check_text_length(len(body.prompt), limits, "prompt")
+    elif isinstance(body, ChatCompletionRequest):
+        check_text_length(sum(len(m.text()) for m in body.messages), limits, "messages")
+    if isinstance(body, _SamplingFields):
+        check_stops(body.stop_strings(), limits)

@@ -32,9 +32,15 @@ from worker.openai.engine_params import (
     sampling_params,
 )
 from worker.openai.errors import APIError, engine_input_error
+from worker.openai.limits import read_body
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape
-from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
+from worker.openai.schema import (
+    DEFAULT_LIMITS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_body,
+)
 from worker.openai.streaming import engine_failed, sse_events
 
 T = TypeVar("T")
@@ -85,7 +91,7 @@ class OpenAIServing:
 
     async def completions(self, request: Request, cache_salt: str = "") -> Response:
         """`cache_salt`: the tenant's hash namespace (a router in front authenticated it)."""
-        body = parse_body(await request.body(), CompletionRequest)
+        body = parse_body(await read_body(request, DEFAULT_LIMITS), CompletionRequest)
         self.check_model(body.model)
         if isinstance(body.prompt, str):
             token_ids = self.prompts.encode_text(body.prompt)
@@ -95,7 +101,7 @@ class OpenAIServing:
                                     cache_salt)
 
     async def chat_completions(self, request: Request, cache_salt: str = "") -> Response:
-        body = parse_body(await request.body(), ChatCompletionRequest)
+        body = parse_body(await read_body(request, DEFAULT_LIMITS), ChatCompletionRequest)
         self.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:

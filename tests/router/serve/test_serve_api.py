@@ -7,6 +7,7 @@ client disconnects, and every kind of bad input (4xx, never 5xx, and the server 
 
 import json
 import math
+import os
 
 import httpx
 import openai
@@ -24,18 +25,24 @@ from tests.router.serve.serve_helpers import (
 pytestmark = pytest.mark.slow
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+ADMIN_KEY = "admin-key"  # pins are an admin operation (router/gateway/pin_admin.py)
+ADMIN_FOR_A = {"Authorization": f"Bearer {ADMIN_KEY}", "X-Kvroute-Tenant": "tenant-a"}
 # ~40 blocks of 16 tokens shared by every affinity request; the byte tokenizer is 1 token/byte
 SHARED = "You are a meticulous assistant. Answer briefly and cite sources. " * 10
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    os.environ["KVROUTE_ADMIN_KEY"] = ADMIN_KEY  # a local Ray passes it to every process
     keys_file = tmp_path_factory.mktemp("keys") / "keys.json"
     keys_file.write_text(json.dumps(KEYS))
     args = {"model": "tiny", "replicas": 2, "tp": 2, "engine": "real", "policy": "cache_aware",
             "num_blocks": 256, "api_keys_file": str(keys_file), "cpus_per_rank": 0.5}
-    with kvroute_server(args) as srv:
-        yield srv
+    try:
+        with kvroute_server(args) as srv:
+            yield srv
+    finally:
+        del os.environ["KVROUTE_ADMIN_KEY"]
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +134,10 @@ def test_pinned_prefix_register_list_use_delete(server):
     auth = {"Authorization": "Bearer key-a"}
     system = "Pinned system prompt for the support desk. " * 4
     with server.client(headers=auth) as http:
-        reg = http.post("/v1/prefixes", json={"name": "support", "prompt": system})
+        refused = http.post("/v1/prefixes", json={"name": "support", "prompt": system})
+        assert refused.status_code == 403, refused.text  # a tenant key may not pin
+        reg = http.post("/v1/prefixes", json={"name": "support", "prompt": system},
+                        headers=ADMIN_FOR_A)
         assert reg.status_code == 200, reg.text
         info = reg.json()
         assert info["num_pinned_blocks"] == (len(system) + 1) // 16
@@ -140,9 +150,11 @@ def test_pinned_prefix_register_list_use_delete(server):
                                                  "max_tokens": 1})
         assert use.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == \
             info["num_pinned_blocks"] * 16
-        assert http.delete("/v1/prefixes/support").json()["deleted"] is True
+        assert http.delete("/v1/prefixes/support").status_code == 403
+        assert http.delete("/v1/prefixes/support",
+                           headers=ADMIN_FOR_A).json()["deleted"] is True
         assert http.get("/v1/prefixes").json()["data"] == []
-        gone = http.delete("/v1/prefixes/support")
+        gone = http.delete("/v1/prefixes/support", headers=ADMIN_FOR_A)
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "prefix_not_found"
 
 
@@ -194,9 +206,14 @@ BAD_REQUESTS = [
      401, "invalid_api_key"),
     ("/v1/completions", {"Authorization": ""}, b'{"model": "tiny", "prompt": "x"}', 401,
      "invalid_api_key"),
-    ("/v1/prefixes", {}, b'{"name": "bad name!", "prompt": "x"}', 400, "invalid_value"),
-    ("/v1/prefixes", {}, b'{"name": "short", "prompt": "too short"}', 400,
+    ("/v1/prefixes", ADMIN_FOR_A, b'{"name": "bad name!", "prompt": "x"}', 400,
+     "invalid_value"),
+    ("/v1/prefixes", ADMIN_FOR_A, b'{"name": "short", "prompt": "too short"}', 400,
      "invalid_request"),
+    ("/v1/prefixes", {}, b'{"name": "short", "prompt": "too short"}', 403, "not_admin"),
+    ("/v1/completions", {}, b"[" * 5000 + b"]" * 5000, 400, "invalid_json"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "stop": ["' + b"s" * 300
+     + b'"]}', 400, "invalid_value"),
     ("/v1/nope", {}, b"{}", 404, "not_found"),
 ]
 

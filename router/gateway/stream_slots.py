@@ -1,0 +1,61 @@
+"""Concurrent streams per tenant: one tenant cannot hold every connection of a gateway.
+
+Counted per gateway process (N gateway replicas allow N times the limit in all); a stream
+over the limit is refused with 429 and Retry-After before any work is done for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+from worker.openai.errors import APIError
+
+MAX_STREAMS_ENV = "KVROUTE_MAX_STREAMS_PER_TENANT"
+RETRY_AFTER_S = 1
+
+
+class TooManyStreams(APIError):
+    def __init__(self, limit: int):
+        super().__init__(429, f"this API key already has {limit} open streams; retry when "
+                              "one ends", type_="rate_limit_error",
+                         code="too_many_concurrent_streams")
+        self.headers = {"Retry-After": str(RETRY_AFTER_S)}
+
+
+class StreamSlots:
+    def __init__(self, max_per_tenant: int):
+        if max_per_tenant < 1:
+            raise ValueError(f"{MAX_STREAMS_ENV} must be >= 1, got {max_per_tenant}")
+        self.max_per_tenant = max_per_tenant
+        self._open: dict[str, int] = {}
+
+    @classmethod
+    def from_env(cls, environ=None) -> StreamSlots:
+        environ = os.environ if environ is None else environ
+        return cls(int(environ.get(MAX_STREAMS_ENV) or 64))
+
+    def acquire(self, tenant: str) -> None:
+        n = self._open.get(tenant, 0)
+        if n >= self.max_per_tenant:
+            raise TooManyStreams(self.max_per_tenant)
+        self._open[tenant] = n + 1
+
+    def release(self, tenant: str) -> None:
+        n = self._open[tenant] - 1
+        if n:
+            self._open[tenant] = n
+        else:
+            del self._open[tenant]
+
+    def num_open(self, tenant: str) -> int:
+        return self._open.get(tenant, 0)
+
+    async def hold(self, tenant: str, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """`body`, releasing the tenant's slot (taken by `acquire`) when it ends, fails or
+        the client leaves."""
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            self.release(tenant)

@@ -1,0 +1,99 @@
+"""Request limits every OpenAI entry point applies before it does real work.
+
+A body is refused before it is parsed when it is too large (413) or nested too deeply
+(400: the JSON parser recurses, and 5,000 levels crashed it into a 500); its text is
+refused before it is tokenized when it is too long. Stop strings are bounded because the
+detokenizer scans every one of them at every generated token.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from worker.openai.errors import APIError
+
+MAX_BODY_BYTES_ENV = "KVROUTE_MAX_BODY_BYTES"
+MAX_PROMPT_CHARS_ENV = "KVROUTE_MAX_PROMPT_CHARS"
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_json_depth: int = 32  # an OpenAI body needs about 5 levels
+    max_prompt_chars: int = 1_000_000  # prompt or all messages' text, before tokenizing
+    max_stop_chars: int = 256  # per stop string (at most 4 of them: the schema's rule)
+
+    def __post_init__(self):
+        for name in ("max_body_bytes", "max_json_depth", "max_prompt_chars",
+                     "max_stop_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RequestLimits: {name} must be >= 1, got "
+                                 f"{getattr(self, name)}")
+
+    @classmethod
+    def from_env(cls, environ=None) -> RequestLimits:
+        environ = os.environ if environ is None else environ
+        kw = {}
+        for env, name in ((MAX_BODY_BYTES_ENV, "max_body_bytes"),
+                          (MAX_PROMPT_CHARS_ENV, "max_prompt_chars")):
+            if environ.get(env):
+                try:
+                    kw[name] = int(environ[env])
+                except ValueError:
+                    raise ValueError(f"{env} must be an integer, got {environ[env]!r}") from None
+        return cls(**kw)
+
+
+def check_body_size(num_bytes: int, limits: RequestLimits) -> None:
+    if num_bytes > limits.max_body_bytes:
+        raise APIError(413, f"the request body is larger than {limits.max_body_bytes} bytes",
+                       code="request_too_large")
+
+
+# Whole strings (an unrolled loop: runs of plain characters at C speed, so a multi-MB
+# string is one fast match) and structural characters outside them.
+_JSON_STRUCTURE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+def check_json_depth(raw: bytes, limits: RequestLimits) -> None:
+    """400 when `raw` nests arrays/objects deeper than the limit (checked without parsing)."""
+    depth = 0
+    limit = limits.max_json_depth
+    for match in _JSON_STRUCTURE.finditer(raw):
+        c = raw[match.start()]
+        if c in b"[{":
+            depth += 1
+            if depth > limit:
+                raise APIError(400, f"the request body nests deeper than {limit} levels",
+                               code="invalid_json")
+        elif c in b"]}":
+            depth -= 1
+
+
+def check_text_length(num_chars: int, limits: RequestLimits, param: str) -> None:
+    if num_chars > limits.max_prompt_chars:
+        raise APIError(400, f"{param} has {num_chars} characters; the limit is "
+                            f"{limits.max_prompt_chars}", param=param, code="prompt_too_long")
+
+
+def check_stops(stops: tuple[str, ...], limits: RequestLimits) -> None:
+    for stop in stops:
+        if len(stop) > limits.max_stop_chars:
+            raise APIError(400, f"a stop sequence is longer than {limits.max_stop_chars} "
+                                "characters", param="stop", code="invalid_value")
+
+
+async def read_body(request, limits: RequestLimits) -> bytes:
+    """A Starlette request's body, refused with 413 as soon as it passes the limit (it is
+    never read whole first)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit():
+        check_body_size(int(declared), limits)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        check_body_size(size, limits)
+        chunks.append(chunk)
+    return b"".join(chunks)

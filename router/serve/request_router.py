@@ -42,7 +42,6 @@ _ABANDONED_AFTER_S = 60.0
 # show nothing running or waiting, was never used (HAProxy did not send the request to that
 # replica: its config lagged, its router call timed out) or its end was lost: released.
 _DIRECT_IDLE_GRACE_S = 5.0
-_SWEEP_EVERY_S = 10.0
 _DIRECT_LOST_AFTER_S = 600.0  # a direct route whose end never came back (longer than any
 # request runs here): its load is released
 
@@ -85,7 +84,6 @@ class KVRouteRequestRouter(RequestRouter):
         self._direct_at: dict[str, float] = {}  # direct route id -> routed at (monotonic s)
         self._next_sweep_s = time.monotonic() + _ABANDONED_AFTER_S
         self._started = False
-        self._swept_at = time.monotonic()  # the last sweep for abandoned decisions
 
     # ---- Serve hooks ----
 
@@ -167,7 +165,7 @@ class KVRouteRequestRouter(RequestRouter):
 
     def _reconcile(self, reply: Any) -> None:
         """After each index poll: releases the direct routes the replicas' own stats say are
-        not there (above), and sweeps abandoned decisions every `_SWEEP_EVERY_S`."""
+        not there (above), and sweeps abandoned decisions when due, also on an idle router."""
         now = time.monotonic()
         if self._direct_at:
             idle = {rid for rid, stats in reply.stats.items()
@@ -177,8 +175,7 @@ class KVRouteRequestRouter(RequestRouter):
                     if t < cutoff and self._routed.get(r) in idle]
             if gone:
                 self.routes_finished(gone)
-        if now - self._swept_at >= _SWEEP_EVERY_S:
-            self._swept_at = now
+        if now >= self._next_sweep_s:
             self._sweep_abandoned()
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:

@@ -63,10 +63,12 @@ class IndexMirror:
     def __init__(self, router: Router, router_id: str, lock: threading.Lock, *,
                  config: MirrorConfig | None = None, index: Any = None,
                  on_removed: Callable[[str], None] | None = None,
-                 on_routes_ended: Callable[[tuple[str, ...]], None] | None = None):
+                 on_routes_ended: Callable[[tuple[str, ...]], None] | None = None,
+                 on_poll: Callable[[PollReply], None] | None = None):
         self.router = router
         self._on_removed = on_removed or router.remove_replica
         self._on_routes_ended = on_routes_ended  # direct routes that ended on a replica
+        self._on_poll = on_poll  # every reply, once applied
         self.router_id = router_id
         self.config = config or MirrorConfig()
         self._lock = lock
@@ -129,6 +131,8 @@ class IndexMirror:
             self._apply(reply)
         if reply.ended_route_ids and self._on_routes_ended is not None:
             self._on_routes_ended(reply.ended_route_ids)
+        if self._on_poll is not None:
+            self._on_poll(reply)
         self._last_ok_s = time.monotonic()
         self.num_polls += 1
         if self._first_poll is not None and not self._first_poll.done():

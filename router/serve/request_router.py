@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 _SWEEP_AT_DECISIONS = 1024  # undispatched decisions kept before looking for abandoned ones
 _ABANDONED_AFTER_S = 60.0
+# A direct route still open this long after its decision, on a replica whose latest stats
+# show nothing running or waiting, was never used (HAProxy did not send the request to that
+# replica: its config lagged, its router call timed out) or its end was lost: released.
+_DIRECT_IDLE_GRACE_S = 5.0
 _DIRECT_LOST_AFTER_S = 600.0  # a direct route whose end never came back (longer than any
 # request runs here): its load is released
 
@@ -68,7 +72,8 @@ class KVRouteRequestRouter(RequestRouter):
         self.router = Router(RouterConfig(**(router or {})))
         self.mirror = IndexMirror(self.router, self.gateway_id, self._lock,
                                   config=MirrorConfig(**(mirror or {})),
-                                  on_routes_ended=self.routes_finished)
+                                  on_routes_ended=self.routes_finished,
+                                  on_poll=self._reconcile)
         self.metrics = RouterMetrics(model, self.gateway_id, self.router.policy.name)
         self._pusher = MetricsPusher(f"router/{self.gateway_id}", self.metrics.registry,
                                      MetricsHubConfig(**(metrics or {})),
@@ -157,6 +162,21 @@ class KVRouteRequestRouter(RequestRouter):
             with self._lock:
                 self.router.on_finished(route_id)
             self._update_outstanding(replica_id)
+
+    def _reconcile(self, reply: Any) -> None:
+        """After each index poll: releases the direct routes the replicas' own stats say are
+        not there (above), and sweeps abandoned decisions when due, also on an idle router."""
+        now = time.monotonic()
+        if self._direct_at:
+            idle = {rid for rid, stats in reply.stats.items()
+                    if stats.num_running + stats.num_waiting == 0}
+            cutoff = now - _DIRECT_IDLE_GRACE_S
+            gone = [r for r, t in self._direct_at.items()
+                    if t < cutoff and self._routed.get(r) in idle]
+            if gone:
+                self.routes_finished(gone)
+        if now >= self._next_sweep_s:
+            self._sweep_abandoned()
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         old_ids = {rid.unique_id for rid in self._replica_id_set}

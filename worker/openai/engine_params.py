@@ -39,6 +39,7 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest,
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
                               top_k=body.top_k, top_p=body.top_p, seed=body.seed,
-                              stop=body.stop_strings(), ignore_eos=body.ignore_eos)
+                              stop=body.stop_strings(), ignore_eos=body.ignore_eos,
+                              stop_token_ids=tuple(body.stop_token_ids or ()))
     except EngineInputError as err:
         raise APIError(400, str(err)) from None

@@ -1,8 +1,9 @@
 """OpenAI request bodies, validated.
 
 Unknown fields are ignored (clients send extras); known fields are checked for type and
-range, and a parameter kvroute cannot honour (n > 1, logprobs, penalties) is a 400 rather
-than silently ignored. Every failure becomes `APIError` (worker/openai/errors.py).
+range, and a parameter kvroute cannot honour (n > 1, logprobs, penalties, response_format,
+logit_bias, tool_choice, best_of, min_tokens, ...) is a 400 naming it rather than silently
+ignored. Every failure becomes `APIError` (worker/openai/errors.py).
 """
 
 from __future__ import annotations
@@ -60,6 +61,37 @@ class _SamplingFields(BaseModel):
     frequency_penalty: Number = Field(default=0.0, ge=-2, le=2)
     logprobs: StrictBool | StrictInt | None = None
     user: StrictStr | None = None
+    stop_token_ids: list[StrictInt] | None = None  # extension (vLLM's)
+    # OpenAI's and vLLM's parameters kvroute does not honour: a 400 naming the field unless
+    # the value is the one that changes nothing (nothing is silently ignored).
+    top_logprobs: StrictInt | None = None
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = None
+    min_tokens: StrictInt | None = None
+    best_of: StrictInt | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+
+    @field_validator("top_logprobs", "response_format", "logit_bias", "min_tokens",
+                     "best_of", "tool_choice", "parallel_tool_calls", "functions",
+                     "function_call")
+    @classmethod
+    def _not_honoured(cls, v: Any, info: Any) -> Any:
+        harmless = {"top_logprobs": (0,), "response_format": ({"type": "text"},),
+                    "logit_bias": ({},), "min_tokens": (0,), "best_of": (1,),
+                    "tool_choice": ("none",)}.get(info.field_name, ())
+        if v is not None and v not in harmless:
+            raise ValueError(f"{info.field_name} is not supported")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _token_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(not 0 <= t < 2**32 for t in v):
+            raise ValueError("token ids must be in [0, 2**32)")
+        return v
 
     @field_validator("n", "presence_penalty", "frequency_penalty", "logprobs")
     @classmethod

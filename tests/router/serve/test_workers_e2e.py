@@ -179,10 +179,17 @@ def test_a_worker_killed_under_load(server, workers):
         json={"model": "tiny", "prompt": "warm", "max_tokens": 1}).is_error, 30,
         "both workers routable")
 
-    def running_on_victim() -> bool:
+    def victim_series(name: str) -> float:
         text = httpx.get(f"{victim.url}/metrics", timeout=10).text
-        return any(line.startswith("vllm:num_requests_running") and not line.endswith(" 0.0")
-                   for line in text.splitlines())
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name))
+
+    generated_before = victim_series("kvroute_engine_generation_tokens_total")
+
+    def running_on_victim() -> bool:
+        # streaming, past their first token: a kill before it would be retried elsewhere
+        return (victim_series("vllm:num_requests_running") > 0 and victim_series(
+            "kvroute_engine_generation_tokens_total") >= generated_before + 8)
 
     async def load() -> list[str]:
         c = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="none",

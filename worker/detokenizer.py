@@ -3,25 +3,40 @@
 from __future__ import annotations
 
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 
 class IncrementalDetokenizer:
     """Turns a growing list of output token ids into text deltas.
 
-    Byte-level tokens can end in the middle of a UTF-8 character; text ending in U+FFFD is
-    held back until the next token completes it. Stop strings are matched on the whole
-    output; the text is cut before the stop string and the request stops.
+    Each new token is decoded once, by tokenizers' DecodeStream (it holds back a byte-level
+    token that ends in the middle of a UTF-8 character until the next one completes it), so
+    a step costs the new tokens, not the whole output again. The final step decodes the
+    whole output once, so the text is exactly `decode(all ids)`. Stop strings are matched
+    on the text from where the last emitted text could still begin one; the text is cut
+    before the stop string and the request stops.
     """
 
     def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = ()):
         self.tokenizer = tokenizer
         self.stop = stop
         self.text = ""  # text already emitted
+        self._decoded = ""  # text decoded so far: emitted, then held back
+        self._num_decoded = 0  # output tokens fed to the stream
+        self._stream = DecodeStream(skip_special_tokens=True)
         self._max_stop_chars = max((len(s) for s in stop), default=0)
 
     def step(self, output_token_ids: list[int], final: bool) -> tuple[str, bool]:
         """Returns (new text, stop string hit)."""
-        full = self.tokenizer.decode(output_token_ids, skip_special_tokens=True)
+        if final:
+            full = self.tokenizer.decode(output_token_ids, skip_special_tokens=True)
+        else:
+            for token_id in output_token_ids[self._num_decoded:]:
+                piece = self._stream.step(self.tokenizer, token_id)
+                if piece:
+                    self._decoded += piece
+            self._num_decoded = len(output_token_ids)
+            full = self._decoded
         for s in self.stop:
             cut = full.find(s, max(0, len(self.text) - len(s)))
             if cut != -1:

@@ -69,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--sim-preset", default="h100-llama3-8b")
     p.add_argument("--num-blocks", type=int, default=2048, help="KV blocks per worker")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per engine step (default: the engine's)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="requests per engine step (default: the engine's)")
     p.add_argument("--groups", type=int, default=16)
     p.add_argument("--prompts-per-group", type=int, default=8)
     p.add_argument("--system-len", type=int, default=1024)
@@ -145,6 +149,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     worker_args = ["--engine", "sim", "--sim-preset", args.sim_preset,
                    "--num-blocks", str(args.num_blocks), "--kv-events-port", "0"]
+    for flag in ("max_num_batched_tokens", "max_num_seqs"):
+        if getattr(args, flag) is not None:
+            worker_args += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     workers = [EngineWorker(worker_args) for _ in range(args.workers)]
     runs: dict[str, list[dict]] = {name: [] for name in ("direct", *GATEWAYS)}
     latency: list[dict] = []

@@ -133,7 +133,9 @@ async def all_or_first_error(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def replay(deltas: Awaitable[list[TokenDelta]]) -> AsyncGenerator[TokenDelta, None]:
-    """A stream of deltas received whole (a non-streaming call retried from the start)."""
-    for delta in await deltas:
+async def replay(complete: Callable[[EngineRequest], Awaitable[list[TokenDelta]]],
+                 request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
+    """The deltas of `complete(request)`, a call that returns them whole (a non-streaming
+    call, retried from the start when its replica is lost), as a stream."""
+    for delta in await complete(request):
         yield delta

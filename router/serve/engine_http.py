@@ -190,17 +190,25 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
         tenant = pin_admin.tenant_for_change(request.headers)
         return await prefixes.delete(name, tenant)
 
+    # A POST's body with a prompt is routed like a completion (HAProxy asks the router for
+    # every POST): its route ends here too, or the router would count it as load.
     @app.post("/tokenize")
     async def tokenize_endpoint(request: Request) -> dict:
-        auth.tenant_of(request.headers.get("authorization"))
-        return tokenize(await read_body(request, DEFAULT_LIMITS), prompts, serving.check_model,
-                        engine.max_model_len, DEFAULT_LIMITS)
+        try:
+            auth.tenant_of(request.headers.get("authorization"))
+            return tokenize(await read_body(request, DEFAULT_LIMITS), prompts,
+                            serving.check_model, engine.max_model_len, DEFAULT_LIMITS)
+        finally:
+            replica.route_ends.add(request.headers.get(ROUTE_HEADER))
 
     @app.post("/detokenize")
     async def detokenize_endpoint(request: Request) -> dict:
-        auth.tenant_of(request.headers.get("authorization"))
-        return detokenize(await read_body(request, DEFAULT_LIMITS), prompts,
-                          serving.check_model, DEFAULT_LIMITS)
+        try:
+            auth.tenant_of(request.headers.get("authorization"))
+            return detokenize(await read_body(request, DEFAULT_LIMITS), prompts,
+                              serving.check_model, DEFAULT_LIMITS)
+        finally:
+            replica.route_ends.add(request.headers.get(ROUTE_HEADER))
 
     @app.get("/version")
     async def version() -> dict:

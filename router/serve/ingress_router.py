@@ -94,6 +94,8 @@ class RouteCalls:
                 # The prompt and max_tokens only, read as the schema reads them (no full
                 # validation: the replica validates the body and answers a bad one).
                 prompt, max_tokens = data.get("prompt"), data.get("max_tokens")
+                if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+                    prompt = prompt[0]  # a batch is routed on its first prompt
                 if isinstance(prompt, str) and prompt:
                     token_ids = self.prompts.encode_text(prompt)
                 elif isinstance(prompt, list) and prompt and all(

@@ -42,7 +42,13 @@ from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
 from worker.openai.streaming import full_response, sse_events
-from worker.openai.tokenize import detokenize, tokenize, version_body
+from worker.openai.tokenize import (
+    DetokenizeRequest,
+    TokenizeCompletionRequest,
+    detokenize,
+    tokenize,
+    version_body,
+)
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -133,13 +139,13 @@ class Gateway:
         return {"object": "list", "data": [{"id": self.model, "object": "model",
                                             "created": 0, "owned_by": "kvroute"}]}
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=request_body(TokenizeCompletionRequest))
     async def tokenize_endpoint(self, request: Request) -> dict:
         self.auth.tenant_of(request.headers.get("authorization"))
         return tokenize(await read_body(request, self.limits), self.prompts, self._check_model,
                         await self._context_limit(), self.limits)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))
     async def detokenize_endpoint(self, request: Request) -> dict:
         self.auth.tenant_of(request.headers.get("authorization"))
         return detokenize(await read_body(request, self.limits), self.prompts,

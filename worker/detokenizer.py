@@ -41,7 +41,9 @@ class IncrementalDetokenizer:
             full = self._decoded
         stops = self.stop if len(output_token_ids) > self.min_tokens else ()
         for s in stops:
-            cut = full.find(s, max(0, len(self.text) - len(s)))
+            # A stop string that ends in the emitted text was emitted while stops were off
+            # (min_tokens): only one that reaches past it stops.
+            cut = full.find(s, max(0, len(self.text) - len(s) + 1))
             if cut != -1:
                 delta = full[len(self.text) : cut] if cut >= len(self.text) else ""
                 self.text += delta

@@ -140,6 +140,15 @@ class CompletionRequest(_SamplingFields):
     suffix: StrictStr | None = None
     # the sampled token's and this many most likely tokens' log-probabilities (0 to 20)
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Any = None  # chat's parameter: refused here, so it is not ignored
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _chat_only(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("top_logprobs is a chat parameter; completions take logprobs "
+                             "(an integer) instead")
+        return v
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -38,6 +38,10 @@ def test_a_batch_routes_on_its_first_prompt(prompts):
     calls = RouteCalls(prompts, TenantAuth({}))
     text_batch = calls.of(_body(prompt=["first of two", "second"], n=2), None)
     assert text_batch.prompt_token_ids == prompts.encode_text("first of two")
+    assert text_batch.max_tokens == 2 * 2 * DEFAULT_MAX_TOKENS  # the load of 4 choices
+    chat = calls.of(_body(messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=5),
+                    None)
+    assert chat.max_tokens == 15
     assert calls.of(_body(prompt=[[7, 8, 9], [1]]), None).prompt_token_ids == [7, 8, 9]
 
 

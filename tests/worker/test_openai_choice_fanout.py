@@ -1,5 +1,6 @@
-"""worker/openai/choices.py on a simulated engine in this process: a prompt's copies start
-on its cached prefix, a refused choice closes the others, usage counts each prompt once."""
+"""worker/openai/choices.py on a simulated engine in this process: a prompt's copies, started
+together, compute it once (the rest hit its blocks), a refused choice closes the others,
+usage counts each prompt once."""
 
 import pytest
 
@@ -19,7 +20,7 @@ def requests(prompt, n, max_tokens=4, base="r"):
             for i in range(n)]
 
 
-async def test_copies_start_after_the_first_choice_and_hit_its_prompt_blocks():
+async def test_copies_started_together_hit_the_prompt_blocks_one_of_them_computes():
     engine = make_engine()
     prompt = list(range(10, 60))  # 50 tokens: 3 full blocks of 16
     choices = Choices(requests(prompt, 3), 3, engine.generate)

@@ -1,10 +1,10 @@
 """The engine requests of one OpenAI request's choices: started together, collected whole.
 
 A request with n choices per prompt (and a batch of prompts) is n x prompts engine
-requests. The first choice of each prompt starts alone and the prompt's other n - 1 start
-once it has its first token: its prompt blocks are then in the prefix cache, so the copies
-compute only their last partial block (their usage shows the cached tokens) rather than
-the whole prompt n times. Prompts start concurrently.
+requests, all started at once. A prompt's copies compute it once: the engine's scheduler
+holds a request whose prefix another running request is computing until those blocks are
+cached (worker/scheduler.py), so the copies hit them and compute only their last partial
+block (their usage shows the cached tokens). benchmarks/bench_choices.py measures it.
 """
 
 from __future__ import annotations
@@ -42,16 +42,10 @@ class Choices:
         """Opens every choice's stream and takes its first delta. The first error (a
         refused request, no replica) closes every stream opened and is raised."""
         try:
-            await all_or_first_error([self._start_prompt(p)
-                                      for p in range(len(self.requests) // self.n)])
+            await all_or_first_error([self._open(i) for i in range(len(self.requests))])
         except BaseException:
             await self.aclose()
             raise
-
-    async def _start_prompt(self, p: int) -> None:
-        await self._open(p * self.n)  # the leader: its prompt blocks get cached
-        await all_or_first_error([self._open(i) for i in range(p * self.n + 1,
-                                                                 (p + 1) * self.n)])
 
     async def _open(self, i: int) -> None:
         stream = self.streams[i] = self._open_stream(self.requests[i])

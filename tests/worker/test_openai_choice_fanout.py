@@ -44,6 +44,13 @@ async def test_a_batch_starts_each_prompt_and_keeps_choice_order():
     await engine.shutdown()
 
 
+def test_usage_counts_each_prompt_once_with_its_hits_from_before_the_request():
+    a_first, a_copy = Usage(50, 4, 0, 0), Usage(50, 4, 48, 0)
+    b_cached, b_copy = Usage(20, 2, 16, 0), Usage(20, 3, 16, 0)
+    assert total_usage([a_copy, a_first, b_cached, b_copy], 2) == Usage(70, 13, 16, 0)
+    assert total_usage([a_first, None], 2) is None
+
+
 async def test_a_refused_choice_fails_the_start_and_aborts_the_others():
     engine = make_engine()
     good = requests(list(range(20)), 1, 200)

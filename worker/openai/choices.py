@@ -98,15 +98,18 @@ async def _collect_one(choices: Choices, i: int) -> ChoiceOutput:
 
 
 def total_usage(usages: list[Usage | None], n: int) -> Usage | None:
-    """The usage of a response: each prompt's tokens (and cached tokens) once, from its
-    first choice, as OpenAI bills n choices; the completion tokens of every choice."""
+    """The usage of a response: each prompt's tokens once, as OpenAI bills n choices, with
+    the cached tokens of its choice that hit the least (the hits that were there before
+    this request: its other choices hit what that one computed); the completion tokens of
+    every choice."""
     if any(u is None for u in usages):
         return None
-    leaders = usages[::n]
-    return Usage(sum(u.prompt_tokens for u in leaders),
+    prompts = [min(usages[p:p + n], key=lambda u: u.cached_tokens)
+               for p in range(0, len(usages), n)]
+    return Usage(sum(u.prompt_tokens for u in prompts),
                  sum(u.completion_tokens for u in usages),
-                 sum(u.cached_tokens_device for u in leaders),
-                 sum(u.cached_tokens_host for u in leaders))
+                 sum(u.cached_tokens_device for u in prompts),
+                 sum(u.cached_tokens_host for u in prompts))
 
 
 async def all_or_first_error(coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.api import TokenDelta, Usage
+from worker.api import TokenDelta, TokenLogprobs, Usage
 
 
 class RequestOutput:
     __slots__ = ("request_id", "_token_ids", "_texts", "_finish_reason", "_usage", "_error",
-                 "_ready")
+                 "_logprobs", "_ready")
 
     def __init__(self, request_id: str):
         self.request_id = request_id
@@ -27,6 +27,7 @@ class RequestOutput:
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
         self._error: str | None = None
+        self._logprobs: list[TokenLogprobs] | None = None
         self._ready = asyncio.Event()
 
     @property
@@ -35,7 +36,8 @@ class RequestOutput:
         return self._finish_reason is not None
 
     def put(self, token_id: int | None, text: str, finish_reason: str | None = None,
-            usage: Usage | None = None, error: str | None = None) -> None:
+            usage: Usage | None = None, error: str | None = None,
+            logprobs: TokenLogprobs | None = None) -> None:
         """Appends a step's output: its token (None: none, e.g. an abort) and the text it
         completed; the one with `finish_reason` is the last (later puts raise: the request
         is over)."""
@@ -44,6 +46,10 @@ class RequestOutput:
                                f"({self._finish_reason}); nothing may follow")
         if token_id is not None:
             self._token_ids.append(token_id)
+            if logprobs is not None:
+                if self._logprobs is None:
+                    self._logprobs = []
+                self._logprobs.append(logprobs)
         if text:
             self._texts.append(text)
         if finish_reason is not None:
@@ -59,8 +65,8 @@ class RequestOutput:
         texts = self._texts
         text = texts[0] if len(texts) == 1 else "".join(texts)
         delta = TokenDelta(self.request_id, self._token_ids, text, self._finish_reason,
-                           self._usage, self._error)
-        self._token_ids, self._texts = [], []
+                           self._usage, self._error, self._logprobs)
+        self._token_ids, self._texts, self._logprobs = [], [], None
         return delta
 
     async def take(self) -> TokenDelta:

@@ -52,7 +52,10 @@ ROLES = (("floor:Ingress", "floor app"), ("FloorRouter", "ingress router"),
          ("EngineReplica", "engine"), ("kvroute engine", "engine"),
          ("KVRouteIngressRouter", "ingress router"), ("kvroute:Gateway", "gateway"),
          ("haproxy", "haproxy"), ("ProxyActor", "serve proxy"),
-         ("kvroute serve", "kvroute serve driver"))
+         ("kvroute serve", "kvroute serve driver"), ("KVIndex", "kv index actor"),
+         ("MetricsHub", "metrics hub"), ("ServeController", "serve controller"),
+         ("HAProxyManager", "serve controller"), ("gcs_server", "ray gcs, raylet"),
+         ("raylet", "ray gcs, raylet"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -87,6 +87,9 @@ class TokenDelta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     usage: Usage | None = None
     error: str | None = None  # set with finish_reason "error"
+    # On a request's first delta only: seconds from the engine first scheduling the request
+    # to its first token (the gateway's TTFT minus this is the request's queue time).
+    first_token_compute_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -285,6 +285,9 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = now
             self.metrics.series(self.metrics.ttft).observe(now - req.arrival_time)
+            output = self._outputs.get(req.request_id)
+            if output is not None and req.first_scheduled_time is not None:
+                output.first_token_compute_s = now - req.first_scheduled_time
         detok = self._detok.get(req.request_id)
         text, hit_stop = "", False
         if detok is not None:

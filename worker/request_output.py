@@ -18,7 +18,7 @@ from worker.api import TokenDelta, Usage
 
 class RequestOutput:
     __slots__ = ("request_id", "_token_ids", "_texts", "_finish_reason", "_usage", "_error",
-                 "_ready")
+                 "_ready", "first_token_compute_s")
 
     def __init__(self, request_id: str):
         self.request_id = request_id
@@ -28,6 +28,8 @@ class RequestOutput:
         self._usage: Usage | None = None
         self._error: str | None = None
         self._ready = asyncio.Event()
+        # Set by the step loop at the first token; goes out with the next delta, then None.
+        self.first_token_compute_s: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -59,7 +61,8 @@ class RequestOutput:
         texts = self._texts
         text = texts[0] if len(texts) == 1 else "".join(texts)
         delta = TokenDelta(self.request_id, self._token_ids, text, self._finish_reason,
-                           self._usage, self._error)
+                           self._usage, self._error, self.first_token_compute_s)
+        self.first_token_compute_s = None
         self._token_ids, self._texts = [], []
         return delta
 

@@ -41,6 +41,7 @@ from worker.openai.engine_params import (
 )
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
+from worker.openai.latency import RequestTimer, arrival_of
 from worker.openai.limits import RequestLimits, read_body
 from worker.openai.openapi_body import request_body
 from worker.openai.prompt import PromptBuilder, PromptError
@@ -116,7 +117,8 @@ class Gateway:
             token_ids = self.prompts.encode_text(body.prompt)
         else:
             token_ids = list(body.prompt)
-        return await self._generate("completion", "cmpl", body, token_ids, tenant)
+        return await self._generate("completion", "cmpl", body, token_ids, tenant,
+                                    arrival_of(request.scope))
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
@@ -129,7 +131,8 @@ class Gateway:
             token_ids = self.prompts.encode_chat(messages)
         except PromptError as err:
             raise APIError(400, str(err), param="messages") from None
-        return await self._generate("chat", "chatcmpl", body, token_ids, tenant)
+        return await self._generate("chat", "chatcmpl", body, token_ids, tenant,
+                                    arrival_of(request.scope))
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict:
@@ -200,7 +203,7 @@ class Gateway:
 
     async def _generate(self, kind: Kind, id_prefix: str,
                         body: CompletionRequest | ChatCompletionRequest,
-                        token_ids: list[int], tenant: str) -> Response:
+                        token_ids: list[int], tenant: str, arrival_s: float) -> Response:
         max_tokens = max_new_tokens(body)
         check_context_length(kind, len(token_ids), max_tokens, await self._context_limit())
         sampling = sampling_params(body, max_tokens)
@@ -209,11 +212,14 @@ class Gateway:
                                 block_hashes=self.prompts.block_hashes(token_ids, tenant),
                                 cache_salt=tenant)
         shape = ResponseShape.new(kind, response_id, self.model)
+        timer = self.metrics.latency.timer(arrival_s)
         if not body.stream:
-            return JSONResponse(await self._collect(shape, request))
+            timer.dispatched()
+            return JSONResponse(await self._collect(shape, request, timer))
         self.streams.acquire(tenant)  # 429 + Retry-After over the tenant's limit
         try:
-            stream = self.engine.stream(request)
+            timer.dispatched()
+            stream = timer.watch(self.engine.stream(request))
             first = await anext(stream)  # errors before the first token are plain 4xx/503
         except BaseException:
             self.streams.release(tenant)
@@ -222,8 +228,9 @@ class Gateway:
         return StreamingResponse(self.streams.hold(tenant, events),
                                  media_type="text/event-stream")
 
-    async def _collect(self, shape: ResponseShape, request: EngineRequest) -> dict:
-        deltas = await self.engine.complete(request)
+    async def _collect(self, shape: ResponseShape, request: EngineRequest,
+                       timer: RequestTimer) -> dict:
+        deltas = await self.engine.complete(request, timer.watch)
         last = deltas[-1]
         if last.finish_reason == "error":
             raise APIError(500, f"the engine failed: {last.error}", type_="server_error",

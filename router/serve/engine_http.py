@@ -113,7 +113,8 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     config, engine = replica.http_config, replica.engine
     model = engine.model_name
     prompts = PromptBuilder(tokenizer_dir(config.model), model, config.block_size)
-    serving = OpenAIServing(engine, prompts)
+    metrics = GatewayMetrics(model)
+    serving = OpenAIServing(engine, prompts, metrics.latency)
     auth = TenantAuth(load_api_keys(config.api_keys_file))
     index, hub = get_index_actor(), get_metrics_hub(config.metrics)
     context = serve.get_replica_context()
@@ -121,7 +122,6 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     pin_admin = PinAdmin.from_env(auth)
     prefixes = PrefixService(EngineClient(own_deployment, config.retry), index, prompts,
                              pin_admin.quota)
-    metrics = GatewayMetrics(model)
     pusher = MetricsPusher(f"gateway/{replica.replica_id}", metrics.registry, config.metrics)
 
     @asynccontextmanager

@@ -46,6 +46,14 @@ async def test_stream_then_usage_with_cached_tokens_on_the_second_request():
     await engine.shutdown()
 
 
+async def test_only_the_first_delta_reports_the_engine_compute_of_the_first_token():
+    engine = make_engine()
+    out = await collect(engine, EngineRequest("t", prompt(40), SamplingParams(max_tokens=4)))
+    assert out[0].first_token_compute_s is not None and out[0].first_token_compute_s >= 0
+    assert [d.first_token_compute_s for d in out[1:]] == [None] * (len(out) - 1)
+    await engine.shutdown()
+
+
 async def test_gateway_hashes_must_match_block_count():
     engine = make_engine()
     p = prompt(40)

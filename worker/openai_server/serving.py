@@ -32,6 +32,7 @@ from worker.openai.engine_params import (
     sampling_params,
 )
 from worker.openai.errors import APIError, engine_input_error
+from worker.openai.latency import LatencyMetrics, arrival_of
 from worker.openai.limits import read_body
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape
@@ -79,9 +80,12 @@ async def while_connected(request: Request, work: Callable[[], Awaitable[T]]) ->
 class OpenAIServing:
     """The OpenAI generation endpoints of one engine."""
 
-    def __init__(self, engine: Engine, prompts: PromptBuilder):
+    def __init__(self, engine: Engine, prompts: PromptBuilder,
+                 latency: LatencyMetrics | None = None):
+        """`latency`: where to observe each request's latency (a front that has them)."""
         self.engine = engine
         self.prompts = prompts
+        self.latency = latency
         self.model = engine.model_name
 
     def check_model(self, model: str | None) -> None:
@@ -120,6 +124,10 @@ class OpenAIServing:
                                        cache_salt=cache_salt)
         shape = ResponseShape.new(kind, engine_request.request_id, self.model)
         deltas = self.engine.generate(engine_request)
+        if self.latency is not None:
+            timer = self.latency.timer(arrival_of(request.scope))
+            timer.dispatched()
+            deltas = timer.watch(deltas)
         try:
             if not body.stream:
                 return JSONResponse(await while_connected(

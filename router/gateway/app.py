@@ -29,7 +29,6 @@ from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig,
 from router.gateway.metrics import CountRequests, GatewayMetrics
 from router.gateway.pin_admin import PinAdmin
 from router.gateway.prefixes import PrefixRegisterRequest, PrefixService
-from router.gateway.stream_slots import StreamSlots
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
 from worker.api import EngineRequest, TokenDelta, Usage
@@ -47,6 +46,7 @@ from worker.openai.openapi_body import request_body
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape, sse
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
+from worker.openai.stream_slots import StreamSlots
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)

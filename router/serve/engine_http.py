@@ -41,9 +41,9 @@ from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.engine_replica import EngineReplicaBody
 from router.serve.ingress_router import ROUTE_HEADER, ROUTED_BY_HEADER
 from worker.openai.http_errors import install_error_handlers
-from worker.openai.limits import read_body
+from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
-from worker.openai.schema import DEFAULT_LIMITS
+from worker.openai.stream_slots import StreamSlots
 from worker.openai_server.serving import OpenAIServing
 from worker.tokenizer_files import tokenizer_dir
 
@@ -114,7 +114,8 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     model = engine.model_name
     prompts = PromptBuilder(tokenizer_dir(config.model), model, config.block_size)
     metrics = GatewayMetrics(model)
-    serving = OpenAIServing(engine, prompts, metrics.latency)
+    limits = RequestLimits.from_env()  # the chart's `limits` values
+    serving = OpenAIServing(engine, prompts, metrics.latency, limits, StreamSlots.from_env())
     auth = TenantAuth(load_api_keys(config.api_keys_file))
     index, hub = get_index_actor(), get_metrics_hub(config.metrics)
     context = serve.get_replica_context()
@@ -177,7 +178,7 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     @app.post("/v1/prefixes")
     async def register_prefix(request: Request) -> dict:
         tenant = pin_admin.tenant_for_change(request.headers)
-        raw = await read_body(request, DEFAULT_LIMITS)
+        raw = await read_body(request, limits)
         return await prefixes.register(raw, tenant, serving.check_model)
 
     @app.get("/v1/prefixes")

@@ -20,7 +20,9 @@ from worker.api import EngineUnhealthyError
 from worker.engine import Engine
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
+from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
+from worker.openai.stream_slots import StreamSlots
 from worker.openai_server.kv_events import EventPump
 from worker.openai_server.serving import OpenAIServing
 from worker.openai_server.vllm_metrics import VLLMGaugeCollector
@@ -28,7 +30,8 @@ from worker.openai_server.vllm_metrics import VLLMGaugeCollector
 
 def create_app(engine: Engine, prompts: PromptBuilder, pump: EventPump) -> FastAPI:
     """The app serving `engine`; `prompts` tokenizes for the same model."""
-    serving = OpenAIServing(engine, prompts)
+    serving = OpenAIServing(engine, prompts, limits=RequestLimits.from_env(),
+                            streams=StreamSlots.from_env_if_set())
     vllm_registry = CollectorRegistry(auto_describe=True)
     vllm_registry.register(VLLMGaugeCollector(engine.stats, engine.model_name))
 

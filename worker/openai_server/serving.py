@@ -33,7 +33,7 @@ from worker.openai.engine_params import (
 )
 from worker.openai.errors import APIError, engine_input_error
 from worker.openai.latency import LatencyMetrics, arrival_of
-from worker.openai.limits import read_body
+from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape
 from worker.openai.schema import (
@@ -42,6 +42,7 @@ from worker.openai.schema import (
     CompletionRequest,
     parse_body,
 )
+from worker.openai.stream_slots import StreamSlots
 from worker.openai.streaming import engine_failed, sse_events
 
 T = TypeVar("T")
@@ -81,11 +82,15 @@ class OpenAIServing:
     """The OpenAI generation endpoints of one engine."""
 
     def __init__(self, engine: Engine, prompts: PromptBuilder,
-                 latency: LatencyMetrics | None = None):
-        """`latency`: where to observe each request's latency (a front that has them)."""
+                 latency: LatencyMetrics | None = None,
+                 limits: RequestLimits = DEFAULT_LIMITS, streams: StreamSlots | None = None):
+        """`latency`: where to observe each request's latency (a front that has them);
+        `streams`: concurrent streams per tenant (the cache salt), 429 over the limit."""
         self.engine = engine
         self.prompts = prompts
         self.latency = latency
+        self.limits = limits
+        self.streams = streams
         self.model = engine.model_name
 
     def check_model(self, model: str | None) -> None:
@@ -95,7 +100,7 @@ class OpenAIServing:
 
     async def completions(self, request: Request, cache_salt: str = "") -> Response:
         """`cache_salt`: the tenant's hash namespace (a router in front authenticated it)."""
-        body = parse_body(await read_body(request, DEFAULT_LIMITS), CompletionRequest)
+        body = parse_body(await read_body(request, self.limits), CompletionRequest, self.limits)
         self.check_model(body.model)
         if isinstance(body.prompt, str):
             token_ids = self.prompts.encode_text(body.prompt)
@@ -105,7 +110,7 @@ class OpenAIServing:
                                     cache_salt)
 
     async def chat_completions(self, request: Request, cache_salt: str = "") -> Response:
-        body = parse_body(await read_body(request, DEFAULT_LIMITS), ChatCompletionRequest)
+        body = parse_body(await read_body(request, self.limits), ChatCompletionRequest, self.limits)
         self.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
@@ -123,6 +128,9 @@ class OpenAIServing:
                                        sampling_params(body, max_tokens),
                                        cache_salt=cache_salt)
         shape = ResponseShape.new(kind, engine_request.request_id, self.model)
+        streams = self.streams if body.stream else None
+        if streams is not None:
+            streams.acquire(cache_salt)  # 429 + Retry-After over the tenant's limit
         deltas = self.engine.generate(engine_request)
         if self.latency is not None:
             timer = self.latency.timer(arrival_of(request.scope))
@@ -133,14 +141,17 @@ class OpenAIServing:
                 return JSONResponse(await while_connected(
                     request, lambda: self._collect(shape, deltas)))
             first = await while_connected(request, lambda: _first(deltas))
-        except ClientGone:
+        except BaseException as err:
             await deltas.aclose()
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
-        except BaseException:
-            await deltas.aclose()
+            if streams is not None:
+                streams.release(cache_salt)
+            if isinstance(err, ClientGone):
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
             raise
-        return StreamingResponse(sse_events(shape, first, deltas, body.include_usage()),
-                                 media_type="text/event-stream")
+        events = sse_events(shape, first, deltas, body.include_usage())
+        if streams is not None:
+            events = streams.hold(cache_salt, events)
+        return StreamingResponse(events, media_type="text/event-stream")
 
     async def _collect(self, shape: ResponseShape,
                        deltas: AsyncGenerator[TokenDelta, None]) -> dict[str, Any]:

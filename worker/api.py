@@ -145,3 +145,14 @@ class ReplicaQuery:
     """An operator's question to one replica (routed there by id)."""
 
     target_replica_id: str
+
+
+@dataclass(frozen=True)
+class PinnedPrefix:
+    """A prefix a replica holds pinned, as it reports it to the KV index actor (so a
+    restarted actor rebuilds its prefix records from the replicas)."""
+
+    name: str  # the engine's pin name
+    cache_salt: str
+    prompt_token_ids: tuple[int, ...]
+    num_pinned_blocks: int

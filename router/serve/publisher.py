@@ -2,7 +2,8 @@
 
 Every `publish_interval_s` it drains the engine's event log and sends the batch with the
 engine's stats (an empty batch is the heartbeat that keeps the replica known). When the
-actor answers that it saw a gap or a new epoch, it sends a snapshot. A failed send loses
+actor answers that it saw a gap or a new epoch (or does not know the replica: it restarted),
+it sends a snapshot, with the prefixes the engine holds pinned. A failed send loses
 that batch on purpose: the actor sees the gap and asks for a snapshot, so nothing needs a
 retry buffer here. With direct streaming each publish also carries the routes that ended
 here since the last one (router/cluster/route_ends.py); a lost publish loses them too, and
@@ -20,7 +21,7 @@ import ray
 
 from kv.events import EventBatch, Snapshot
 from router.cluster.actor_link import ActorLink
-from worker.api import EngineStats
+from worker.api import EngineStats, PinnedPrefix
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class EventSource(Protocol):
     def drain_events(self) -> EventBatch: ...
     def snapshot(self) -> Snapshot: ...
     def stats(self) -> EngineStats: ...
+    def pinned_prefixes(self) -> tuple[PinnedPrefix, ...]: ...
 
 
 class ReplicaPublisher:
@@ -79,5 +81,6 @@ class ReplicaPublisher:
         stats = self._engine.stats()
         ended = self._take_route_ends() if self._take_route_ends is not None else None
         if await index.publish.remote(batch, stats, ended or None):
-            await index.publish_snapshot.remote(self._engine.snapshot(), stats)
+            await index.publish_snapshot.remote(self._engine.snapshot(), stats,
+                                                self._engine.pinned_prefixes())
             self.num_snapshots_sent += 1

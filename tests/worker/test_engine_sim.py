@@ -11,6 +11,7 @@ from worker.api import (
     EngineRequest,
     EngineUnavailableError,
     EngineUnhealthyError,
+    PinnedPrefix,
     SamplingParams,
 )
 from worker.engine_config import EngineConfig
@@ -115,9 +116,13 @@ async def test_pinned_prefix_survives_pressure():
     assert out[-1].usage.cached_tokens == 32
     with pytest.raises(EngineInputError, match="pin budget"):
         await engine.pin_prefix("big", prompt(64, 200))
+    # what it reports to the index actor (a restarted one rebuilds its records from it):
+    # the pin that fits, not the one refused
+    assert engine.pinned_prefixes() == (PinnedPrefix("sys", "", tuple(system), 2),)
     m = engine.metrics
     assert m.series(m.kv_blocks, state="pinned")._value.get() == 2
     assert engine.unpin_prefix("sys") and not engine.unpin_prefix("sys")
+    assert engine.pinned_prefixes() == ()
     assert m.series(m.kv_blocks, state="pinned")._value.get() == 0  # at once, not after a step
     await engine.shutdown()
 

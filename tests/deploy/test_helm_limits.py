@@ -16,6 +16,13 @@ LIMIT_ENV = {"maxBodyBytes": "KVROUTE_MAX_BODY_BYTES",
              "pinMaxNamesPerTenant": "KVROUTE_PIN_MAX_NAMES_PER_TENANT",
              "pinMaxBlocksPerTenant": "KVROUTE_PIN_MAX_BLOCKS_PER_TENANT"}
 
+# The env the default `limits` render (every Ray container, before extraEnv).
+DEFAULT_LIMITS_ENV = [{"name": "KVROUTE_MAX_BODY_BYTES", "value": "8388608"},
+                      {"name": "KVROUTE_MAX_PROMPT_CHARS", "value": "1000000"},
+                      {"name": "KVROUTE_MAX_STREAMS_PER_TENANT", "value": "64"},
+                      {"name": "KVROUTE_PIN_MAX_NAMES_PER_TENANT", "value": "16"},
+                      {"name": "KVROUTE_PIN_MAX_BLOCKS_PER_TENANT", "value": "1024"}]
+
 
 def ray_container_envs(docs: list[dict]) -> list[dict[str, str]]:
     templates = [head_template(docs), engine_group(docs)["template"]]
@@ -31,7 +38,7 @@ def test_the_defaults_are_the_servers_own_defaults(helm_bin):
             RequestLimits().max_body_bytes, RequestLimits().max_prompt_chars)
         assert StreamSlots.from_env(env).max_per_tenant == 64
         assert PinQuota.from_env(env) == PinQuota()
-        assert {LIMIT_ENV[k] for k in LIMIT_ENV} <= set(env)
+        assert {e["name"]: e["value"] for e in DEFAULT_LIMITS_ENV}.items() <= env.items()
 
 
 def test_set_limits_reach_every_ray_container_and_the_servers_read_them(helm_bin):

@@ -13,6 +13,15 @@ Processes are grouped by role (engine, ingress router, gateway, HAProxy, Serve p
 Ray's own). The ratio of the totals is the throughput ratio the CPU allows when the box is
 the bottleneck: (a)'s CPU per request over (b)'s.
 
+With --floor it also measures (c) the trivial Ray Serve app of benchmarks/simlib/serve_floor.py
+behind the same ingress (HAProxy and an ingress request router that picks any replica, 2
+replicas that answer without any work): what Ray Serve's direct ingress costs whatever the
+app does. Everything of (c) but its app replicas (HAProxy, the router, Serve's proxy, Ray's
+own processes) is CPU that any Serve app on this ingress adds to (a); `floor_bound_*` is
+(a)'s total over (a)'s total plus that: the best ratio any Serve app could reach here when
+the box is CPU-bound, before kvroute does anything, with its replicas and client as cheap as
+(a)'s.
+
 The last line is a JSON object: per phase, CPU ms per request (burst) or per 1,000 tokens
 (streams) for each side and role, and `cpu_bound_ratio` ((a) total / (b) total).
 """
@@ -39,10 +48,14 @@ from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 SIM_ARGS = ["--engine", "sim", "--sim-preset", "tiny"]
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # cmdline marker -> role; the first that matches names the process
-ROLES = (("EngineReplica", "engine"), ("kvroute engine", "engine"),
+ROLES = (("floor:Ingress", "floor app"), ("FloorRouter", "ingress router"),
+         ("EngineReplica", "engine"), ("kvroute engine", "engine"),
          ("KVRouteIngressRouter", "ingress router"), ("kvroute:Gateway", "gateway"),
          ("haproxy", "haproxy"), ("ProxyActor", "serve proxy"),
-         ("kvroute serve", "kvroute serve driver"))
+         ("kvroute serve", "kvroute serve driver"), ("KVIndex", "kv index actor"),
+         ("MetricsHub", "metrics hub"), ("ServeController", "serve controller"),
+         ("HAProxyManager", "serve controller"), ("gcs_server", "ray gcs, raylet"),
+         ("raylet", "ray gcs, raylet"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-concurrency", type=int, default=64)
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--serve-env", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure the trivial Serve app behind the same ingress")
     return p.parse_args(argv)
 
 
@@ -141,6 +156,16 @@ def main(argv: list[str] | None = None) -> dict:
                 engine.stop()
             served = phase_cost(f"kvroute serve {env}", [server.base_url],
                                 {server.proc.pid, head.pid}, args)
+            floor = None
+            if args.floor:
+                server.stop()
+                server = None
+                head.reset_serve()
+                server = servers.start(lambda: servers.serve_floor(
+                    workdir / "floor.log", "direct", {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
+                    head.address), after_failure=head.reset_serve)
+                floor = phase_cost("floor: trivial Serve app, direct ingress",
+                                   [server.base_url], {server.proc.pid, head.pid}, args)
         finally:
             if server is not None:
                 server.stop()
@@ -154,6 +179,14 @@ def main(argv: list[str] | None = None) -> dict:
            "cpu_bound_stream_ratio": round(
                standalone["stream_cpu_ms_per_1k_tokens"]["total"]
                / served["stream_cpu_ms_per_1k_tokens"]["total"], 3)}
+    if floor is not None:
+        out["floor"] = floor
+        for phase, key in (("burst_cpu_ms_per_request", "floor_bound_req_s_ratio"),
+                           ("stream_cpu_ms_per_1k_tokens", "floor_bound_stream_ratio")):
+            base = standalone[phase]["total"]
+            added = sum(v for role, v in floor[phase].items()
+                        if role not in ("floor app", "client (this process)", "total"))
+            out[key] = round(base / (base + added), 3)
     print(json.dumps(out))
     return out
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 class EngineInputError(ValueError):
@@ -22,6 +23,9 @@ class EngineUnavailableError(RuntimeError):
     and may go to another replica (the gateway retries, then answers HTTP 503)."""
 
 
+MAX_LOGPROBS = 20  # most likely alternatives a request may ask for per token (OpenAI's cap)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -32,6 +36,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()  # stop strings, matched on the detokenized output
     ignore_eos: bool = False
+    # EOS, stop_token_ids and stop strings cannot end the output before this many tokens
+    # (vLLM's extension); the sampler does not sample EOS or a stop token id before then.
+    min_tokens: int = 0
+    # None: no log-probabilities; k >= 0: the sampled token's and the k most likely ones'
+    logprobs: int | None = None
 
     def __post_init__(self):
         def bad(what: str) -> EngineInputError:
@@ -51,6 +60,31 @@ class SamplingParams:
             raise bad("stop_token_ids must be non-negative integers")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be non-empty strings")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise bad(f"min_tokens must be an integer in [0, max_tokens], got "
+                      f"{self.min_tokens!r}")
+        if self.logprobs is not None and not (isinstance(self.logprobs, int)
+                                              and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise bad(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got "
+                      f"{self.logprobs!r}")
+
+
+class TokenLogprobs(NamedTuple):
+    """The log-probability of one sampled token under the model's own distribution (the
+    raw logits, before temperature, top-k and top-p), and the `k` most likely tokens with
+    theirs, most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class SampledToken(NamedTuple):
+    """What an executor returns per sampled request: the token, and its log-probabilities
+    when the request asked for them."""
+
+    token_id: int
+    logprobs: TokenLogprobs | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +121,8 @@ class TokenDelta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     usage: Usage | None = None
     error: str | None = None  # set with finish_reason "error"
+    # one entry per token in `token_ids` when the request asked for logprobs, else None
+    logprobs: list[TokenLogprobs] | None = None
     # On a request's first delta only: seconds from the engine first scheduling the request
     # to its first token (the gateway's TTFT minus this is the request's queue time).
     first_token_compute_s: float | None = None

@@ -14,12 +14,14 @@ class IncrementalDetokenizer:
     a step costs the new tokens, not the whole output again. The final step decodes the
     whole output once, so the text is exactly `decode(all ids)`. Stop strings are matched
     on the text from where the last emitted text could still begin one; the text is cut
-    before the stop string and the request stops.
+    before the stop string and the request stops. Until the output has more than
+    `min_tokens` tokens no stop string ends it (vLLM's min_tokens).
     """
 
-    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = (), min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.stop = stop
+        self.min_tokens = min_tokens
         self.text = ""  # text already emitted
         self._decoded = ""  # text decoded so far: emitted, then held back
         self._num_decoded = 0  # output tokens fed to the stream
@@ -37,8 +39,11 @@ class IncrementalDetokenizer:
                     self._decoded += piece
             self._num_decoded = len(output_token_ids)
             full = self._decoded
-        for s in self.stop:
-            cut = full.find(s, max(0, len(self.text) - len(s)))
+        stops = self.stop if len(output_token_ids) > self.min_tokens else ()
+        for s in stops:
+            # A stop string that ends in the emitted text was emitted while stops were off
+            # (min_tokens): only one that reaches past it stops.
+            cut = full.find(s, max(0, len(self.text) - len(s) + 1))
             if cut != -1:
                 delta = full[len(self.text) : cut] if cut >= len(self.text) else ""
                 self.text += delta

@@ -28,6 +28,7 @@ from worker.api import (
     PinnedPrefix,
     SamplingParams,
     TokenDelta,
+    TokenLogprobs,
     Usage,
 )
 from worker.detokenizer import IncrementalDetokenizer
@@ -181,8 +182,8 @@ class Engine:
                       self.config.block_size, root, request.block_hashes)
         self.core.add(req)
         self._outputs[req.request_id] = RequestOutput(req.request_id)
-        self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer,
-                                                             request.sampling.stop)
+        self._detok[req.request_id] = IncrementalDetokenizer(
+            self.tokenizer, request.sampling.stop, request.sampling.min_tokens)
         self.metrics.series(self.metrics.prompt_tokens).inc(req.num_prompt_tokens)
         self._ensure_loop()
         self._wake.set()
@@ -282,14 +283,14 @@ class Engine:
             self._num_failed_steps = 0
             num_tokens = 0
             for req in self.core.update(plan.step, sampled):
-                self._on_token(req)
+                self._on_token(req, sampled[req.request_id].logprobs)
                 num_tokens += 1
             # once per step, not per token
             self.metrics.series(self.metrics.generation_tokens).inc(num_tokens)
             self._update_metrics()
         self._idle.set()
 
-    def _on_token(self, req: Request) -> None:
+    def _on_token(self, req: Request, logprobs: TokenLogprobs | None) -> None:
         now = time.monotonic()
         if req.first_token_time is None:
             req.first_token_time = now
@@ -303,10 +304,10 @@ class Engine:
             text, hit_stop = detok.step(req.output_token_ids, req.is_finished)
         if hit_stop and not req.is_finished:
             self.core.finish(req.request_id, "stop")
-        self._emit(req, req.token_ids[-1], text, req.finish_reason)
+        self._emit(req, req.token_ids[-1], text, req.finish_reason, logprobs)
 
     def _emit(self, req: Request, token_id: int | None, text: str,
-              finish_reason: str | None) -> None:
+              finish_reason: str | None, logprobs: TokenLogprobs | None = None) -> None:
         """Hands the request's new token (None: no token, e.g. an abort) to its output."""
         usage = None
         if finish_reason is not None:
@@ -321,7 +322,7 @@ class Engine:
             self._finish_pin(req)
         output = self._outputs.get(req.request_id)
         if output is not None and not output.finished:
-            output.put(token_id, text, finish_reason, usage)
+            output.put(token_id, text, finish_reason, usage, logprobs=logprobs)
 
     def _finish_pin(self, req: Request) -> None:
         pin = self._pins.pop(req.request_id, None)

@@ -13,13 +13,13 @@ The core never computes anything and never blocks; the driver owns time and the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kv.events import EventBatch, EventLog, Snapshot
 from kv.hashing import BlockHash
 from kv.manager import KVCacheConfig, KVCacheManager
-from worker.api import EngineStats, SamplingParams
+from worker.api import EngineStats, SampledToken, SamplingParams
 from worker.request import Request
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.step import StepInput
@@ -72,7 +72,7 @@ class EngineCore:
             return StepPlan(out.step, sampling), unfit
         return None, unfit
 
-    def update(self, step: StepInput, sampled: dict[str, int]) -> list[Request]:
+    def update(self, step: StepInput, sampled: Mapping[str, SampledToken]) -> list[Request]:
         """Applies a computed step; returns the requests that got a token or finished."""
         return self.scheduler.update(step, sampled)
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from worker.api import SamplingParams
+from worker.api import SampledToken, SamplingParams
 from worker.engine_config import EngineConfig
 from worker.model_executor import ModelExecutor
 from worker.model_executor_config import ModelExecutorConfig
-from worker.sampling import Sampler
+from worker.sampling import Sampler, suppressed_token_ids
 from worker.step import StepInput
 
 
@@ -38,13 +38,19 @@ class ModelStepExecutor:
         self.sampler = Sampler()
 
     def execute(self, step: StepInput, sampling: Mapping[str, SamplingParams]
-                ) -> dict[str, int]:
+                ) -> dict[str, SampledToken]:
         logits = self._model.execute(step)
-        ids = [s.request_id for s in step.seqs if s.sample]
-        if not ids:
+        seqs = [s for s in step.seqs if s.sample]
+        if not seqs:
             return {}
-        tokens = self.sampler.sample(logits.float().cpu(), ids, [sampling[i] for i in ids])
-        return dict(zip(ids, tokens))
+        ids = [s.request_id for s in seqs]
+        params = [sampling[i] for i in ids]
+        suppressed = [suppressed_token_ids(sp, s.num_output_tokens, self.eos_token_ids)
+                      for sp, s in zip(params, seqs)]
+        logits = logits.float().cpu()
+        tokens = self.sampler.sample(logits, ids, params, suppressed)
+        logprobs = self.sampler.logprobs(logits, tokens, params)
+        return {rid: SampledToken(t, lp) for rid, t, lp in zip(ids, tokens, logprobs)}
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.api import TokenDelta, Usage
+from worker.api import TokenDelta, TokenLogprobs, Usage
 
 
 class RequestOutput:
     __slots__ = ("request_id", "_token_ids", "_texts", "_finish_reason", "_usage", "_error",
-                 "_ready", "first_token_compute_s")
+                 "_logprobs", "_ready", "first_token_compute_s")
 
     def __init__(self, request_id: str):
         self.request_id = request_id
@@ -27,6 +27,7 @@ class RequestOutput:
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
         self._error: str | None = None
+        self._logprobs: list[TokenLogprobs] | None = None
         self._ready = asyncio.Event()
         # Set by the step loop at the first token; goes out with the next delta, then None.
         self.first_token_compute_s: float | None = None
@@ -37,7 +38,8 @@ class RequestOutput:
         return self._finish_reason is not None
 
     def put(self, token_id: int | None, text: str, finish_reason: str | None = None,
-            usage: Usage | None = None, error: str | None = None) -> None:
+            usage: Usage | None = None, error: str | None = None,
+            logprobs: TokenLogprobs | None = None) -> None:
         """Appends a step's output: its token (None: none, e.g. an abort) and the text it
         completed; the one with `finish_reason` is the last (later puts raise: the request
         is over)."""
@@ -46,6 +48,10 @@ class RequestOutput:
                                f"({self._finish_reason}); nothing may follow")
         if token_id is not None:
             self._token_ids.append(token_id)
+            if logprobs is not None:
+                if self._logprobs is None:
+                    self._logprobs = []
+                self._logprobs.append(logprobs)
         if text:
             self._texts.append(text)
         if finish_reason is not None:
@@ -61,9 +67,10 @@ class RequestOutput:
         texts = self._texts
         text = texts[0] if len(texts) == 1 else "".join(texts)
         delta = TokenDelta(self.request_id, self._token_ids, text, self._finish_reason,
-                           self._usage, self._error, self.first_token_compute_s)
+                           self._usage, self._error, self._logprobs,
+                           self.first_token_compute_s)
+        self._token_ids, self._texts, self._logprobs = [], [], None
         self.first_token_compute_s = None
-        self._token_ids, self._texts = [], []
         return delta
 
     async def take(self) -> TokenDelta:

@@ -1,10 +1,13 @@
-"""Token sampling on rank 0: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Token sampling on rank 0: greedy, temperature, top-k, top-p, per-request seeds, the
+min_tokens mask and log-probabilities."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from worker.api import SamplingParams
+from worker.api import SamplingParams, TokenLogprobs
 
 
 class Sampler:
@@ -16,14 +19,45 @@ class Sampler:
         self._generators: dict[str, torch.Generator] = {}
 
     def sample(self, logits: torch.Tensor, request_ids: list[str],
-               params: list[SamplingParams]) -> list[int]:
-        """logits: [N, vocab] fp32, one row per request, in `request_ids` order."""
+               params: list[SamplingParams],
+               suppressed_token_ids: Sequence[Sequence[int]] | None = None) -> list[int]:
+        """logits: [N, vocab] fp32, one row per request, in `request_ids` order.
+        `suppressed_token_ids[row]`: tokens that row must not sample (EOS and stop tokens
+        of a request short of its min_tokens)."""
+        if suppressed_token_ids is not None and any(suppressed_token_ids):
+            logits = logits.clone()
+            for row, token_ids in enumerate(suppressed_token_ids):
+                if token_ids:
+                    logits[row, list(token_ids)] = float("-inf")
         out = logits.argmax(dim=-1).tolist()
         for row, (rid, sp) in enumerate(zip(request_ids, params)):
             if sp.temperature == 0:
                 continue
             probs = self._probs(logits[row], sp)
             out[row] = int(torch.multinomial(probs, 1, generator=self._generator(rid, sp)))
+        return out
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, token_ids: list[int], params: list[SamplingParams]
+                 ) -> list[TokenLogprobs | None]:
+        """Per row, the sampled token's log-probability under the raw logits (the model's
+        own distribution: before temperature, top-k, top-p and the min_tokens mask, as
+        vLLM reports them by default) and the `logprobs` most likely tokens'; None for a
+        row that did not ask."""
+        rows = [row for row, sp in enumerate(params) if sp.logprobs is not None]
+        out: list[TokenLogprobs | None] = [None] * len(params)
+        if not rows:
+            return out
+        log_probs = torch.log_softmax(logits[rows].float(), dim=-1)  # [R, vocab]
+        k = max(params[row].logprobs for row in rows)
+        top_values, top_ids = torch.topk(log_probs, k, dim=-1) if k else (None, None)
+        for i, row in enumerate(rows):
+            token_id = token_ids[row]
+            top: tuple[tuple[int, float], ...] = ()
+            if params[row].logprobs:
+                n = params[row].logprobs
+                top = tuple(zip(top_ids[i, :n].tolist(), top_values[i, :n].tolist()))
+            out[row] = TokenLogprobs(token_id, float(log_probs[i, token_id]), top)
         return out
 
     def _generator(self, request_id: str, sp: SamplingParams) -> torch.Generator | None:
@@ -49,3 +83,12 @@ class Sampler:
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+
+
+def suppressed_token_ids(sp: SamplingParams, num_output_tokens: int,
+                         eos_token_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """The tokens a request may not sample next: EOS (unless ignored) and its stop token
+    ids while it has fewer than min_tokens output tokens; none after."""
+    if num_output_tokens >= sp.min_tokens:
+        return ()
+    return sp.stop_token_ids + (() if sp.ignore_eos else eos_token_ids)

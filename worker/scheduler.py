@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kv.manager import KVCacheManager
+from worker.api import SampledToken
 from worker.request import Request, RequestStatus
 from worker.step import ScheduledSeq, StepInput
 
@@ -178,11 +180,12 @@ class Scheduler:
             block_ids=block_ids,
             sample=start + num_new == req.num_tokens,
             skip_kv_write=skip_kv_write,
+            num_output_tokens=req.num_output_tokens,
         )
 
     # -- results ---------------------------------------------------------------------------
 
-    def update(self, step: StepInput, sampled: dict[str, int]) -> list[Request]:
+    def update(self, step: StepInput, sampled: Mapping[str, SampledToken]) -> list[Request]:
         """Applies a finished step: computed tokens, new blocks to cache, sampled tokens and
         stop conditions. Returns the requests that got a token or finished."""
         out: list[Request] = []
@@ -195,7 +198,7 @@ class Scheduler:
                                  req.token_ids)
             if not seq.sample:
                 continue
-            token_id = sampled[req.request_id]
+            token_id = sampled[req.request_id].token_id
             req.append_token(token_id)
             reason = self._stop_reason(req, token_id)
             if reason is not None:
@@ -205,10 +208,11 @@ class Scheduler:
 
     def _stop_reason(self, req: Request, token_id: int) -> str | None:
         sp = req.sampling
-        if token_id in sp.stop_token_ids:
-            return "stop"
-        if not sp.ignore_eos and token_id in self.config.eos_token_ids:
-            return "stop"
+        if req.num_output_tokens > sp.min_tokens:  # min_tokens: EOS and stop tokens wait
+            if token_id in sp.stop_token_ids:
+                return "stop"
+            if not sp.ignore_eos and token_id in self.config.eos_token_ids:
+                return "stop"
         if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
             return "length"
         return None

@@ -3,7 +3,10 @@
 Everything else stays real (scheduler, KV manager, events, router). `step_time_s(step)` is
 what a step would take on the modelled hardware; `execute()` spends that time (live mode,
 behind the real gateway) or only reports it (a discrete-event simulation advances its own
-clock). Sampled tokens are a deterministic function of (request id, position).
+clock). Sampled tokens are a deterministic function of (request id, position), and so are
+their log-probabilities when asked for (a made-up but consistent distribution: the sampled
+token is the most likely, with probability 1/2, and the i-th alternative after it, the next
+token ids in turn, has 2^-(i+1); see `sim_logprobs`).
 
 Cost of a step (P = parameters, L = layers, d = hidden size, KV = KV bytes per token):
     overhead
@@ -16,12 +19,13 @@ Cost of a step (P = parameters, L = layers, d = hidden size, KV = KV bytes per t
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.api import SamplingParams
+from worker.api import SampledToken, SamplingParams, TokenLogprobs
 from worker.step import StepInput
 
 
@@ -112,6 +116,17 @@ def step_time_s(preset: SimPreset, step: StepInput, block_size: int = 16) -> flo
     return preset.overhead_s + linear + attention + kv_read + copy
 
 
+def sim_logprobs(token_id: int, k: int, first_token_id: int, vocab_size: int
+                 ) -> TokenLogprobs:
+    """The simulator's log-probabilities of `token_id` and its `k` most likely tokens: the
+    sampled token first, with probability 1/2, then the token ids after it (wrapping inside
+    [first_token_id, vocab_size)) with 1/4, 1/8, ... (they sum to less than 1)."""
+    span = vocab_size - first_token_id
+    top = tuple((first_token_id + (token_id - first_token_id + i) % span,
+                 -(i + 1) * math.log(2)) for i in range(min(k, span)))
+    return TokenLogprobs(token_id, -math.log(2), top)
+
+
 class SimExecutor:
     """Executor with modelled step times (see worker/executor.py for the contract)."""
 
@@ -128,18 +143,32 @@ class SimExecutor:
         self.total_step_time_s = 0.0
 
     def execute(self, step: StepInput, sampling: Mapping[str, SamplingParams]
-                ) -> dict[str, int]:
+                ) -> dict[str, SampledToken]:
         self.last_step_time_s = step_time_s(self.preset, step, self.block_size)
         self.total_step_time_s += self.last_step_time_s
         if self.realtime:
             time.sleep(self.last_step_time_s)  # the modelled compute, not synchronisation
-        return {s.request_id: self._token(s.request_id, s.start_pos + len(s.token_ids))
-                for s in step.seqs if s.sample}
+        out = {}
+        for s in step.seqs:
+            if not s.sample:
+                continue
+            sp = sampling.get(s.request_id)
+            banned = () if sp is None or s.num_output_tokens >= sp.min_tokens else (
+                sp.stop_token_ids)
+            token = self._token(s.request_id, s.start_pos + len(s.token_ids), banned)
+            logprobs = None
+            if sp is not None and sp.logprobs is not None:
+                logprobs = sim_logprobs(token, sp.logprobs, self.first_token_id,
+                                        self.vocab_size)
+            out[s.request_id] = SampledToken(token, logprobs)
+        return out
 
-    def _token(self, request_id: str, position: int) -> int:
+    def _token(self, request_id: str, position: int, banned: tuple[int, ...] = ()) -> int:
         span = self.vocab_size - self.first_token_id
         token = self.first_token_id + zlib.crc32(f"{request_id}:{position}".encode()) % span
-        while token in self.eos_token_ids:  # never stop early: outputs run to max_tokens
+        # never stop early on EOS (outputs run to max_tokens), nor on a stop token before
+        # min_tokens
+        while token in self.eos_token_ids or token in banned:
             token = self.first_token_id + (token - self.first_token_id + 1) % span
         return token
 

@@ -15,6 +15,9 @@ class ScheduledSeq:
     block_ids: list[int]  # the request's whole block table, covering start_pos + len(token_ids)
     sample: bool  # True: return logits for the last token of this chunk
     skip_kv_write: int = 0  # leading tokens of this chunk whose KV is already cached
+    # output tokens the request has so far (the sampler keeps EOS and stop tokens out of a
+    # request still short of its min_tokens)
+    num_output_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kv.events import EventLog
 from kv.manager import KVCacheConfig
+from worker.api import SampledToken
 from worker.engine_core import EngineCore, StepPlan
 from worker.request import Request
 from worker.scheduler import SchedulerConfig
@@ -60,7 +61,7 @@ class SimReplica:
                                     realtime=False, block_size=config.block_size)
         self.failed: list[Request] = []  # could never be scheduled; the cluster drains it
         self._plan: StepPlan | None = None
-        self._sampled: dict[str, int] = {}
+        self._sampled: dict[str, SampledToken] = {}
         self.num_steps = 0
         self.num_tokens_computed = 0  # prefill (uncached, recomputed too) + decode tokens
         self.busy_s = 0.0  # modelled time spent in steps

@@ -113,12 +113,14 @@ class KVIndex:
         """Applies a replica's batch (and queues the route ids that ended there, by router
         id); True asks the replica for `publish_snapshot`."""
         rep = self._touch(batch.replica_id)
+        news = bool(batch.events or ended_routes) or (stats is not None and stats != rep.stats)
         if stats is not None:
             rep.stats = stats
         needs_snapshot = rep.log.publish(batch)
         if ended_routes:
             self.route_ends.add(ended_routes)
-        self._notify()
+        if news:  # a bare heartbeat wakes no router's long poll
+            self._notify()
         return needs_snapshot
 
     def publish_snapshot(self, snap: Snapshot, stats: EngineStats | None = None,

@@ -10,7 +10,6 @@ and send ids + hashes to the engine replica the request router picks. Every bad 
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
@@ -31,22 +30,26 @@ from router.gateway.pin_admin import PinAdmin
 from router.gateway.prefixes import PrefixRegisterRequest, PrefixService
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
-from worker.api import EngineRequest, TokenDelta, Usage
-from worker.openai.engine_params import (
-    Kind,
-    check_context_length,
-    max_new_tokens,
-    sampling_params,
-)
+from worker.openai.choices import Choices, collect, replay
+from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
-from worker.openai.latency import RequestTimer, arrival_of
+from worker.openai.latency import arrival_of
 from worker.openai.limits import RequestLimits, read_body
+from worker.openai.logprobs import LogprobsFormatter
 from worker.openai.openapi_body import request_body
 from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.responses import ResponseShape, sse
+from worker.openai.responses import ResponseShape
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
 from worker.openai.stream_slots import StreamSlots
+from worker.openai.streaming import full_response, sse_events
+from worker.openai.tokenize import (
+    DetokenizeRequest,
+    TokenizeCompletionRequest,
+    detokenize,
+    tokenize,
+    version_body,
+)
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,7 @@ class Gateway:
         self.limits = RequestLimits.from_env()
         self.streams = StreamSlots.from_env()
         self.prompts = PromptBuilder(tokenizer_dir(config.model), self.model, config.block_size)
+        self.logprobs = LogprobsFormatter(self.prompts.tokenizer)
         self.auth = TenantAuth(load_api_keys(config.api_keys_file))
         self.engine = EngineClient(engine_handle, config.retry)
         self._engine_handle = engine_handle
@@ -113,11 +117,9 @@ class Gateway:
         body = parse_body(await read_body(request, self.limits), CompletionRequest,
                           self.limits)
         self._check_model(body.model)
-        if isinstance(body.prompt, str):
-            token_ids = self.prompts.encode_text(body.prompt)
-        else:
-            token_ids = list(body.prompt)
-        return await self._generate("completion", "cmpl", body, token_ids, tenant,
+        prompts = [self.prompts.encode_text(p) if isinstance(p, str) else list(p)
+                   for p in body.prompts()]
+        return await self._generate("completion", "cmpl", body, prompts, tenant,
                                     arrival_of(request.scope))
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
@@ -131,7 +133,7 @@ class Gateway:
             token_ids = self.prompts.encode_chat(messages)
         except PromptError as err:
             raise APIError(400, str(err), param="messages") from None
-        return await self._generate("chat", "chatcmpl", body, token_ids, tenant,
+        return await self._generate("chat", "chatcmpl", body, [token_ids], tenant,
                                     arrival_of(request.scope))
 
     @app.get("/v1/models")
@@ -139,6 +141,22 @@ class Gateway:
         self.auth.tenant_of(request.headers.get("authorization"))
         return {"object": "list", "data": [{"id": self.model, "object": "model",
                                             "created": 0, "owned_by": "kvroute"}]}
+
+    @app.post("/tokenize", openapi_extra=request_body(TokenizeCompletionRequest))
+    async def tokenize_endpoint(self, request: Request) -> dict:
+        self.auth.tenant_of(request.headers.get("authorization"))
+        return tokenize(await read_body(request, self.limits), self.prompts, self._check_model,
+                        await self._context_limit(), self.limits)
+
+    @app.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))
+    async def detokenize_endpoint(self, request: Request) -> dict:
+        self.auth.tenant_of(request.headers.get("authorization"))
+        return detokenize(await read_body(request, self.limits), self.prompts,
+                          self._check_model, self.limits)
+
+    @app.get("/version")
+    async def version(self) -> dict:
+        return version_body()
 
     # ---- pinned prefixes ----
 
@@ -203,65 +221,31 @@ class Gateway:
 
     async def _generate(self, kind: Kind, id_prefix: str,
                         body: CompletionRequest | ChatCompletionRequest,
-                        token_ids: list[int], tenant: str, arrival_s: float) -> Response:
-        max_tokens = max_new_tokens(body)
-        check_context_length(kind, len(token_ids), max_tokens, await self._context_limit())
-        sampling = sampling_params(body, max_tokens)
+                        prompts: list[list[int]], tenant: str, arrival_s: float
+                        ) -> Response:
         response_id = f"{id_prefix}-{uuid.uuid4().hex}"
-        request = EngineRequest(response_id, token_ids, sampling,
-                                block_hashes=self.prompts.block_hashes(token_ids, tenant),
-                                cache_salt=tenant)
+        requests = engine_requests(kind, response_id, body, prompts,
+                                   await self._context_limit(), tenant,
+                                   lambda ids: self.prompts.block_hashes(ids, tenant))
         shape = ResponseShape.new(kind, response_id, self.model)
-        timer = self.metrics.latency.timer(arrival_s)
+        timer = self.metrics.latency.timer(arrival_s)  # each choice's deltas, observed
+        timer.dispatched()
         if not body.stream:
-            timer.dispatched()
-            return JSONResponse(await self._collect(shape, request, timer))
+            # each choice whole, retried from the start on a lost replica
+            choices = Choices(requests, body.n, lambda request: replay(
+                lambda r: self.engine.complete(r, timer.watch), request))
+            await choices.start()
+            return JSONResponse(full_response(shape, await collect(choices), body.n,
+                                              self.logprobs))
         self.streams.acquire(tenant)  # 429 + Retry-After over the tenant's limit
+        choices = Choices(requests, body.n,
+                          lambda request: timer.watch(self.engine.stream(request)))
         try:
-            timer.dispatched()
-            stream = timer.watch(self.engine.stream(request))
-            first = await anext(stream)  # errors before the first token are plain 4xx/503
+            await choices.start()  # errors before the first tokens are plain 4xx/503
         except BaseException:
             self.streams.release(tenant)
             raise
-        events = self._sse(shape, first, stream, body.include_usage())
+        events = sse_events(shape, choices, body.include_usage(), self.logprobs,
+                            lost_errors=(ReplicaLost,))
         return StreamingResponse(self.streams.hold(tenant, events),
                                  media_type="text/event-stream")
-
-    async def _collect(self, shape: ResponseShape, request: EngineRequest,
-                       timer: RequestTimer) -> dict:
-        deltas = await self.engine.complete(request, timer.watch)
-        last = deltas[-1]
-        if last.finish_reason == "error":
-            raise APIError(500, f"the engine failed: {last.error}", type_="server_error",
-                           code="engine_error")
-        return shape.full("".join(d.text for d in deltas), last.finish_reason, last.usage)
-
-    async def _sse(self, shape: ResponseShape, first: TokenDelta,
-                   stream: AsyncIterator[TokenDelta], include_usage: bool
-                   ) -> AsyncIterator[bytes]:
-        usage: Usage | None = None
-        delta: TokenDelta | None = first
-        is_first = True
-        try:
-            while delta is not None:
-                if delta.finish_reason == "error":
-                    yield sse(APIError(500, f"the engine failed: {delta.error}",
-                                       type_="server_error", code="engine_error").body())
-                    return
-                if delta.finish_reason is not None or is_first:
-                    yield sse(shape.chunk(delta.text, delta.finish_reason, first=is_first))
-                elif delta.text:
-                    yield shape.text_event(delta.text)  # the per-delta path: bytes only
-                is_first = False
-                if delta.finish_reason is not None:
-                    usage = delta.usage
-                    break
-                delta = await anext(stream, None)
-            if include_usage:
-                yield sse(shape.usage_chunk(usage))
-            yield sse("[DONE]")
-        except ReplicaLost as err:
-            yield sse(unavailable(str(err)).body())
-        finally:  # also on client disconnect (cancellation): aborts the engine request
-            await stream.aclose()

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.serve import context as serve_context
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from worker.api import EngineInputError, EngineRequest, EngineUnavailableError, TokenDelta
@@ -48,6 +51,21 @@ class RetryConfig:
 def unavailable(message: str) -> APIError:
     return APIError(503, message, type_="service_unavailable_error",
                     code="replica_unavailable")
+
+
+@contextmanager
+def own_serve_request_id() -> Iterator[None]:
+    """Handle calls made inside get their own Serve internal request id. Serve gives every
+    call made while serving one HTTP request that request's id, and the request router keys
+    its routing decisions by it: the engine calls of an n > 1 or batched request, made side
+    by side, must not share one (with two replicas they hung)."""
+    context = serve_context._get_serve_request_context()
+    token = serve_context._serve_request_context.set(
+        dataclasses.replace(context, _internal_request_id=str(uuid.uuid4())))
+    try:
+        yield
+    finally:
+        serve_context._serve_request_context.reset(token)
 
 
 class EngineClient:
@@ -106,7 +124,8 @@ class EngineClient:
             if attempt:  # a fresh id: the engine refuses duplicates
                 await asyncio.sleep(attempt * self._retry.backoff_s)
                 request = dataclasses.replace(request, request_id=f"{base_id}~{attempt}")
-            gen = self._handle.generate.options(stream=True).remote(request)
+            with own_serve_request_id():
+                gen = self._handle.generate.options(stream=True).remote(request)
             try:
                 return gen, await gen.__anext__()
             except EngineInputError as err:

@@ -1,7 +1,8 @@
 """What the gateway reads of a request it forwards to an external worker: the prompt's token
-ids (to hash and route) and the output length (the load term). Nothing else is checked here
-(the worker validates the rest: it may accept parameters kvroute's own engine does not),
-and the body goes out as it came, unless a tenant's cache salt must be set in it.
+ids (to hash and route), the output length (the load term) and the sequences it starts (n x
+the prompts of a batch, capped as kvroute's own servers cap them). Nothing else is checked
+here (the worker validates the rest: it may accept parameters kvroute's own engine does
+not), and the body goes out as it came, unless a tenant's cache salt must be set in it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.openai.errors import APIError
-from worker.openai.limits import check_body_size, check_json_depth
+from worker.openai.limits import check_body_size, check_json_depth, check_sequences
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.schema import DEFAULT_LIMITS, DEFAULT_MAX_TOKENS
 
@@ -19,7 +20,9 @@ from worker.openai.schema import DEFAULT_LIMITS, DEFAULT_MAX_TOKENS
 @dataclass(frozen=True)
 class RoutedBody:
     token_ids: list[int]  # the (first) prompt's ids, as the worker will see them
-    max_tokens: int  # output tokens asked for (OpenAI's default when unset)
+    # output tokens asked for (OpenAI's default when unset), times the sequences (n x the
+    # prompts of a batch): the most the request makes its worker generate
+    max_tokens: int
     body: bytes  # what goes to the worker
 
 
@@ -39,12 +42,17 @@ def _load(raw: bytes, model: str) -> dict[str, Any]:
     return data
 
 
-def _max_tokens(data: dict[str, Any]) -> int:
+def _max_tokens(data: dict[str, Any], num_prompts: int = 1) -> int:
+    """All the output tokens the request may make (400 over the sequence cap)."""
+    n = data.get("n", 1)
+    if type(n) is not int or n < 1:
+        n = 1  # the worker answers a bad n
+    check_sequences(num_prompts, n, DEFAULT_LIMITS)
     for key in ("max_completion_tokens", "max_tokens"):
         value = data.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return DEFAULT_MAX_TOKENS
+            return value * num_prompts * n
+    return DEFAULT_MAX_TOKENS * num_prompts * n
 
 
 def _out(data: dict[str, Any], raw: bytes, tenant: str) -> bytes:
@@ -59,7 +67,9 @@ def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str)
     """A /v1/completions body. A batch of prompts is routed on its first one."""
     data = _load(raw, model)
     prompt = data.get("prompt")
+    num_prompts = 1
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        num_prompts = len(prompt)
         prompt = prompt[0]  # a batch: its first prompt
     if isinstance(prompt, str) and prompt:
         token_ids = prompts.encode_text(prompt)
@@ -68,7 +78,7 @@ def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str)
     else:
         raise APIError(400, "prompt must be a non-empty string or list of token ids "
                             "(or a list of them)", param="prompt", code="invalid_value")
-    return RoutedBody(token_ids, _max_tokens(data), _out(data, raw, tenant))
+    return RoutedBody(token_ids, _max_tokens(data, num_prompts), _out(data, raw, tenant))
 
 
 def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str) -> RoutedBody:

@@ -3,7 +3,8 @@
 Per request: authenticate (API key -> tenant -> cache salt), read the prompt, tokenize and
 hash it once (Protocol 1), let the Router core pick a worker (router/serve/worker_router.py)
 and forward the body there over HTTP, relaying the worker's answer byte for byte
-(router/gateway/worker_proxy.py). Besides the OpenAI routes: `/v1/workers` (the admin API
+(router/gateway/worker_proxy.py). Besides the OpenAI routes (and vLLM's /tokenize and
+/detokenize, which a worker answers, and /version): `/v1/workers` (the admin API
 of the worker set), `/health`, `/ready` (503, naming the workers that are down, while none
 is up) and `/metrics` (the cluster's series). router/gateway/worker_app.py makes it an
 HTTP app, which the gateway process serves itself: one HTTP hop, no Ray call in the token
@@ -40,6 +41,7 @@ from worker.openai.latency import arrival_of, relayed
 from worker.openai.limits import read_body
 from worker.openai.prompt import PromptBuilder
 from worker.openai.schema import DEFAULT_LIMITS
+from worker.openai.tokenize import version_body
 from worker.tokenizer_files import tokenizer_dir
 
 
@@ -111,6 +113,25 @@ class WorkerGateway:
         self.auth.tenant_of(request.headers.get("authorization"))
         return JSONResponse({"object": "list", "data": [
             {"id": self.model, "object": "model", "created": 0, "owned_by": "kvroute"}]})
+
+    async def tokenizer_call(self, request: Request) -> Response:
+        """/tokenize and /detokenize, answered by a worker that is up (it knows its own
+        context length, which vLLM's /tokenize reports)."""
+        self.auth.tenant_of(request.headers.get("authorization"))
+        raw = await read_body(request, DEFAULT_LIMITS)
+        up = [w.spec for w in self.router.view.up()]
+
+        def pick(tried: frozenset[str]) -> WorkerSpec:
+            for spec in up:
+                if spec.worker_id not in tried:
+                    return spec
+            raise APIError(503, "no worker is up", type_="service_unavailable_error",
+                           code="worker_unavailable")
+
+        return await self.proxy.forward(request.url.path, raw, pick, lambda *_: None)
+
+    async def version(self, request: Request) -> JSONResponse:
+        return JSONResponse(version_body())
 
     # ---- the worker set (admin key) ----
 

@@ -44,6 +44,7 @@ from worker.openai.http_errors import install_error_handlers
 from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlots
+from worker.openai.tokenize import detokenize, tokenize, version_body
 from worker.openai_server.serving import OpenAIServing
 from worker.tokenizer_files import tokenizer_dir
 
@@ -189,6 +190,30 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     async def delete_prefix(name: str, request: Request) -> dict:
         tenant = pin_admin.tenant_for_change(request.headers)
         return await prefixes.delete(name, tenant)
+
+    # A POST's body with a prompt is routed like a completion (HAProxy asks the router for
+    # every POST): its route ends here too, or the router would count it as load.
+    @app.post("/tokenize")
+    async def tokenize_endpoint(request: Request) -> dict:
+        try:
+            auth.tenant_of(request.headers.get("authorization"))
+            return tokenize(await read_body(request, limits), prompts,
+                            serving.check_model, engine.max_model_len, limits)
+        finally:
+            replica.route_ends.add(request.headers.get(ROUTE_HEADER))
+
+    @app.post("/detokenize")
+    async def detokenize_endpoint(request: Request) -> dict:
+        try:
+            auth.tenant_of(request.headers.get("authorization"))
+            return detokenize(await read_body(request, limits), prompts,
+                              serving.check_model, limits)
+        finally:
+            replica.route_ends.add(request.headers.get(ROUTE_HEADER))
+
+    @app.get("/version")
+    async def version() -> dict:
+        return version_body()
 
     @app.get("/health")
     async def health() -> dict:

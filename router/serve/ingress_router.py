@@ -90,11 +90,15 @@ class RouteCalls:
                 chat = parse_body(body, ChatCompletionRequest, self.limits)
                 token_ids = self.prompts.encode_chat(
                     [{"role": m.role, "content": m.text()} for m in chat.messages])
-                max_tokens = max_new_tokens(chat)
+                max_tokens = max_new_tokens(chat) * chat.n  # its choices' output
             else:
                 # The prompt and max_tokens only, read as the schema reads them (no full
                 # validation: the replica validates the body and answers a bad one).
                 prompt, max_tokens = data.get("prompt"), data.get("max_tokens")
+                n, num_prompts = data.get("n", 1), 1
+                if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+                    num_prompts = len(prompt)
+                    prompt = prompt[0]  # a batch is routed on its first prompt
                 if isinstance(prompt, str) and prompt:
                     token_ids = self.prompts.encode_text(prompt)
                 elif isinstance(prompt, list) and prompt and all(
@@ -106,6 +110,9 @@ class RouteCalls:
                     max_tokens = DEFAULT_MAX_TOKENS
                 elif type(max_tokens) is not int or max_tokens < 1:
                     return None
+                if type(n) is not int or n < 1:
+                    return None
+                max_tokens *= n * num_prompts  # the output of all its choices: its load
         except (APIError, PromptError, ValueError, RecursionError):
             return None  # the replica's API answers the client with the 4xx
         if not token_ids:

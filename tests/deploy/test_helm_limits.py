@@ -12,6 +12,7 @@ from .helm_chart import engine_group, head_template, render, template
 
 LIMIT_ENV = {"maxBodyBytes": "KVROUTE_MAX_BODY_BYTES",
              "maxPromptChars": "KVROUTE_MAX_PROMPT_CHARS",
+             "maxSequencesPerRequest": "KVROUTE_MAX_SEQUENCES_PER_REQUEST",
              "maxStreamsPerTenant": "KVROUTE_MAX_STREAMS_PER_TENANT",
              "pinMaxNamesPerTenant": "KVROUTE_PIN_MAX_NAMES_PER_TENANT",
              "pinMaxBlocksPerTenant": "KVROUTE_PIN_MAX_BLOCKS_PER_TENANT"}
@@ -19,6 +20,7 @@ LIMIT_ENV = {"maxBodyBytes": "KVROUTE_MAX_BODY_BYTES",
 # The env the default `limits` render (every Ray container, before extraEnv).
 DEFAULT_LIMITS_ENV = [{"name": "KVROUTE_MAX_BODY_BYTES", "value": "8388608"},
                       {"name": "KVROUTE_MAX_PROMPT_CHARS", "value": "1000000"},
+                      {"name": "KVROUTE_MAX_SEQUENCES_PER_REQUEST", "value": "128"},
                       {"name": "KVROUTE_MAX_STREAMS_PER_TENANT", "value": "64"},
                       {"name": "KVROUTE_PIN_MAX_NAMES_PER_TENANT", "value": "16"},
                       {"name": "KVROUTE_PIN_MAX_BLOCKS_PER_TENANT", "value": "1024"}]
@@ -34,22 +36,22 @@ def test_the_defaults_are_the_servers_own_defaults(helm_bin):
     (head, engine) = ray_container_envs(render(helm_bin))
     for env in (head, engine):
         limits = RequestLimits.from_env(env)
-        assert (limits.max_body_bytes, limits.max_prompt_chars) == (
-            RequestLimits().max_body_bytes, RequestLimits().max_prompt_chars)
+        assert limits == RequestLimits()
         assert StreamSlots.from_env(env).max_per_tenant == 64
         assert PinQuota.from_env(env) == PinQuota()
         assert {e["name"]: e["value"] for e in DEFAULT_LIMITS_ENV}.items() <= env.items()
 
 
 def test_set_limits_reach_every_ray_container_and_the_servers_read_them(helm_bin):
-    values = {"maxBodyBytes": 1048576, "maxPromptChars": 50000, "maxStreamsPerTenant": 8,
+    values = {"maxBodyBytes": 1048576, "maxPromptChars": 50000, "maxSequencesPerRequest": 16,
+              "maxStreamsPerTenant": 8,
               "pinMaxNamesPerTenant": 3, "pinMaxBlocksPerTenant": 200}
     docs = render(helm_bin, set_values=[f"limits.{k}={v}" for k, v in values.items()])
     for env in ray_container_envs(docs):
         assert {LIMIT_ENV[k]: env[LIMIT_ENV[k]] for k in values} == {
             LIMIT_ENV[k]: str(v) for k, v in values.items()}
-        assert RequestLimits.from_env(env) == RequestLimits(max_body_bytes=1048576,
-                                                            max_prompt_chars=50000)
+        assert RequestLimits.from_env(env) == RequestLimits(
+            max_body_bytes=1048576, max_prompt_chars=50000, max_sequences=16)
         assert StreamSlots.from_env(env).max_per_tenant == 8
         assert PinQuota.from_env(env) == PinQuota(3, 200)
 

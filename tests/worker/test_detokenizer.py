@@ -13,8 +13,8 @@ def _tokenizer():
     return Tokenizer.from_file(str(load_tokenizer_files(tokenizer_dir("tiny")).tokenizer_path))
 
 
-def _run(tok, ids, stop=()):
-    detok = IncrementalDetokenizer(tok, stop)
+def _run(tok, ids, stop=(), min_tokens=0):
+    detok = IncrementalDetokenizer(tok, stop, min_tokens)
     deltas = []
     for n in range(1, len(ids) + 1):
         delta, hit = detok.step(ids[:n], final=n == len(ids))
@@ -48,3 +48,11 @@ def test_stop_strings_cut_the_text():
     tok = _tokenizer()
     ids = tok.encode("hello world, STOP here", add_special_tokens=False).ids
     assert _run(tok, ids, stop=("STOP",)) == ("hello world, ", True)
+
+
+def test_min_tokens_lets_no_stop_string_end_the_output_before_it():
+    tok = _tokenizer()
+    ids = tok.encode("ab.cd.ef", add_special_tokens=False).ids  # one token a byte
+    assert _run(tok, ids, (".",)) == ("ab", True)
+    assert _run(tok, ids, (".",), min_tokens=3) == ("ab.cd", True)  # the "." at token 3
+    assert _run(tok, ids, (".",), min_tokens=8) == ("ab.cd.ef", False)

@@ -4,7 +4,7 @@ was never written (issue 14 #4)."""
 from kv.events import EventLog
 from kv.manager import KVCacheConfig, MatchResult
 from tests.kv.conftest import BLOCK_SIZE, ROOT, hashes
-from worker.api import SamplingParams
+from worker.api import SampledToken, SamplingParams
 from worker.engine_core import EngineCore
 from worker.request import Request
 from worker.scheduler import SchedulerConfig
@@ -26,7 +26,7 @@ def run(core: EngineCore, request_id: str, tokens: list[int], fail: bool = False
     if fail:
         assert [r.request_id for r in core.fail_step(plan.step)] == [request_id]
     else:
-        core.update(plan.step, {request_id: 1})
+        core.update(plan.step, {request_id: SampledToken(1)})
     core.scheduler.check_invariants()
     return plan.step.copies
 

@@ -97,3 +97,25 @@ async def test_host_tier_hits_are_copied_back_and_match_hf(checkpoint, hf):
     assert again[0][0] == first[0][0] == hf(PROMPTS[0])
     await engine.shutdown()
 
+
+
+async def test_logprobs_are_the_models_log_softmax(checkpoint):
+    """The sampler's logprobs against transformers' own scores of the same greedy steps."""
+    model = load_hf(checkpoint)
+    engine = engine_for(checkpoint)
+    p = PROMPTS[0]
+    deltas = [d async for d in engine.generate(EngineRequest(
+        "lp", p, SamplingParams(max_tokens=4, temperature=0, logprobs=3)))]
+    entries = [e for d in deltas for e in d.logprobs]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([p]), max_new_tokens=4, do_sample=False,
+                             attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                             output_scores=True, return_dict_in_generate=True)
+    for entry, scores in zip(entries, out.scores, strict=True):
+        expected = torch.log_softmax(scores[0].float(), dim=-1)
+        top = torch.topk(expected, 3)
+        assert entry.token_id == int(expected.argmax())
+        assert entry.logprob == pytest.approx(float(expected[entry.token_id]), abs=1e-4)
+        assert [t for t, _ in entry.top] == top.indices.tolist()
+        assert [v for _, v in entry.top] == pytest.approx(top.values.tolist(), abs=1e-4)
+    await engine.shutdown()

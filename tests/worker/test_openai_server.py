@@ -123,7 +123,11 @@ def test_models_and_health(oai, worker):
 
 
 @pytest.mark.parametrize("body, status, param, code", [
-    ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n", "invalid_value"),
+    ({"model": "tiny", "prompt": "x", "n": 129}, 400, "n", "invalid_value"),
+    ({"model": "tiny", "prompt": ["x"] * 65, "n": 2}, 400, "prompt", "invalid_value"),
+    ({"model": "tiny", "prompt": ["x", [5]]}, 400, "prompt", "invalid_value"),
+    ({"model": "tiny", "prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
+    ({"model": "tiny", "prompt": "x", "min_tokens": 17}, 400, "min_tokens", "invalid_value"),
     ({"prompt": "x"}, 400, "model", "missing_required_parameter"),
     ({"model": "tiny", "prompt": "x", "temperature": -1}, 400, "temperature", "invalid_value"),
     ({"model": "tiny", "prompt": [], "max_tokens": 1}, 400, "prompt", "invalid_value"),

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from worker.api import EngineInputError, SamplingParams
-from worker.sampling import Sampler
+from worker.sampling import Sampler, suppressed_token_ids
 
 
 def logits(rows=1, vocab=10, seed=0):
@@ -56,3 +56,37 @@ def test_top_k_restricts_support():
 def test_bad_sampling_parameters_are_clear_errors(kw, field):
     with pytest.raises(EngineInputError, match=field):
         SamplingParams(**kw)
+
+
+def test_logprobs_are_the_raw_distribution_with_the_top_k_most_likely_first():
+    x = logits(2, 30, seed=5)
+    params = [SamplingParams(temperature=0.7, logprobs=3), SamplingParams(temperature=0)]
+    tokens = [4, int(x[1].argmax())]
+    out = Sampler.logprobs(x, tokens, params)
+    expected = torch.log_softmax(x[0], dim=-1)
+    assert out[1] is None  # that row did not ask
+    assert out[0].token_id == 4
+    assert out[0].logprob == pytest.approx(float(expected[4]))
+    top_ids = torch.argsort(expected, descending=True)[:3].tolist()
+    assert [t for t, _ in out[0].top] == top_ids
+    assert [lp for _, lp in out[0].top] == pytest.approx(expected[top_ids].tolist())
+
+
+def test_logprobs_zero_gives_the_sampled_token_only():
+    x = logits(1, 10, seed=6)
+    (out,) = Sampler.logprobs(x, [2], [SamplingParams(logprobs=0)])
+    assert out.top == () and out.logprob == pytest.approx(float(torch.log_softmax(x[0], -1)[2]))
+
+
+def test_suppressed_tokens_are_never_sampled_and_only_below_min_tokens():
+    x = torch.zeros(1, 4)
+    x[0, 2] = 50.0  # token 2 (the "EOS") is by far the most likely
+    s = Sampler()
+    sp = SamplingParams(temperature=1.0, min_tokens=3, stop_token_ids=(3,))
+    assert suppressed_token_ids(sp, 2, (2,)) == (3, 2)
+    assert suppressed_token_ids(sp, 3, (2,)) == ()
+    assert suppressed_token_ids(SamplingParams(min_tokens=3, ignore_eos=True), 0, (2,)) == ()
+    for _ in range(20):
+        assert s.sample(x, ["a"], [sp], [(3, 2)])[0] in (0, 1)
+    assert s.sample(x, ["g"], [SamplingParams(temperature=0)], [(2,)]) == [0]
+    assert s.sample(x, ["g"], [SamplingParams(temperature=0)], [()]) == [2]

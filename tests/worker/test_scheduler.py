@@ -3,7 +3,7 @@
 from kv.events import EventLog
 from kv.hashing import namespace_root
 from kv.manager import KVCacheConfig, KVCacheManager
-from worker.api import SamplingParams
+from worker.api import SampledToken, SamplingParams
 from worker.request import Request
 from worker.scheduler import Scheduler, SchedulerConfig
 
@@ -25,9 +25,13 @@ def req(rid, tokens, max_tokens=4, t=0.0, **kw):
                    arrival_time=t)
 
 
+def sampled(**token_ids):
+    return {rid: SampledToken(t) for rid, t in token_ids.items()}
+
+
 def run_step(s, token=7):
     out = s.schedule()
-    s.update(out.step, {q.request_id: token for q in out.step.seqs if q.sample})
+    s.update(out.step, {q.request_id: SampledToken(token) for q in out.step.seqs if q.sample})
     s.check_invariants()
     return out
 
@@ -130,12 +134,30 @@ def test_stop_conditions():
     s.add(req("stop_id", [3, 4], max_tokens=10, stop_token_ids=(7,)))
     s.add(req("len", [5, 6], max_tokens=2, ignore_eos=True))
     out = s.schedule()
-    s.update(out.step, {"eos": 0, "stop_id": 7, "len": 0})
+    s.update(out.step, sampled(eos=0, stop_id=7, len=0))
     assert s.requests.keys() == {"len"}
     out = s.schedule()
-    finished = s.update(out.step, {"len": 0})
+    finished = s.update(out.step, sampled(len=0))
     assert finished[0].finish_reason == "length" and not s.requests
     assert s.kv.usage()["used"] == 0
+
+
+def test_min_tokens_holds_eos_and_stop_token_ids_back_until_reached():
+    s = make(eos=0)
+    s.add(req("eos", [1, 2], max_tokens=10, min_tokens=2))
+    s.add(req("stop_id", [3, 4], max_tokens=10, stop_token_ids=(7,), min_tokens=2))
+    out = s.schedule()
+    assert [q.num_output_tokens for q in out.step.seqs] == [0, 0]
+    s.update(out.step, sampled(eos=0, stop_id=7))  # output token 1 of at least 2
+    out = s.schedule()
+    assert [q.num_output_tokens for q in out.step.seqs] == [1, 1]
+    s.update(out.step, sampled(eos=0, stop_id=7))  # token 2: min_tokens reached, not past
+    assert s.requests.keys() == {"eos", "stop_id"}
+    out = s.schedule()
+    finished = s.update(out.step, sampled(eos=0, stop_id=7))  # token 3 may stop
+    assert [(r.request_id, r.finish_reason, r.num_output_tokens) for r in finished] == [
+        ("eos", "stop", 3), ("stop_id", "stop", 3)]
+    assert not s.requests
 
 
 def test_abort_frees_blocks_and_ignores_inflight_results():
@@ -143,6 +165,6 @@ def test_abort_frees_blocks_and_ignores_inflight_results():
     s.add(req("a", [1, 2, 3, 4, 5]))
     out = s.schedule()
     s.finish("a", "abort")
-    assert s.update(out.step, {"a": 3}) == []
+    assert s.update(out.step, sampled(a=3)) == []
     assert s.kv.usage()["used"] == 0
     s.check_invariants()

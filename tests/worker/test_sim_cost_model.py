@@ -4,9 +4,12 @@ Rates: 989e12 FLOP/s x MFU 0.5 = 4.945e14 FLOP/s; 3.35e12 B/s x MBU 0.7 = 2.345e
 Reading the weights once (2 x 8.03e9 bytes) takes 6.8486 ms: the floor of every step.
 """
 
+import math
+
 import pytest
 
 from kv.manager import CopyPlan
+from worker.api import SampledToken, SamplingParams
 from worker.sim import PRESETS, SimExecutor, step_time_s
 from worker.step import ScheduledSeq, StepInput
 
@@ -61,4 +64,20 @@ def test_the_executor_reports_the_time_without_sleeping_off_line():
     s = step(seq("a", 1, 99), swap_in=[(0, 1)])
     tokens = ex.execute(s, {})
     assert ex.last_step_time_s == step_time_s(H100, s, block_size=32)
-    assert tokens == {"a": ex._token("a", 100)}
+    assert tokens == {"a": SampledToken(ex._token("a", 100))}
+
+
+def test_sim_logprobs_are_consistent_and_min_tokens_keeps_stop_tokens_out():
+    ex = SimExecutor("tiny", realtime=False, vocab_size=10, first_token_id=2)
+    s = step(seq("a", 1, 0))
+    natural = ex.execute(s, {})["a"].token_id
+    asked = SamplingParams(logprobs=3, stop_token_ids=(natural,), min_tokens=1)
+    out = ex.execute(s, {"a": asked})["a"]
+    assert out.token_id != natural  # a stop token is not sampled before min_tokens
+    lp = out.logprobs
+    assert lp.token_id == out.token_id and lp.top[0] == (out.token_id, lp.logprob)
+    assert [t for t, _ in lp.top] == [out.token_id, 2 + (out.token_id - 1) % 8,
+                                      2 + out.token_id % 8]
+    assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+    assert sum(math.exp(v) for _, v in lp.top) < 1
+    assert ex.execute(s, {"a": SamplingParams()})["a"].logprobs is None

@@ -16,6 +16,7 @@ from worker.openai.errors import APIError
 
 MAX_BODY_BYTES_ENV = "KVROUTE_MAX_BODY_BYTES"
 MAX_PROMPT_CHARS_ENV = "KVROUTE_MAX_PROMPT_CHARS"
+MAX_SEQUENCES_ENV = "KVROUTE_MAX_SEQUENCES_PER_REQUEST"
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,13 @@ class RequestLimits:
     max_json_depth: int = 32  # an OpenAI body needs about 5 levels
     max_prompt_chars: int = 1_000_000  # prompt or all messages' text, before tokenizing
     max_stop_chars: int = 256  # per stop string (at most 4 of them: the schema's rule)
+    # engine sequences one request may start: n x the prompts of a batch (OpenAI caps n
+    # at 128); each is an engine request with its own KV blocks and output
+    max_sequences: int = 128
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_json_depth", "max_prompt_chars",
-                     "max_stop_chars"):
+                     "max_stop_chars", "max_sequences"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RequestLimits: {name} must be >= 1, got "
                                  f"{getattr(self, name)}")
@@ -37,7 +41,8 @@ class RequestLimits:
         environ = os.environ if environ is None else environ
         kw = {}
         for env, name in ((MAX_BODY_BYTES_ENV, "max_body_bytes"),
-                          (MAX_PROMPT_CHARS_ENV, "max_prompt_chars")):
+                          (MAX_PROMPT_CHARS_ENV, "max_prompt_chars"),
+                          (MAX_SEQUENCES_ENV, "max_sequences")):
             if environ.get(env):
                 try:
                     kw[name] = int(environ[env])
@@ -76,6 +81,19 @@ def check_text_length(num_chars: int, limits: RequestLimits, param: str) -> None
     if num_chars > limits.max_prompt_chars:
         raise APIError(400, f"{param} has {num_chars} characters; the limit is "
                             f"{limits.max_prompt_chars}", param=param, code="prompt_too_long")
+
+
+def check_sequences(num_prompts: int, n: int, limits: RequestLimits) -> None:
+    """400 when n, or n x the prompts of a batch, is over the sequence cap (naming n when n
+    alone is, else the prompt)."""
+    cap = limits.max_sequences
+    if n > cap:
+        raise APIError(400, f"n is {n}; at most {cap} sequences per request", param="n",
+                       code="invalid_value")
+    if num_prompts * n > cap:
+        raise APIError(400, f"{num_prompts} prompts x n={n} is {num_prompts * n} sequences; "
+                            f"at most {cap} per request", param="prompt",
+                       code="invalid_value")
 
 
 def check_stops(stops: tuple[str, ...], limits: RequestLimits) -> None:

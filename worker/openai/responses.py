@@ -76,25 +76,31 @@ class ResponseShape:
         return {"id": self.response_id, "object": obj, "created": self.created,
                 "model": self.model}
 
-    def full(self, text: str, reason: str | None, usage: Usage | None) -> dict[str, Any]:
-        if self.kind == "completion":
-            choice = {"index": 0, "text": text, "logprobs": None,
-                      "finish_reason": finish_reason(reason)}
-        else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish_reason(reason)}
-        return {**self._head(False), "choices": [choice], "usage": usage_body(usage)}
+    def full(self, choices: list[dict[str, Any]], usage: Usage | None) -> dict[str, Any]:
+        """The whole response; `choices` from `choice`, in index order."""
+        return {**self._head(False), "choices": choices, "usage": usage_body(usage)}
 
-    def chunk(self, text: str, reason: str | None = None, first: bool = False
-              ) -> dict[str, Any]:
+    def choice(self, text: str, reason: str | None, index: int = 0,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One choice of a whole response."""
         if self.kind == "completion":
-            choice = {"index": 0, "text": text, "logprobs": None,
+            return {"index": index, "text": text, "logprobs": logprobs,
+                    "finish_reason": finish_reason(reason)}
+        return {"index": index, "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs, "finish_reason": finish_reason(reason)}
+
+    def chunk(self, text: str, reason: str | None = None, first: bool = False,
+              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A streamed chunk of choice `index` (`first`: its first, which carries the role
+        in chat)."""
+        if self.kind == "completion":
+            choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": finish_reason(reason)}
         else:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text or first:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None,
+            choice = {"index": index, "delta": delta, "logprobs": logprobs,
                       "finish_reason": finish_reason(reason)}
         return {**self._head(True), "choices": [choice]}
 

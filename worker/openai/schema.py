@@ -1,9 +1,9 @@
 """OpenAI request bodies, validated.
 
 Unknown fields are ignored (clients send extras); known fields are checked for type and
-range, and a parameter kvroute cannot honour (n > 1, logprobs, penalties, response_format,
-logit_bias, tool_choice, best_of, min_tokens, ...) is a 400 naming it rather than silently
-ignored. Every failure becomes `APIError` (worker/openai/errors.py).
+range, and a parameter kvroute cannot honour (penalties, response_format, logit_bias,
+tool_choice, best_of, echo, ...) is a 400 naming it rather than silently ignored. Every
+failure becomes `APIError` (worker/openai/errors.py).
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ from pydantic import (
     StrictStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
+from worker.api import MAX_LOGPROBS
 from worker.openai.errors import APIError
 from worker.openai.limits import (
     RequestLimits,
     check_body_size,
     check_json_depth,
+    check_sequences,
     check_stops,
     check_text_length,
 )
@@ -55,33 +58,30 @@ class _SamplingFields(BaseModel):
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+    # choices per prompt; n x prompts is capped by RequestLimits.max_sequences
     n: StrictInt = Field(default=1, ge=1)
     ignore_eos: StrictBool = False  # extension
+    min_tokens: StrictInt = Field(default=0, ge=0)  # extension (vLLM's), <= max_tokens
     presence_penalty: Number = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: Number = Field(default=0.0, ge=-2, le=2)
-    logprobs: StrictBool | StrictInt | None = None
     user: StrictStr | None = None
     stop_token_ids: list[StrictInt] | None = None  # extension (vLLM's)
     # OpenAI's and vLLM's parameters kvroute does not honour: a 400 naming the field unless
     # the value is the one that changes nothing (nothing is silently ignored).
-    top_logprobs: StrictInt | None = None
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, Any] | None = None
-    min_tokens: StrictInt | None = None
     best_of: StrictInt | None = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
     functions: Any = None
     function_call: Any = None
 
-    @field_validator("top_logprobs", "response_format", "logit_bias", "min_tokens",
-                     "best_of", "tool_choice", "parallel_tool_calls", "functions",
-                     "function_call")
+    @field_validator("response_format", "logit_bias", "best_of", "tool_choice",
+                     "parallel_tool_calls", "functions", "function_call")
     @classmethod
     def _not_honoured(cls, v: Any, info: Any) -> Any:
-        harmless = {"top_logprobs": (0,), "response_format": ({"type": "text"},),
-                    "logit_bias": ({},), "min_tokens": (0,), "best_of": (1,),
-                    "tool_choice": ("none",)}.get(info.field_name, ())
+        harmless = {"response_format": ({"type": "text"},), "logit_bias": ({},),
+                    "best_of": (1,), "tool_choice": ("none",)}.get(info.field_name, ())
         if v is not None and v not in harmless:
             raise ValueError(f"{info.field_name} is not supported")
         return v
@@ -93,13 +93,28 @@ class _SamplingFields(BaseModel):
             raise ValueError("token ids must be in [0, 2**32)")
         return v
 
-    @field_validator("n", "presence_penalty", "frequency_penalty", "logprobs")
+    @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _unsupported_values(cls, v: Any, info: Any) -> Any:
-        default = {"n": 1}.get(info.field_name, 0)
-        if v is not None and v is not False and v != default:
-            raise ValueError(f"{info.field_name} is not supported (only {default!r})")
+        if v != 0:
+            raise ValueError(f"{info.field_name} is not supported (only 0)")
         return v
+
+    @model_validator(mode="after")
+    def _min_tokens_fit(self) -> _SamplingFields:
+        max_tokens = self.output_tokens()
+        if self.min_tokens > max_tokens:
+            raise _FieldError("min_tokens", f"min_tokens ({self.min_tokens}) is larger "
+                                            f"than the output tokens asked for ({max_tokens})")
+        return self
+
+    def output_tokens(self) -> int:
+        """The output tokens asked for (OpenAI's default of 16 when unset)."""
+        return self.max_tokens or DEFAULT_MAX_TOKENS
+
+    def top_logprobs_count(self) -> int | None:
+        """Alternatives per token for the engine: None when no logprobs were asked for."""
+        raise NotImplementedError
 
     @field_validator("stop")
     @classmethod
@@ -119,22 +134,37 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
+    # one prompt (text or token ids) or a batch of them (all text or all token ids)
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
     echo: StrictBool = False
     suffix: StrictStr | None = None
+    # the sampled token's and this many most likely tokens' log-probabilities (0 to 20)
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Any = None  # chat's parameter: refused here, so it is not ignored
 
-    @field_validator("prompt")
+    @field_validator("top_logprobs")
     @classmethod
-    def _one_prompt(cls, v: Any) -> str | list[int]:
-        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
-            if len(v) != 1:
-                raise ValueError("batched prompts are not supported; send one prompt")
-            v = v[0]
-        if isinstance(v, list) and any(not 0 <= t < 2**32 for t in v):
-            raise ValueError("token ids must be in [0, 2**32)")
-        if len(v) == 0:
-            raise ValueError("the prompt is empty")
+    def _chat_only(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("top_logprobs is a chat parameter; completions take logprobs "
+                             "(an integer) instead")
         return v
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompts(cls, v: Any) -> Any:
+        check_prompt(v)
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: one entry per prompt, in the request's order."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+    def top_logprobs_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("echo", "suffix")
     @classmethod
@@ -166,6 +196,20 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     tools: list[Any] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise _FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+        return self
+
+    def top_logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def output_tokens(self) -> int:
+        return self.max_new_tokens() or DEFAULT_MAX_TOKENS
 
     @field_validator("tools")
     @classmethod
@@ -176,6 +220,47 @@ class ChatCompletionRequest(_SamplingFields):
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+class _FieldError(ValueError):
+    """A check across fields that names the one to blame (parse_body's `param`)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def check_prompt(v: Any) -> None:
+    """A completion prompt: a non-empty string, non-empty token ids, or a non-empty list of
+    either (not both). ValueError naming what is wrong."""
+    if isinstance(v, str):
+        if not v:
+            raise ValueError("the prompt is empty")
+        return
+    if not isinstance(v, list) or not v:
+        raise ValueError("the prompt must be a non-empty string, a list of token ids, or a "
+                         "non-empty list of strings or of token id lists")
+    kinds = {type(p) for p in v}
+    if kinds == {int}:
+        _check_ids(v, "the prompt")
+    elif kinds == {str}:
+        if not all(v):
+            raise ValueError(f"prompt {[bool(p) for p in v].index(False)} of the batch is "
+                             "empty")
+    elif kinds == {list}:
+        for i, ids in enumerate(v):
+            if not ids or {type(t) for t in ids} != {int}:
+                raise ValueError(f"prompt {i} of the batch must be a non-empty list of "
+                                 "token ids")
+            _check_ids(ids, f"prompt {i} of the batch")
+    else:
+        raise ValueError("a batch of prompts must be all strings or all token id lists, "
+                         "not a mix")
+
+
+def _check_ids(ids: list[int], what: str) -> None:
+    if min(ids) < 0 or max(ids) >= 2**32:
+        raise ValueError(f"{what}: token ids must be in [0, 2**32)")
 
 
 def parse_body(raw: bytes, model_cls: type[BaseModel],
@@ -197,6 +282,9 @@ def parse_body(raw: bytes, model_cls: type[BaseModel],
     except ValidationError as err:
         first = err.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, _FieldError):
+            param = cause.param
         if first["type"] == "missing":
             message = f"missing required parameter: {param!r}"
             code = "missing_required_parameter"
@@ -205,14 +293,18 @@ def parse_body(raw: bytes, model_cls: type[BaseModel],
             message = f"invalid value for {param!r}: {detail}"
             code = "invalid_value"
         raise APIError(400, message, param=param, code=code) from None
-    _check_text(body, limits)
+    _check_limits(body, limits)
     return body
 
 
-def _check_text(body: BaseModel, limits: RequestLimits) -> None:
-    if isinstance(body, CompletionRequest) and isinstance(body.prompt, str):
-        check_text_length(len(body.prompt), limits, "prompt")
+def _check_limits(body: BaseModel, limits: RequestLimits) -> None:
+    if isinstance(body, CompletionRequest):
+        prompts = body.prompts()
+        check_text_length(sum(len(p) for p in prompts if isinstance(p, str)), limits,
+                          "prompt")
+        check_sequences(len(prompts), body.n, limits)
     elif isinstance(body, ChatCompletionRequest):
         check_text_length(sum(len(m.text()) for m in body.messages), limits, "messages")
+        check_sequences(1, body.n, limits)
     if isinstance(body, _SamplingFields):
         check_stops(body.stop_strings(), limits)

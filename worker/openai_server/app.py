@@ -1,10 +1,11 @@
 """`kvroute engine`'s HTTP app: one engine replica as an OpenAI-compatible server.
 
 Routes: /v1/completions and /v1/chat/completions (serving.py), /v1/models (with the
-context length, as vLLM reports it), /health (503 once the engine cannot serve), /metrics
-(the engine's kvroute_engine_* series and vLLM's gauge names). The app's lifespan starts the
-KV event pump; at shutdown, after the HTTP server has let the accepted requests finish, it
-drains the engine, then publishes the last events and closes the sink.
+context length, as vLLM reports it), /tokenize, /detokenize and /version (vLLM's shapes),
+/health (503 once the engine cannot serve), /metrics (the engine's kvroute_engine_* series
+and vLLM's gauge names). The app's lifespan starts the KV event pump; at shutdown, after
+the HTTP server has let the accepted requests finish, it drains the engine, then publishes
+the last events and closes the sink.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from worker.api import EngineUnhealthyError
 from worker.engine import Engine
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
-from worker.openai.limits import RequestLimits
+from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlots
+from worker.openai.tokenize import detokenize, tokenize, version_body
 from worker.openai_server.kv_events import EventPump
 from worker.openai_server.serving import OpenAIServing
 from worker.openai_server.vllm_metrics import VLLMGaugeCollector
@@ -63,6 +65,20 @@ def create_app(engine: Engine, prompts: PromptBuilder, pump: EventPump) -> FastA
         return {"object": "list", "data": [{
             "id": engine.model_name, "object": "model", "created": 0, "owned_by": "kvroute",
             "root": engine.model_name, "max_model_len": engine.max_model_len}]}
+
+    @app.post("/tokenize")
+    async def tokenize_endpoint(request: Request) -> dict:
+        return tokenize(await read_body(request, serving.limits), prompts, serving.check_model,
+                        engine.max_model_len, serving.limits)
+
+    @app.post("/detokenize")
+    async def detokenize_endpoint(request: Request) -> dict:
+        return detokenize(await read_body(request, serving.limits), prompts,
+                          serving.check_model, serving.limits)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return version_body()
 
     @app.get("/health")
     async def health() -> Response:

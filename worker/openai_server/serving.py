@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -20,20 +20,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from worker.api import (
     EngineInputError,
-    EngineRequest,
     EngineUnavailableError,
-    TokenDelta,
 )
 from worker.engine import Engine
-from worker.openai.engine_params import (
-    Kind,
-    check_context_length,
-    max_new_tokens,
-    sampling_params,
-)
+from worker.openai.choices import Choices, collect
+from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError, engine_input_error
 from worker.openai.latency import LatencyMetrics, arrival_of
 from worker.openai.limits import RequestLimits, read_body
+from worker.openai.logprobs import LogprobsFormatter
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape
 from worker.openai.schema import (
@@ -43,7 +38,7 @@ from worker.openai.schema import (
     parse_body,
 )
 from worker.openai.stream_slots import StreamSlots
-from worker.openai.streaming import engine_failed, sse_events
+from worker.openai.streaming import full_response, sse_events
 
 T = TypeVar("T")
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads it
@@ -92,6 +87,7 @@ class OpenAIServing:
         self.limits = limits
         self.streams = streams
         self.model = engine.model_name
+        self.logprobs = LogprobsFormatter(prompts.tokenizer)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model:
@@ -102,11 +98,9 @@ class OpenAIServing:
         """`cache_salt`: the tenant's hash namespace (a router in front authenticated it)."""
         body = parse_body(await read_body(request, self.limits), CompletionRequest, self.limits)
         self.check_model(body.model)
-        if isinstance(body.prompt, str):
-            token_ids = self.prompts.encode_text(body.prompt)
-        else:
-            token_ids = list(body.prompt)
-        return await self._generate(request, "completion", "cmpl", body, token_ids,
+        prompts = [self.prompts.encode_text(p) if isinstance(p, str) else list(p)
+                   for p in body.prompts()]
+        return await self._generate(request, "completion", "cmpl", body, prompts,
                                     cache_salt)
 
     async def chat_completions(self, request: Request, cache_salt: str = "") -> Response:
@@ -117,63 +111,56 @@ class OpenAIServing:
             token_ids = self.prompts.encode_chat(messages)
         except PromptError as err:
             raise APIError(400, str(err), param="messages") from None
-        return await self._generate(request, "chat", "chatcmpl", body, token_ids, cache_salt)
+        return await self._generate(request, "chat", "chatcmpl", body, [token_ids],
+                                    cache_salt)
 
     async def _generate(self, request: Request, kind: Kind, id_prefix: str,
                         body: CompletionRequest | ChatCompletionRequest,
-                        token_ids: list[int], cache_salt: str) -> Response:
-        max_tokens = max_new_tokens(body)
-        check_context_length(kind, len(token_ids), max_tokens, self.engine.max_model_len)
-        engine_request = EngineRequest(f"{id_prefix}-{uuid.uuid4().hex}", token_ids,
-                                       sampling_params(body, max_tokens),
-                                       cache_salt=cache_salt)
-        shape = ResponseShape.new(kind, engine_request.request_id, self.model)
-        streams = self.streams if body.stream else None
-        if streams is not None:
-            streams.acquire(cache_salt)  # 429 + Retry-After over the tenant's limit
-        deltas = self.engine.generate(engine_request)
+                        prompts: list[list[int]], cache_salt: str) -> Response:
+        response_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        requests = engine_requests(kind, response_id, body, prompts,
+                                   self.engine.max_model_len, cache_salt)
+        shape = ResponseShape.new(kind, response_id, self.model)
+        open_stream = self.engine.generate
         if self.latency is not None:
             timer = self.latency.timer(arrival_of(request.scope))
             timer.dispatched()
-            deltas = timer.watch(deltas)
+
+            def open_stream(engine_request):  # each choice's deltas, observed
+                return timer.watch(self.engine.generate(engine_request))
+
+        choices = Choices(requests, body.n, open_stream, _refused)
+
+        async def whole() -> dict[str, Any]:
+            await choices.start()
+            return full_response(shape, await collect(choices), body.n, self.logprobs)
+
+        streams = self.streams if body.stream else None
+        if streams is not None:
+            streams.acquire(cache_salt)  # 429 + Retry-After over the tenant's limit
         try:
             if not body.stream:
-                return JSONResponse(await while_connected(
-                    request, lambda: self._collect(shape, deltas)))
-            first = await while_connected(request, lambda: _first(deltas))
+                return JSONResponse(await while_connected(request, whole))
+            await while_connected(request, choices.start)
         except BaseException as err:
-            await deltas.aclose()
             if streams is not None:
                 streams.release(cache_salt)
             if isinstance(err, ClientGone):
+                await choices.aclose()
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             raise
-        events = sse_events(shape, first, deltas, body.include_usage())
+        events = sse_events(shape, choices, body.include_usage(), self.logprobs)
         if streams is not None:
             events = streams.hold(cache_salt, events)
         return StreamingResponse(events, media_type="text/event-stream")
 
-    async def _collect(self, shape: ResponseShape,
-                       deltas: AsyncGenerator[TokenDelta, None]) -> dict[str, Any]:
-        try:
-            last = await _first(deltas)
-            texts = [last.text]
-            while last.finish_reason is None:
-                last = await anext(deltas)
-                texts.append(last.text)
-        finally:
-            await deltas.aclose()
-        if last.finish_reason == "error":
-            raise engine_failed(last.error)
-        return shape.full("".join(texts), last.finish_reason, last.usage)
 
 
-async def _first(deltas: AsyncGenerator[TokenDelta, None]) -> TokenDelta:
-    """The first delta; the engine's refusals as HTTP errors."""
-    try:
-        return await anext(deltas)
-    except EngineInputError as err:
-        raise engine_input_error(err) from None
-    except EngineUnavailableError as err:
-        raise APIError(503, str(err), type_="service_unavailable_error",
-                       code="engine_unavailable") from None
+def _refused(err: Exception) -> Exception:
+    """The engine's refusals of a request (raised before its first delta) as HTTP errors."""
+    if isinstance(err, EngineInputError):
+        return engine_input_error(err)
+    if isinstance(err, EngineUnavailableError):
+        return APIError(503, str(err), type_="service_unavailable_error",
+                        code="engine_unavailable")
+    return err

@@ -99,6 +99,8 @@ operator's extraEnv (last, so it wins).
   value: {{ .maxBodyBytes | int64 | quote }}
 - name: KVROUTE_MAX_PROMPT_CHARS
   value: {{ .maxPromptChars | int64 | quote }}
+- name: KVROUTE_MAX_SEQUENCES_PER_REQUEST
+  value: {{ .maxSequencesPerRequest | int64 | quote }}
 - name: KVROUTE_MAX_STREAMS_PER_TENANT
   value: {{ .maxStreamsPerTenant | int64 | quote }}
 - name: KVROUTE_PIN_MAX_NAMES_PER_TENANT

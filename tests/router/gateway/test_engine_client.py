@@ -8,6 +8,7 @@ else is the production client.
 import asyncio
 
 import pytest
+from ray.serve import context as serve_context
 
 from router.gateway.engine_client import EngineClient, RetryConfig
 from worker.api import (
@@ -45,6 +46,7 @@ class _Handle:
     def __init__(self, outcomes):
         self.outcomes = list(outcomes)
         self.request_ids: list[str] = []
+        self.serve_ids: list[str] = []  # the Serve internal request id of each call
         self.generate = self
 
     def options(self, stream):
@@ -53,6 +55,7 @@ class _Handle:
 
     def remote(self, request):
         self.request_ids.append(request.request_id)
+        self.serve_ids.append(serve_context._get_serve_request_context()._internal_request_id)
         return _Stream(self.outcomes.pop(0))
 
 
@@ -66,6 +69,19 @@ def done() -> list[TokenDelta]:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def test_calls_made_while_serving_one_request_get_their_own_serve_request_ids():
+    handle = _Handle([done(), done(), done()])
+    client = EngineClient(handle, RetryConfig(max_attempts=1, backoff_s=0.0))
+
+    async def one_http_request():
+        serve_context._set_request_context(_internal_request_id="the-http-request")
+        await asyncio.gather(*(client.complete(request()) for _ in range(3)))
+        return serve_context._get_serve_request_context()._internal_request_id
+
+    assert run(one_http_request()) == "the-http-request"  # the caller's is left as it was
+    assert len(set(handle.serve_ids)) == 3 and "the-http-request" not in handle.serve_ids
 
 
 def test_a_replica_shutting_down_is_retried_on_another_with_a_fresh_id():

@@ -23,7 +23,7 @@ def test_a_completion_is_forwarded_as_received(prompts):
     raw = body(prompt="hello", max_tokens=7, logprobs=2, n=3)  # the worker judges extras
     routed = completion_body(raw, prompts, "tiny", "")
     assert routed.token_ids == prompts.encode_text("hello")
-    assert routed.max_tokens == 7 and routed.body is raw
+    assert routed.max_tokens == 7 * 3 and routed.body is raw  # the load of its 3 choices
 
 
 def test_token_id_prompts_and_batches_route_on_the_first_prompt(prompts):
@@ -32,6 +32,22 @@ def test_token_id_prompts_and_batches_route_on_the_first_prompt(prompts):
     batch = completion_body(body(prompt=["ab", "cd"]), prompts, "tiny", "")
     assert batch.token_ids == prompts.encode_text("ab")
     assert completion_body(body(prompt="x"), prompts, "tiny", "").max_tokens == 16  # default
+    assert batch.max_tokens == 2 * 16
+    assert completion_body(body(prompt=["a"] * 64, n=2, max_tokens=3), prompts, "tiny",
+                           "").max_tokens == 128 * 3
+
+
+@pytest.mark.parametrize("raw, param", [
+    (body(prompt=["a"] * 65, n=2), "prompt"),  # 130 sequences: over the cap of 128
+    (body(prompt="a", n=129), "n"),
+])
+def test_the_sequence_cap_is_checked_before_forwarding(prompts, raw, param):
+    with pytest.raises(APIError) as info:
+        completion_body(raw, prompts, "tiny", "")
+    assert (info.value.status_code, info.value.param) == (400, param)
+    with pytest.raises(APIError) as info:
+        chat_body(body(messages=[{"role": "user", "content": "x"}], n=129), prompts, "tiny", "")
+    assert (info.value.status_code, info.value.param) == (400, "n")
 
 
 @pytest.mark.parametrize("raw, status", [

@@ -34,6 +34,17 @@ def test_a_completion_routes_on_its_tokens_and_hashes(prompts):
     assert ids_call.route_id != call.route_id
 
 
+def test_a_batch_routes_on_its_first_prompt(prompts):
+    calls = RouteCalls(prompts, TenantAuth({}))
+    text_batch = calls.of(_body(prompt=["first of two", "second"], n=2), None)
+    assert text_batch.prompt_token_ids == prompts.encode_text("first of two")
+    assert text_batch.max_tokens == 2 * 2 * DEFAULT_MAX_TOKENS  # the load of 4 choices
+    chat = calls.of(_body(messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=5),
+                    None)
+    assert chat.max_tokens == 15
+    assert calls.of(_body(prompt=[[7, 8, 9], [1]]), None).prompt_token_ids == [7, 8, 9]
+
+
 def test_a_chat_routes_on_its_templated_tokens(prompts):
     messages = [{"role": "user", "content": "which replica?"}]
     call = RouteCalls(prompts, TenantAuth({})).of(_body(messages=messages, max_tokens=3), None)
@@ -54,6 +65,8 @@ def test_the_tenant_of_the_key_names_the_hash_namespace(prompts):
     (_body(prompt="x", max_tokens=-1), None),  # the replica answers the 400
     (_body(prompt=""), None),
     (_body(messages=[]), None),
+    (_body(prompt=[]), None),
+    (_body(prompt=[[]]), None),
     (_body(prompt="hello"), "Bearer wrong-key"),  # the replica answers the 401
 ])
 def test_a_body_it_cannot_route_gets_no_call(prompts, body, authorization):

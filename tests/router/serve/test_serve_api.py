@@ -13,6 +13,8 @@ import httpx
 import openai
 import pytest
 import ray
+from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.router.serve.serve_helpers import (
@@ -23,6 +25,7 @@ from tests.router.serve.serve_helpers import (
     send_timed_requests,
     wait_until,
 )
+from worker.openai.tokenize import kvroute_version
 
 pytestmark = pytest.mark.slow
 
@@ -191,8 +194,10 @@ BAD_REQUESTS = [
      "invalid_value"),
     ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "top_p": 1.5}', 400,
      "invalid_value"),
-    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "n": 3}', 400,
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "n": 129}', 400,
      "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": ["x", [1]]}', 400, "invalid_value"),
+    ("/v1/completions", {}, b'{"model": "tiny", "prompt": []}', 400, "invalid_value"),
     ("/v1/completions", {}, b'{"model": "tiny", "prompt": "x", "stream": "yes"}', 400,
      "invalid_value"),
     ("/v1/completions", {}, b'{"model": "tiny", "prompt": ""}', 400, "invalid_value"),
@@ -239,6 +244,45 @@ def test_server_keeps_serving_after_bad_input(server, oai):
         assert http.get("/health").json() == {"status": "ok"}
     c = oai.completions.create(model="tiny", prompt="still alive?", max_tokens=1)
     assert c.usage.completion_tokens == 1
+
+
+def test_choices_batches_logprobs_and_tokenizer_routes(server, oai):
+    """The gateway's n, batches and logprobs on the real model (greedy: a choice's text
+    tells its prompt), whole and streamed, as the openai package's types."""
+    greedy = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+    batch = ["The gateway routes", "each prompt of a batch"]
+    alone = [oai.completions.create(model="tiny", prompt=p, max_tokens=4, **greedy)
+             .choices[0].text for p in batch]
+    out = oai.completions.create(model="tiny", prompt=batch, n=2, max_tokens=4, logprobs=2,
+                                 **greedy)
+    Completion.model_validate(out.model_dump())
+    assert [c.text for c in out.choices] == [alone[0], alone[0], alone[1], alone[1]]
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert out.usage.completion_tokens == 16
+    for choice in out.choices:
+        lp = choice.logprobs
+        assert len(lp.tokens) == 4
+        assert all(top[t] == v == max(top.values())
+                   for t, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
+    messages = [{"role": "user", "content": "Stream two answers"}]
+    whole = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=3, n=2,
+                                        **greedy)
+    chunks = list(oai.chat.completions.create(model="tiny", messages=messages, max_tokens=3,
+                                              n=2, stream=True, **greedy))
+    texts = {0: "", 1: ""}
+    for chunk in chunks:
+        ChatCompletionChunk.model_validate(chunk.model_dump())
+        texts[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+    assert [texts[0], texts[1]] == [c.message.content for c in whole.choices]
+    with server.client(headers={"Authorization": "Bearer key-a"}) as http:
+        tokens = http.post("/tokenize", json={"prompt": "abc"}).json()
+        assert (tokens["count"], tokens["max_model_len"]) == (4, 2048)
+        assert http.post("/detokenize", json={"tokens": tokens["tokens"][1:]}).json() == {
+            "prompt": "abc"}
+        assert http.get("/version").json() == {"version": kvroute_version()}
+        bad = http.post("/v1/chat/completions", json={"model": "tiny", "messages": messages,
+                                                      "top_logprobs": 30, "logprobs": True})
+        assert (bad.status_code, bad.json()["error"]["param"]) == (400, "top_logprobs")
 
 
 DELIVERED = ("sum by (replica) (rate(kvroute_engine_prefix_cache_hit_tokens_total[5m])) / "

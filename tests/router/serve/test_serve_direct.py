@@ -10,13 +10,17 @@ replica.
 
 import concurrent.futures
 import json
+import math
 
 import httpx
 import openai
 import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
 
 from tests.router.serve.cli_server import kvroute_cli_server
 from tests.router.serve.serve_helpers import latency_counts, send_timed_requests, wait_until
+from worker.openai.tokenize import kvroute_version
 
 pytestmark = pytest.mark.slow
 
@@ -133,6 +137,37 @@ def test_the_routers_load_drops_when_requests_end(server, oai):
     assert done == [8] * 16
     wait_until(lambda: _outstanding(server) == 0, 30,
                "every routed request's end to reach its router")
+
+
+def test_choices_batches_logprobs_and_tokenizer_routes(server, oai):
+    batch = oai.completions.create(model="tiny", prompt=["one prompt", "and another"], n=2,
+                                   max_tokens=3, logprobs=1, extra_body={"min_tokens": 2})
+    Completion.model_validate(batch.model_dump())
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert batch.usage.completion_tokens == 12
+    assert batch.usage.prompt_tokens == len("one prompt") + len("and another") + 2  # BOS
+    for choice in batch.choices:  # the simulator's made-up distribution: 1/2, then 1/4
+        assert choice.logprobs.token_logprobs == pytest.approx([-math.log(2)] * 3)
+    chunks = list(oai.chat.completions.create(
+        model="tiny", n=2, max_tokens=3, stream=True, logprobs=True, top_logprobs=2,
+        stream_options={"include_usage": True}, messages=[{"role": "user", "content": "Hi"}]))
+    for chunk in chunks:
+        ChatCompletionChunk.model_validate(chunk.model_dump())
+    per_index = {0: 0, 1: 0}
+    for chunk in chunks[:-1]:
+        per_index[chunk.choices[0].index] += len(chunk.choices[0].logprobs.content)
+    assert per_index == {0: 3, 1: 3} and chunks[-1].usage.completion_tokens == 6
+    with server.client(headers={"Authorization": "Bearer key-a"}) as http:
+        tokens = http.post("/tokenize", json={"prompt": "abc"}).json()
+        assert tokens == {"count": 4, "max_model_len": tokens["max_model_len"],
+                          "tokens": tokens["tokens"]}
+        assert http.post("/detokenize", json={"tokens": tokens["tokens"][1:]}).json() == {
+            "prompt": "abc"}
+        assert http.get("/version").json() == {"version": kvroute_version()}
+        assert http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "n": 129}
+                         ).json()["error"]["param"] == "n"
+    wait_until(lambda: _outstanding(server) == 0, 30,
+               "the routed requests' (tokenize too) ends to reach their router")
 
 
 def test_client_disconnect_aborts_the_request_at_the_engine(server):

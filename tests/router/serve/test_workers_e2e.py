@@ -6,6 +6,7 @@ history), and one worker killed under load (every request completes or fails wit
 error, none hangs; later requests go to the survivor)."""
 
 import asyncio
+import math
 import os
 import signal
 
@@ -13,6 +14,8 @@ import httpx
 import openai
 import pytest
 import ray
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
 from ray import serve
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker, stop_all
@@ -21,6 +24,7 @@ from router.gateway.http_server import HttpConfig
 from router.serve.settings import ServeSettings
 from router.serve.workers_app import workers_application
 from tests.router.serve.serve_helpers import Server, free_port, latency_counts, wait_until
+from worker.openai.tokenize import kvroute_version
 
 pytestmark = pytest.mark.slow
 
@@ -132,6 +136,32 @@ def test_bad_input_gets_the_answer_of_the_gateway_or_the_worker(server):
         c.completions.create(model="tiny", prompt=[], max_tokens=1)
     bad = httpx.post(f"{server.base_url}/v1/completions", content=b"{", timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+
+
+def test_choices_batches_logprobs_and_tokenizer_routes_pass_through(server):
+    c = client(server)
+    batch = c.completions.create(model="tiny", prompt=["first prompt", "second one"], n=2,
+                                 max_tokens=3, logprobs=2)
+    Completion.model_validate(batch.model_dump())
+    assert [ch.index for ch in batch.choices] == [0, 1, 2, 3]
+    assert batch.usage.completion_tokens == 12
+    # the simulated worker's made-up distribution: the sampled token first, at 1/2
+    for choice in batch.choices:
+        assert choice.logprobs.token_logprobs == pytest.approx([-math.log(2)] * 3)
+    chat = c.chat.completions.create(model="tiny", n=2, max_tokens=2, logprobs=True,
+                                     top_logprobs=3, messages=[{"role": "user",
+                                                                "content": "hi"}])
+    ChatCompletion.model_validate(chat.model_dump())
+    assert [len(ch.logprobs.content[0].top_logprobs) for ch in chat.choices] == [3, 3]
+    with pytest.raises(openai.BadRequestError, match="sequences"):  # the gateway's own cap
+        c.completions.create(model="tiny", prompt=["x"] * 65, n=2, max_tokens=1)
+    tokens = httpx.post(f"{server.base_url}/tokenize", json={"prompt": "abc"}, timeout=30).json()
+    assert tokens["count"] == len(tokens["tokens"]) == 4 and tokens["max_model_len"] > 0
+    back = httpx.post(f"{server.base_url}/detokenize", json={"tokens": tokens["tokens"][1:]},
+                      timeout=30).json()
+    assert back == {"prompt": "abc"}
+    assert httpx.get(f"{server.base_url}/version", timeout=30).json() == {
+        "version": kvroute_version()}
 
 
 def test_each_worker_is_routed_in_its_own_mode(server, workers):

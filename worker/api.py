@@ -123,6 +123,9 @@ class TokenDelta:
     error: str | None = None  # set with finish_reason "error"
     # one entry per token in `token_ids` when the request asked for logprobs, else None
     logprobs: list[TokenLogprobs] | None = None
+    # On a request's first delta only: seconds from the engine first scheduling the request
+    # to its first token (the gateway's TTFT minus this is the request's queue time).
+    first_token_compute_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -178,3 +181,14 @@ class ReplicaQuery:
     """An operator's question to one replica (routed there by id)."""
 
     target_replica_id: str
+
+
+@dataclass(frozen=True)
+class PinnedPrefix:
+    """A prefix a replica holds pinned, as it reports it to the KV index actor (so a
+    restarted actor rebuilds its prefix records from the replicas)."""
+
+    name: str  # the engine's pin name
+    cache_salt: str
+    prompt_token_ids: tuple[int, ...]
+    num_pinned_blocks: int

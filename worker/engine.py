@@ -9,6 +9,7 @@ in one worker thread so the loop keeps accepting requests and streaming tokens. 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -24,6 +25,7 @@ from worker.api import (
     EngineStats,
     EngineUnavailableError,
     EngineUnhealthyError,
+    PinnedPrefix,
     SamplingParams,
     TokenDelta,
     TokenLogprobs,
@@ -64,7 +66,9 @@ class Engine:
         # each request's undelivered output, merged until its consumer takes it
         self._outputs: dict[str, RequestOutput] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._pins: dict[str, tuple[str, list[bytes], asyncio.Future[int]]] = {}
+        # pins being computed, by request id: (pin, its block hashes, its outcome)
+        self._pins: dict[str, tuple[PinnedPrefix, list[bytes], asyncio.Future[int]]] = {}
+        self._pinned: dict[str, PinnedPrefix] = {}  # what is pinned now, by name
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"step-{config.replica_id}")
@@ -116,18 +120,23 @@ class Engine:
                                 adapter=adapter, cache_salt=cache_salt)
         req = self._admit(request)
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pins[req.request_id] = (name, list(req.block_hashes), done)
+        pin = PinnedPrefix(name, cache_salt, tuple(token_ids), 0)
+        self._pins[req.request_id] = (pin, list(req.block_hashes), done)
         async for _ in self._drain(req.request_id):
             pass
         return await done
 
     def unpin_prefix(self, name: str) -> bool:
+        self._pinned.pop(name, None)
         unpinned = self.core.unpin(name)
         self._update_metrics()  # the block gauges move now, not at the next step
         return unpinned
 
     def stats(self) -> EngineStats:
         return self.core.stats()
+
+    def pinned_prefixes(self) -> tuple[PinnedPrefix, ...]:
+        return tuple(self._pinned.values())
 
     def drain_events(self) -> EventBatch:
         return self.core.drain_events()
@@ -286,6 +295,9 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = now
             self.metrics.series(self.metrics.ttft).observe(now - req.arrival_time)
+            output = self._outputs.get(req.request_id)
+            if output is not None and req.first_scheduled_time is not None:
+                output.first_token_compute_s = now - req.first_scheduled_time
         detok = self._detok.get(req.request_id)
         text, hit_stop = "", False
         if detok is not None:
@@ -316,7 +328,8 @@ class Engine:
         pin = self._pins.pop(req.request_id, None)
         if pin is None:
             return
-        name, hashes, done = pin
+        pinned, hashes, done = pin
+        name = pinned.name
         # The prefix's blocks were just freed into the cache; nothing ran since, so they are
         # all still there.
         n = self.core.pin(name, hashes) if req.finish_reason != "abort" else None
@@ -325,6 +338,7 @@ class Engine:
                 f"prefix {name!r} ({len(hashes)} blocks) does not fit the pin budget of "
                 f"{self.config.pin_budget_blocks} blocks"))
         else:
+            self._pinned[name] = dataclasses.replace(pinned, num_pinned_blocks=n)
             done.set_result(n)
 
     def _on_failed(self, req: Request, message: str) -> None:

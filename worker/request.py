@@ -39,6 +39,7 @@ class Request:
         self.finish_reason: str | None = None
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None
+        self.first_scheduled_time: float | None = None  # its first admission to a step
         self.num_preemptions = 0
         # Prompt tokens served from cache at the (last) admission, for usage and metrics.
         self.num_cached_device_tokens = 0

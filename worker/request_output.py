@@ -18,7 +18,7 @@ from worker.api import TokenDelta, TokenLogprobs, Usage
 
 class RequestOutput:
     __slots__ = ("request_id", "_token_ids", "_texts", "_finish_reason", "_usage", "_error",
-                 "_logprobs", "_ready")
+                 "_logprobs", "_ready", "first_token_compute_s")
 
     def __init__(self, request_id: str):
         self.request_id = request_id
@@ -29,6 +29,8 @@ class RequestOutput:
         self._error: str | None = None
         self._logprobs: list[TokenLogprobs] | None = None
         self._ready = asyncio.Event()
+        # Set by the step loop at the first token; goes out with the next delta, then None.
+        self.first_token_compute_s: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -65,8 +67,10 @@ class RequestOutput:
         texts = self._texts
         text = texts[0] if len(texts) == 1 else "".join(texts)
         delta = TokenDelta(self.request_id, self._token_ids, text, self._finish_reason,
-                           self._usage, self._error, self._logprobs)
+                           self._usage, self._error, self._logprobs,
+                           self.first_token_compute_s)
         self._token_ids, self._texts, self._logprobs = [], [], None
+        self.first_token_compute_s = None
         return delta
 
     async def take(self) -> TokenDelta:

@@ -16,6 +16,7 @@ the block pool allow. The engine rules of DESIGN.md, and where each one lives:
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -159,6 +160,8 @@ class Scheduler:
                 self.kv.stats.record(req.num_tokens, num_device, start - num_device)
             req.num_computed_tokens = start
             req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
             self.running.append(req)
             admitted.append(req.request_id)
             seqs.append(self._seq(req, num_new, block_ids,

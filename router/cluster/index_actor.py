@@ -16,8 +16,9 @@ poll reply. A restarted actor has forgotten them: whoever added them adds them a
 With direct streaming, replicas also publish the ends of requests a router routed, and each
 router's poll takes its own (router/cluster/route_ends.py).
 
-The actor also keeps the named pinned prefixes (router/cluster/prefix_registry.py) and the
-index digests routers report, so tests and operators can check that views converge.
+The actor also keeps the named pinned prefixes (router/cluster/prefix_registry.py; rebuilt
+from the replicas' own pins after a restart) and the index digests routers report, so tests
+and operators can check that views converge.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ from router.cluster.actors import get_or_create_actor
 from router.cluster.external_worker_spec import ExternalWorkerSpec, SubscriberConfig
 from router.cluster.external_workers import ExternalWorkers, ExternalWorkerStatus
 from router.cluster.metrics_hub import MetricsPusher
-from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry
+from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds
-from worker.api import EngineStats
+from worker.api import EngineStats, PinnedPrefix
 
 INDEX_ACTOR_NAME = "kvroute-index"
 
@@ -122,7 +123,17 @@ class KVIndex:
             self._notify()
         return needs_snapshot
 
-    def publish_snapshot(self, snap: Snapshot, stats: EngineStats | None = None) -> None:
+    def publish_snapshot(self, snap: Snapshot, stats: EngineStats | None = None,
+                         pinned: tuple[PinnedPrefix, ...] = ()) -> None:
+        """Applies a replica's snapshot. `pinned`: the prefixes it holds pinned; from a
+        replica this actor did not know (it restarted, or the replica is new) they rebuild
+        the prefix records this actor lacks."""
+        known = self._replicas.get(snap.replica_id)
+        if known is None or not known.log.synced:  # its first snapshot to this actor
+            for pin in pinned:
+                record = record_of_pin(pin, snap.replica_id)
+                if record is not None:
+                    self.prefixes.adopt(record)
         rep = self._touch(snap.replica_id)
         if stats is not None:
             rep.stats = stats

@@ -1,7 +1,9 @@
 """The named pinned prefixes of the cluster, shared by every gateway process.
 
 Kept by the KV index actor. A prefix whose replica is gone becomes an orphan: it is offered
-to one gateway at a time (a claim with a lease) to be warmed again on another replica.
+to one gateway at a time (a claim with a lease) to be warmed again on another replica. A
+restarted actor has no records: each replica reports the prefixes it holds pinned with its
+first snapshot to the new actor, and the records are rebuilt from those (`adopt`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
+
+from worker.api import PinnedPrefix
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,22 @@ class PrefixRecord:
         return self.tenant, self.name
 
 
+def engine_pin_name(tenant: str, name: str) -> str:
+    """The name a prefix is pinned under in the engine: "tenant/name" (pinned with the
+    tenant's salt, so it only ever serves that tenant)."""
+    return f"{tenant}/{name}"
+
+
+def record_of_pin(pin: PinnedPrefix, replica_id: str) -> PrefixRecord | None:
+    """The record of a prefix a replica reports pinned; None for a pin not made through
+    `/v1/prefixes` (its name is not "tenant/name" with the salt as tenant)."""
+    prefix = pin.cache_salt + "/"
+    if not pin.name.startswith(prefix) or len(pin.name) == len(prefix):
+        return None
+    return PrefixRecord(pin.name[len(prefix):], pin.cache_salt, len(pin.prompt_token_ids),
+                        pin.num_pinned_blocks, replica_id, pin.prompt_token_ids)
+
+
 class PrefixRegistry:
     def __init__(self):
         self._prefixes: dict[tuple[str, str], PrefixRecord] = {}
@@ -42,6 +62,14 @@ class PrefixRegistry:
         self._prefixes[record.key] = record
         self._claims.pop(record.key, None)
         return old
+
+    def adopt(self, record: PrefixRecord) -> bool:
+        """Stores a record a replica reported, unless one of its key is already here (the
+        registry's own word wins: it may have been re-pinned elsewhere). True if stored."""
+        if record.key in self._prefixes:
+            return False
+        self._prefixes[record.key] = record
+        return True
 
     def pop(self, tenant: str, name: str) -> PrefixRecord | None:
         self._claims.pop((tenant, name), None)

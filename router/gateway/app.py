@@ -28,19 +28,20 @@ from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig,
 from router.gateway.metrics import CountRequests, GatewayMetrics
 from router.gateway.pin_admin import PinAdmin
 from router.gateway.prefixes import PrefixRegisterRequest, PrefixService
-from router.gateway.stream_slots import StreamSlots
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
 from worker.openai.choices import Choices, collect, replay
 from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
+from worker.openai.latency import arrival_of
 from worker.openai.limits import RequestLimits, read_body
 from worker.openai.logprobs import LogprobsFormatter
 from worker.openai.openapi_body import request_body
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
+from worker.openai.stream_slots import StreamSlots
 from worker.openai.streaming import full_response, sse_events
 from worker.openai.tokenize import (
     DetokenizeRequest,
@@ -118,7 +119,8 @@ class Gateway:
         self._check_model(body.model)
         prompts = [self.prompts.encode_text(p) if isinstance(p, str) else list(p)
                    for p in body.prompts()]
-        return await self._generate("completion", "cmpl", body, prompts, tenant)
+        return await self._generate("completion", "cmpl", body, prompts, tenant,
+                                    arrival_of(request.scope))
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
@@ -131,7 +133,8 @@ class Gateway:
             token_ids = self.prompts.encode_chat(messages)
         except PromptError as err:
             raise APIError(400, str(err), param="messages") from None
-        return await self._generate("chat", "chatcmpl", body, [token_ids], tenant)
+        return await self._generate("chat", "chatcmpl", body, [token_ids], tenant,
+                                    arrival_of(request.scope))
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict:
@@ -218,21 +221,25 @@ class Gateway:
 
     async def _generate(self, kind: Kind, id_prefix: str,
                         body: CompletionRequest | ChatCompletionRequest,
-                        prompts: list[list[int]], tenant: str) -> Response:
+                        prompts: list[list[int]], tenant: str, arrival_s: float
+                        ) -> Response:
         response_id = f"{id_prefix}-{uuid.uuid4().hex}"
         requests = engine_requests(kind, response_id, body, prompts,
                                    await self._context_limit(), tenant,
                                    lambda ids: self.prompts.block_hashes(ids, tenant))
         shape = ResponseShape.new(kind, response_id, self.model)
+        timer = self.metrics.latency.timer(arrival_s)  # each choice's deltas, observed
+        timer.dispatched()
         if not body.stream:
             # each choice whole, retried from the start on a lost replica
-            choices = Choices(requests, body.n,
-                              lambda request: replay(self.engine.complete, request))
+            choices = Choices(requests, body.n, lambda request: replay(
+                lambda r: self.engine.complete(r, timer.watch), request))
             await choices.start()
             return JSONResponse(full_response(shape, await collect(choices), body.n,
                                               self.logprobs))
         self.streams.acquire(tenant)  # 429 + Retry-After over the tenant's limit
-        choices = Choices(requests, body.n, self.engine.stream)
+        choices = Choices(requests, body.n,
+                          lambda request: timer.watch(self.engine.stream(request)))
         try:
             await choices.start()  # errors before the first tokens are plain 4xx/503
         except BaseException:

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +25,7 @@ from worker.api import EngineInputError, EngineRequest, EngineUnavailableError, 
 from worker.openai.errors import APIError, engine_input_error
 
 log = logging.getLogger(__name__)
+Watch = Callable[[AsyncGenerator[TokenDelta, None]], AsyncGenerator[TokenDelta, None]]
 
 # Errors that mean "this replica is gone, unreachable or closing", not "the request is bad".
 REPLICA_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
@@ -91,9 +92,11 @@ class EngineClient:
         finally:
             gen.cancel()
 
-    async def complete(self, request: EngineRequest) -> list[TokenDelta]:
+    async def complete(self, request: EngineRequest, watch: Watch | None = None
+                       ) -> list[TokenDelta]:
         """All of the request's deltas (non-streaming). Nothing has reached the client
-        until it returns, so a replica lost mid-way is retried from the start."""
+        until it returns, so a replica lost mid-way is retried from the start. `watch`
+        (e.g. the gateway's latency timer) wraps each attempt's stream."""
         base_id = request.request_id
         last_error: ReplicaLost | None = None
         for attempt in range(self._retry.max_attempts):
@@ -101,6 +104,8 @@ class EngineClient:
                 request = dataclasses.replace(request, request_id=f"{base_id}~r{attempt}")
             deltas: list[TokenDelta] = []
             stream = self.stream(request)
+            if watch is not None:
+                stream = watch(stream)
             try:
                 async for delta in stream:
                     deltas.append(delta)

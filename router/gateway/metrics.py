@@ -1,10 +1,13 @@
-"""The gateway's own series (docs/metrics.md): HTTP requests by endpoint and status."""
+"""The gateway's own series (docs/metrics.md): HTTP requests by endpoint and status, and the
+requests' latency as the gateway sees it (worker/openai/latency.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
+
+from worker.openai.latency import LatencyMetrics, mark_arrival
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/prefixes",
              "/v1/workers", "/health", "/ready", "/metrics")
@@ -23,14 +26,16 @@ class GatewayMetrics:
         self._model = model
         self.requests = Counter("kvroute_gateway_requests", "HTTP requests by status code",
                                 ("model", "endpoint", "status"), registry=self.registry)
+        self.latency = LatencyMetrics(self.registry, model)
 
     def observe(self, path: str, status_code: int) -> None:
         self.requests.labels(self._model, endpoint_label(path), str(status_code)).inc()
 
 
 class CountRequests:
-    """ASGI middleware counting each HTTP response into `app.state.gateway_metrics` (when
-    set) by endpoint and status: plain ASGI, so no task and no stream per request (Starlette's
+    """ASGI middleware stamping each HTTP request's arrival (for the latency histograms) and
+    counting its response into `app.state.gateway_metrics` (when set) by endpoint and
+    status: plain ASGI, so no task and no stream per request (Starlette's
     `@app.middleware("http")` adds both, and re-streams every response body)."""
 
     def __init__(self, app: Any):
@@ -40,6 +45,7 @@ class CountRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        mark_arrival(scope)
         status = 500  # an exception no handler turned into a response
 
         async def send_counted(message: dict) -> None:

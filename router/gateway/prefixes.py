@@ -5,7 +5,8 @@ The records live in the KV index actor, so every gateway process lists and delet
 ones. Names are per tenant; the engine pins under "tenant/name" with the tenant's salt, so
 a tenant's prefix only ever serves that tenant. When a prefix's replica dies, the index
 actor offers the record to one gateway, whose `rewarm_orphans` loop pins it again on the
-replica the router picks; meanwhile it lists with status "rewarming".
+replica the router picks; meanwhile it lists with status "rewarming". When the index actor
+restarts, the replicas report their pins to the new one, which rebuilds the records.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
-from router.cluster.prefix_registry import PrefixRecord
+from router.cluster.prefix_registry import PrefixRecord, engine_pin_name
 from router.gateway.engine_client import EngineClient
 from router.gateway.pin_admin import PinQuota
 from worker.api import PinRequest, PinResult, UnpinRequest
@@ -57,10 +58,6 @@ def _body(record: PrefixRecord) -> dict[str, Any]:
             "status": "pinned" if record.replica_id else "rewarming",
             "num_prompt_tokens": record.num_prompt_tokens,
             "num_pinned_blocks": record.num_pinned_blocks}
-
-
-def engine_pin_name(tenant: str, name: str) -> str:
-    return f"{tenant}/{name}"
 
 
 class PrefixService:

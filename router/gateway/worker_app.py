@@ -15,6 +15,7 @@ from starlette.routing import Route
 from router.gateway.metrics import GatewayMetrics
 from router.gateway.worker_gateway import WorkerGateway
 from worker.openai.errors import APIError
+from worker.openai.latency import mark_arrival
 
 
 async def _api_error(request: Request, err: APIError) -> JSONResponse:
@@ -60,6 +61,7 @@ class _CountRequests:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        mark_arrival(scope)
 
         async def send_counted(message):
             if message["type"] == "http.response.start":

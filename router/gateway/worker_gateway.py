@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from router.cluster.metrics_hub import (
     MetricsHubConfig,
@@ -37,6 +37,7 @@ from router.gateway.tenants import TenantAuth, load_api_keys
 from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
 from worker.openai.errors import APIError
+from worker.openai.latency import arrival_of, relayed
 from worker.openai.limits import read_body
 from worker.openai.prompt import PromptBuilder
 from worker.openai.schema import DEFAULT_LIMITS
@@ -98,13 +99,15 @@ class WorkerGateway:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
         raw = await read_body(request, DEFAULT_LIMITS)
         routed = completion_body(raw, self.prompts, self.model, tenant)
-        return await self._forward("/v1/completions", routed, tenant)
+        return await self._forward("/v1/completions", routed, tenant,
+                                   arrival_of(request.scope))
 
     async def chat_completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
         raw = await read_body(request, DEFAULT_LIMITS)
         routed = chat_body(raw, self.prompts, self.model, tenant)
-        return await self._forward("/v1/chat/completions", routed, tenant)
+        return await self._forward("/v1/chat/completions", routed, tenant,
+                                   arrival_of(request.scope))
 
     async def models(self, request: Request) -> JSONResponse:
         self.auth.tenant_of(request.headers.get("authorization"))
@@ -173,8 +176,10 @@ class WorkerGateway:
 
     # ---- internals ----
 
-    async def _forward(self, path: str, routed: RoutedBody, tenant: str) -> Response:
+    async def _forward(self, path: str, routed: RoutedBody, tenant: str,
+                       arrival_s: float) -> Response:
         hashes = self.prompts.block_hashes(routed.token_ids, tenant)
+        latency = self.metrics.latency
         base_id = uuid.uuid4().hex
         request_ids: dict[str, str] = {}  # worker id -> the request id routed there
 
@@ -188,9 +193,16 @@ class WorkerGateway:
                                type_="service_unavailable_error",
                                code="worker_unavailable") from None
             request_ids[worker.worker_id] = request_id
+            if not tried:  # tokenized, hashed and routed: handed to the first worker
+                latency.preprocess.observe(latency.clock() - arrival_s)
             return worker
 
         def release(worker_id: str, error: str | None) -> None:
             self.router.release(request_ids.pop(worker_id), error)
 
-        return await self.proxy.forward(path, routed.body, pick, release)
+        response = await self.proxy.forward(path, routed.body, pick, release)
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = relayed(latency, arrival_s, response.body_iterator)
+        elif response.status_code < 400:
+            latency.e2e.observe(latency.clock() - arrival_s)
+        return response

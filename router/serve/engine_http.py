@@ -41,9 +41,9 @@ from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.engine_replica import EngineReplicaBody
 from router.serve.ingress_router import ROUTE_HEADER, ROUTED_BY_HEADER
 from worker.openai.http_errors import install_error_handlers
-from worker.openai.limits import read_body
+from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
-from worker.openai.schema import DEFAULT_LIMITS
+from worker.openai.stream_slots import StreamSlots
 from worker.openai.tokenize import detokenize, tokenize, version_body
 from worker.openai_server.serving import OpenAIServing
 from worker.tokenizer_files import tokenizer_dir
@@ -114,7 +114,9 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     config, engine = replica.http_config, replica.engine
     model = engine.model_name
     prompts = PromptBuilder(tokenizer_dir(config.model), model, config.block_size)
-    serving = OpenAIServing(engine, prompts)
+    metrics = GatewayMetrics(model)
+    limits = RequestLimits.from_env()  # the chart's `limits` values
+    serving = OpenAIServing(engine, prompts, metrics.latency, limits, StreamSlots.from_env())
     auth = TenantAuth(load_api_keys(config.api_keys_file))
     index, hub = get_index_actor(), get_metrics_hub(config.metrics)
     context = serve.get_replica_context()
@@ -122,7 +124,6 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     pin_admin = PinAdmin.from_env(auth)
     prefixes = PrefixService(EngineClient(own_deployment, config.retry), index, prompts,
                              pin_admin.quota)
-    metrics = GatewayMetrics(model)
     pusher = MetricsPusher(f"gateway/{replica.replica_id}", metrics.registry, config.metrics)
 
     @asynccontextmanager
@@ -178,7 +179,7 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     @app.post("/v1/prefixes")
     async def register_prefix(request: Request) -> dict:
         tenant = pin_admin.tenant_for_change(request.headers)
-        raw = await read_body(request, DEFAULT_LIMITS)
+        raw = await read_body(request, limits)
         return await prefixes.register(raw, tenant, serving.check_model)
 
     @app.get("/v1/prefixes")
@@ -196,8 +197,8 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     async def tokenize_endpoint(request: Request) -> dict:
         try:
             auth.tenant_of(request.headers.get("authorization"))
-            return tokenize(await read_body(request, DEFAULT_LIMITS), prompts,
-                            serving.check_model, engine.max_model_len, DEFAULT_LIMITS)
+            return tokenize(await read_body(request, limits), prompts,
+                            serving.check_model, engine.max_model_len, limits)
         finally:
             replica.route_ends.add(request.headers.get(ROUTE_HEADER))
 
@@ -205,8 +206,8 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     async def detokenize_endpoint(request: Request) -> dict:
         try:
             auth.tenant_of(request.headers.get("authorization"))
-            return detokenize(await read_body(request, DEFAULT_LIMITS), prompts,
-                              serving.check_model, DEFAULT_LIMITS)
+            return detokenize(await read_body(request, limits), prompts,
+                              serving.check_model, limits)
         finally:
             replica.route_ends.add(request.headers.get(ROUTE_HEADER))
 

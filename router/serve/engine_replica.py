@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from ray import serve
 
 from kv.events import ContentsDigest, contents_digest
@@ -26,6 +27,7 @@ from router.serve.publisher import PublisherConfig, ReplicaPublisher
 from worker.api import EngineRequest, PinRequest, PinResult, ReplicaQuery, TokenDelta, UnpinRequest
 from worker.engine import Engine
 from worker.engine_config import EngineConfig
+from worker.openai_server.vllm_metrics import VLLMGaugeCollector
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,8 @@ class EngineReplicaBody:
                                            take_route_ends)
         await self._publisher.publish_once()  # known to the index before the first request
         self._publisher.start()
-        self._metrics = MetricsPusher(f"engine/{self.replica_id}", self.engine.registry,
+        self._metrics = MetricsPusher(f"engine/{self.replica_id}",
+                                      pushed_registry(self.engine, self.replica_id),
                                       metrics_config)
         self._metrics.start()
         log.info("engine replica %s ready (%s)", self.replica_id, config.model)
@@ -130,6 +133,18 @@ def engine_deployment_options(num_replicas: int, tp: int, resources: ReplicaReso
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 30.0,
     }
+
+
+def pushed_registry(engine: Engine, replica_id: str) -> CollectorRegistry:
+    """What a replica pushes to the metrics hub: its engine's kvroute_engine_* series and
+    vLLM's gauge names (vllm:num_requests_waiting, ..., as `kvroute engine` serves them) read
+    from the engine at each push, so llm-d's endpoint picker and vLLM dashboards can read a
+    Serve replica as they read a vLLM pod."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(engine.registry)
+    registry.register(VLLMGaugeCollector(engine.stats, engine.model_name,
+                                         replica_id=replica_id))
+    return registry
 
 
 def unpin_if_mine(engine, replica_id: str, request: UnpinRequest) -> bool:

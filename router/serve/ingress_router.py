@@ -31,10 +31,9 @@ from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
 from worker.openai.engine_params import max_new_tokens
 from worker.openai.errors import APIError
-from worker.openai.limits import check_body_size, check_json_depth
+from worker.openai.limits import RequestLimits, check_body_size, check_json_depth
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.schema import (
-    DEFAULT_LIMITS,
     DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
     parse_body,
@@ -73,20 +72,22 @@ class IngressRouterConfig:
 class RouteCalls:
     """Client bodies to `RouteCall`s (None when the body cannot be routed by its prompt)."""
 
-    def __init__(self, prompts: PromptBuilder, auth: TenantAuth):
+    def __init__(self, prompts: PromptBuilder, auth: TenantAuth,
+                 limits: RequestLimits | None = None):
         self.prompts = prompts
         self.auth = auth
+        self.limits = RequestLimits.from_env() if limits is None else limits
 
     def of(self, body: bytes, authorization: str | None) -> RouteCall | None:
         try:
             tenant = self.auth.tenant_of(authorization)
-            check_body_size(len(body), DEFAULT_LIMITS)
-            check_json_depth(body, DEFAULT_LIMITS)
+            check_body_size(len(body), self.limits)
+            check_json_depth(body, self.limits)
             data = json.loads(body)
             if not isinstance(data, dict):
                 return None
             if "messages" in data:
-                chat = parse_body(body, ChatCompletionRequest)
+                chat = parse_body(body, ChatCompletionRequest, self.limits)
                 token_ids = self.prompts.encode_chat(
                     [{"role": m.role, "content": m.text()} for m in chat.messages])
                 max_tokens = max_new_tokens(chat) * chat.n  # its choices' output

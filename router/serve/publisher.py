@@ -6,7 +6,8 @@ replica sends its empty batch only every `heartbeat_interval_s`, the heartbeat t
 known (the index actor forgets a replica silent for 10 s): publishing 20 empty batches a
 second per replica, each waking every router's long poll, cost an idle `kvroute serve` with
 2 replicas a quarter of a core. When the
-actor answers that it saw a gap or a new epoch, it sends a snapshot. A failed send loses
+actor answers that it saw a gap or a new epoch (or does not know the replica: it restarted),
+it sends a snapshot, with the prefixes the engine holds pinned. A failed send loses
 that batch on purpose: the actor sees the gap and asks for a snapshot, so nothing needs a
 retry buffer here. With direct streaming each publish also carries the routes that ended
 here since the last one (router/cluster/route_ends.py); a lost publish loses them too, and
@@ -25,7 +26,7 @@ import ray
 
 from kv.events import EventBatch, Snapshot
 from router.cluster.actor_link import ActorLink
-from worker.api import EngineStats
+from worker.api import EngineStats, PinnedPrefix
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class EventSource(Protocol):
     def drain_events(self) -> EventBatch: ...
     def snapshot(self) -> Snapshot: ...
     def stats(self) -> EngineStats: ...
+    def pinned_prefixes(self) -> tuple[PinnedPrefix, ...]: ...
 
 
 class ReplicaPublisher:
@@ -99,5 +101,6 @@ class ReplicaPublisher:
         self._last_stats, self._last_sent_s = stats, now_s
         self.num_publishes_sent += 1
         if needs_snapshot:
-            await index.publish_snapshot.remote(self._engine.snapshot(), stats)
+            await index.publish_snapshot.remote(self._engine.snapshot(), stats,
+                                                self._engine.pinned_prefixes())
             self.num_snapshots_sent += 1

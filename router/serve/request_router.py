@@ -232,6 +232,7 @@ class KVRouteRequestRouter(RequestRouter):
         self.metrics.set_outstanding(replica_id, n)
 
     def _refresh_gauges(self) -> None:
+        self.metrics.drop_expired()
         with self._lock:
             blocks = self.router.index_blocks()
         self.metrics.set_index_blocks(blocks)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kv.events import MEDIA
@@ -10,12 +12,19 @@ from router.core.router import RoutingDecision
 DECISION_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01,
                       0.025, 0.1)
 FALLBACK_REASONS = ("index_unreachable", "stale")
+# A lost replica's replica_up stays at 0 this long (KvrouteReplicaDown fires after 2 min of
+# it), then leaves: Serve replaces a lost replica under a new id, so the old one's series
+# would otherwise stay at 0 for ever.
+DOWN_SERIES_TTL_S = 600.0
 
 
 class RouterMetrics:
-    def __init__(self, model: str, gateway_id: str, policy: str):
+    def __init__(self, model: str, gateway_id: str, policy: str,
+                 down_series_ttl_s: float = DOWN_SERIES_TTL_S):
         self.registry = r = CollectorRegistry()
         self._model, self._gateway, self._policy = model, gateway_id, policy
+        self._down_series_ttl_s = down_series_ttl_s
+        self._down_since_s: dict[str, float] = {}  # replica id -> when it was lost
         decision_labels = ("model", "gateway", "policy", "replica")
         self.requests = Counter("kvroute_router_requests", "Routing decisions",
                                 decision_labels, registry=r)
@@ -53,18 +62,29 @@ class RouterMetrics:
         self.prompt_tokens.labels(*labels)
         for medium in MEDIA:
             self.predicted_hit_tokens.labels(*labels, medium)
+        self._down_since_s.pop(replica_id, None)
         self.replica_up.labels(self._gateway, replica_id).set(1)
         self.outstanding.labels(self._gateway, replica_id).set(0)
 
-    def remove_replica(self, replica_id: str) -> None:
-        """A gone replica's series leave this registry (its counters stop, not reset)."""
+    def remove_replica(self, replica_id: str, now_s: float | None = None) -> None:
+        """A gone replica's series leave this registry (its counters stop, not reset), but
+        its replica_up reads 0 for `down_series_ttl_s` (then `drop_expired` removes it)."""
         labels = (self._model, self._gateway, self._policy, replica_id)
         for metric in (self.requests, self.prompt_tokens):
             _remove(metric, labels)
         for medium in MEDIA:
             _remove(self.predicted_hit_tokens, labels + (medium,))
-        _remove(self.replica_up, (self._gateway, replica_id))
         _remove(self.outstanding, (self._gateway, replica_id))
+        self.replica_up.labels(self._gateway, replica_id).set(0)
+        self._down_since_s[replica_id] = time.monotonic() if now_s is None else now_s
+
+    def drop_expired(self, now_s: float | None = None) -> None:
+        """Removes the replica_up series of replicas lost more than the TTL ago."""
+        now_s = time.monotonic() if now_s is None else now_s
+        cutoff = now_s - self._down_series_ttl_s
+        for replica_id in [r for r, t in self._down_since_s.items() if t < cutoff]:
+            del self._down_since_s[replica_id]
+            _remove(self.replica_up, (self._gateway, replica_id))
 
     def observe_decision(self, decision: RoutingDecision, num_prompt_tokens: int,
                          seconds: float) -> None:

@@ -182,6 +182,7 @@ class WorkerRouter:
         self.metrics.set_outstanding(worker_id, self.router.loads.num_outstanding(worker_id))
 
     def _refresh_gauges(self) -> None:
+        self.metrics.drop_expired()
         with self._lock:
             self._refresh_modes()
             blocks = self.router.index_blocks()

@@ -77,6 +77,10 @@ def test_dashboard_covers_cache_routing_latency_and_capacity():
         "Routing decision latency",
         "Approximate-mode fallbacks",
         "Time to first token",
+        "Gateway time to first token",
+        "Gateway time per output token",
+        "Gateway end-to-end latency",
+        "Queue and preprocess time",
         "Time per output token",
         "End-to-end request latency",
         "KV block usage per replica",
@@ -85,5 +89,5 @@ def test_dashboard_covers_cache_routing_latency_and_capacity():
         "Queue lengths per replica",
     }
     rows = [panel["title"] for panel in load_dashboard()["panels"] if panel["type"] == "row"]
-    assert rows == ["Cache", "Routing", "Latency and traffic", "Capacity"]
+    assert rows == ["Cache", "Routing", "Latency and traffic", "Capacity", "Gateway latency"]
 

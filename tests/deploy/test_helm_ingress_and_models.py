@@ -14,6 +14,7 @@ from .helm_chart import (
     serve_config,
     template,
 )
+from .test_helm_limits import DEFAULT_LIMITS_ENV
 
 
 def container(pod_template: dict) -> dict:
@@ -31,6 +32,7 @@ def test_huggingface_model_ingress_route_and_pod_settings(helm_bin):
     env = [{"name": "HF_HUB_CACHE", "value": "/var/cache/huggingface"},
            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token",
                                                                "key": "token"}}},
+           *DEFAULT_LIMITS_ENV,  # the chart's `limits`, then extraEnv (last: it wins)
            {"name": "NCCL_DEBUG", "value": "WARN"}]
     for pod in (head_template(docs), engine_group(docs)["template"]):
         assert cache_volume in pod["spec"]["volumes"]

@@ -5,6 +5,7 @@ from router.serve.app import build_app
 from router.serve.settings import ServeSettings, load_settings
 
 from .helm_chart import engine_group, head_template, render, serve_config, template
+from .test_helm_limits import DEFAULT_LIMITS_ENV
 
 
 def test_workers_deploy_the_worker_gateway_and_no_engine(helm_bin):
@@ -21,7 +22,8 @@ def test_workers_deploy_the_worker_gateway_and_no_engine(helm_bin):
     group = engine_group(docs)
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (0, 0, 0)
     (head,) = head_template(docs)["spec"]["containers"]
-    (env,) = [e for e in head["env"] if not e["name"].startswith("RAY_SERVE_")]
+    (env,) = [e for e in head["env"] if not e["name"].startswith("RAY_SERVE_")
+              and e not in DEFAULT_LIMITS_ENV]
     assert env == {"name": "KVROUTE_ADMIN_KEY",
                    "valueFrom": {"secretKeyRef": {"name": "kvroute-admin", "key": "key"}}}
 

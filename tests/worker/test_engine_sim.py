@@ -11,6 +11,7 @@ from worker.api import (
     EngineRequest,
     EngineUnavailableError,
     EngineUnhealthyError,
+    PinnedPrefix,
     SamplingParams,
 )
 from worker.engine_config import EngineConfig
@@ -43,6 +44,14 @@ async def test_stream_then_usage_with_cached_tokens_on_the_second_request():
     m = engine.metrics
     assert m.series(m.hit_tokens, medium="device")._value.get() == 64
     assert m.series(m.query_tokens)._value.get() == 141
+    await engine.shutdown()
+
+
+async def test_only_the_first_delta_reports_the_engine_compute_of_the_first_token():
+    engine = make_engine()
+    out = await collect(engine, EngineRequest("t", prompt(40), SamplingParams(max_tokens=4)))
+    assert out[0].first_token_compute_s is not None and out[0].first_token_compute_s >= 0
+    assert [d.first_token_compute_s for d in out[1:]] == [None] * (len(out) - 1)
     await engine.shutdown()
 
 
@@ -107,9 +116,13 @@ async def test_pinned_prefix_survives_pressure():
     assert out[-1].usage.cached_tokens == 32
     with pytest.raises(EngineInputError, match="pin budget"):
         await engine.pin_prefix("big", prompt(64, 200))
+    # what it reports to the index actor (a restarted one rebuilds its records from it):
+    # the pin that fits, not the one refused
+    assert engine.pinned_prefixes() == (PinnedPrefix("sys", "", tuple(system), 2),)
     m = engine.metrics
     assert m.series(m.kv_blocks, state="pinned")._value.get() == 2
     assert engine.unpin_prefix("sys") and not engine.unpin_prefix("sys")
+    assert engine.pinned_prefixes() == ()
     assert m.series(m.kv_blocks, state="pinned")._value.get() == 0  # at once, not after a step
     await engine.shutdown()
 

@@ -21,9 +21,9 @@ from worker.api import EngineUnhealthyError
 from worker.engine import Engine
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
-from worker.openai.limits import read_body
+from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
-from worker.openai.schema import DEFAULT_LIMITS
+from worker.openai.stream_slots import StreamSlots
 from worker.openai.tokenize import detokenize, tokenize, version_body
 from worker.openai_server.kv_events import EventPump
 from worker.openai_server.serving import OpenAIServing
@@ -32,7 +32,8 @@ from worker.openai_server.vllm_metrics import VLLMGaugeCollector
 
 def create_app(engine: Engine, prompts: PromptBuilder, pump: EventPump) -> FastAPI:
     """The app serving `engine`; `prompts` tokenizes for the same model."""
-    serving = OpenAIServing(engine, prompts)
+    serving = OpenAIServing(engine, prompts, limits=RequestLimits.from_env(),
+                            streams=StreamSlots.from_env_if_set())
     vllm_registry = CollectorRegistry(auto_describe=True)
     vllm_registry.register(VLLMGaugeCollector(engine.stats, engine.model_name))
 
@@ -67,13 +68,13 @@ def create_app(engine: Engine, prompts: PromptBuilder, pump: EventPump) -> FastA
 
     @app.post("/tokenize")
     async def tokenize_endpoint(request: Request) -> dict:
-        return tokenize(await read_body(request, DEFAULT_LIMITS), prompts, serving.check_model,
-                        engine.max_model_len, DEFAULT_LIMITS)
+        return tokenize(await read_body(request, serving.limits), prompts, serving.check_model,
+                        engine.max_model_len, serving.limits)
 
     @app.post("/detokenize")
     async def detokenize_endpoint(request: Request) -> dict:
-        return detokenize(await read_body(request, DEFAULT_LIMITS), prompts,
-                          serving.check_model, DEFAULT_LIMITS)
+        return detokenize(await read_body(request, serving.limits), prompts,
+                          serving.check_model, serving.limits)
 
     @app.get("/version")
     async def version() -> dict:

@@ -26,7 +26,8 @@ from worker.engine import Engine
 from worker.openai.choices import Choices, collect
 from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError, engine_input_error
-from worker.openai.limits import read_body
+from worker.openai.latency import LatencyMetrics, arrival_of
+from worker.openai.limits import RequestLimits, read_body
 from worker.openai.logprobs import LogprobsFormatter
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape
@@ -36,6 +37,7 @@ from worker.openai.schema import (
     CompletionRequest,
     parse_body,
 )
+from worker.openai.stream_slots import StreamSlots
 from worker.openai.streaming import full_response, sse_events
 
 T = TypeVar("T")
@@ -74,9 +76,16 @@ async def while_connected(request: Request, work: Callable[[], Awaitable[T]]) ->
 class OpenAIServing:
     """The OpenAI generation endpoints of one engine."""
 
-    def __init__(self, engine: Engine, prompts: PromptBuilder):
+    def __init__(self, engine: Engine, prompts: PromptBuilder,
+                 latency: LatencyMetrics | None = None,
+                 limits: RequestLimits = DEFAULT_LIMITS, streams: StreamSlots | None = None):
+        """`latency`: where to observe each request's latency (a front that has them);
+        `streams`: concurrent streams per tenant (the cache salt), 429 over the limit."""
         self.engine = engine
         self.prompts = prompts
+        self.latency = latency
+        self.limits = limits
+        self.streams = streams
         self.model = engine.model_name
         self.logprobs = LogprobsFormatter(prompts.tokenizer)
 
@@ -87,7 +96,7 @@ class OpenAIServing:
 
     async def completions(self, request: Request, cache_salt: str = "") -> Response:
         """`cache_salt`: the tenant's hash namespace (a router in front authenticated it)."""
-        body = parse_body(await read_body(request, DEFAULT_LIMITS), CompletionRequest)
+        body = parse_body(await read_body(request, self.limits), CompletionRequest, self.limits)
         self.check_model(body.model)
         prompts = [self.prompts.encode_text(p) if isinstance(p, str) else list(p)
                    for p in body.prompts()]
@@ -95,7 +104,7 @@ class OpenAIServing:
                                     cache_salt)
 
     async def chat_completions(self, request: Request, cache_salt: str = "") -> Response:
-        body = parse_body(await read_body(request, DEFAULT_LIMITS), ChatCompletionRequest)
+        body = parse_body(await read_body(request, self.limits), ChatCompletionRequest, self.limits)
         self.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
@@ -112,22 +121,38 @@ class OpenAIServing:
         requests = engine_requests(kind, response_id, body, prompts,
                                    self.engine.max_model_len, cache_salt)
         shape = ResponseShape.new(kind, response_id, self.model)
-        choices = Choices(requests, body.n, self.engine.generate, _refused)
+        open_stream = self.engine.generate
+        if self.latency is not None:
+            timer = self.latency.timer(arrival_of(request.scope))
+            timer.dispatched()
+
+            def open_stream(engine_request):  # each choice's deltas, observed
+                return timer.watch(self.engine.generate(engine_request))
+
+        choices = Choices(requests, body.n, open_stream, _refused)
 
         async def whole() -> dict[str, Any]:
             await choices.start()
             return full_response(shape, await collect(choices), body.n, self.logprobs)
 
+        streams = self.streams if body.stream else None
+        if streams is not None:
+            streams.acquire(cache_salt)  # 429 + Retry-After over the tenant's limit
         try:
             if not body.stream:
                 return JSONResponse(await while_connected(request, whole))
             await while_connected(request, choices.start)
-        except ClientGone:
-            await choices.aclose()
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
-        return StreamingResponse(sse_events(shape, choices, body.include_usage(),
-                                            self.logprobs),
-                                 media_type="text/event-stream")
+        except BaseException as err:
+            if streams is not None:
+                streams.release(cache_salt)
+            if isinstance(err, ClientGone):
+                await choices.aclose()
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            raise
+        events = sse_events(shape, choices, body.include_usage(), self.logprobs)
+        if streams is not None:
+            events = streams.hold(cache_salt, events)
+        return StreamingResponse(events, media_type="text/event-stream")
 
 
 

@@ -32,9 +32,14 @@ class VLLMGaugeCollector(Collector):
     """Collects the gauges from `stats()` at scrape time, so they are never stale."""
 
     def __init__(self, stats: Callable[[], EngineStats], model_name: str,
-                 engine_index: int = 0):
+                 engine_index: int = 0, replica_id: str | None = None):
+        """`replica_id`: also label each series `replica` (kvroute's Serve replicas, which
+        share one metrics hub: their series must not merge)."""
         self._stats = stats
+        self._labels = LABELS + (("replica",) if replica_id is not None else ())
         self._label_values = [model_name, str(engine_index)]
+        if replica_id is not None:
+            self._label_values.append(replica_id)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         stats = self._stats()
@@ -48,6 +53,6 @@ class VLLMGaugeCollector(Collector):
             ("vllm:gpu_cache_usage_perc", "KV-cache usage (the v0 name). 1 means 100 percent "
              "usage.", usage),
         ):
-            family = GaugeMetricFamily(name, doc, labels=LABELS)
+            family = GaugeMetricFamily(name, doc, labels=self._labels)
             family.add_metric(self._label_values, value)
             yield family

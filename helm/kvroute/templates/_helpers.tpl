@@ -66,7 +66,8 @@ builds for `engine.engine`, `cuda` for `real` (GPU engines), `cpu` for `sim`.
 
 {{/*
 The environment of every Ray container: the Ray Serve environment, where the Hugging Face
-cache is (and its token), the admin key, then the operator's extraEnv (last, so it wins).
+cache is (and its token), the admin key, the request limits and pin quotas, then the
+operator's extraEnv (last, so it wins).
 */}}
 {{- define "kvroute.env" -}}
 {{- $hf := .Values.model.huggingface }}
@@ -92,6 +93,20 @@ cache is (and its token), the admin key, then the operator's extraEnv (last, so 
     secretKeyRef:
       name: {{ .Values.adminKey.secretName }}
       key: {{ .Values.adminKey.secretKey }}
+{{- end }}
+{{- with .Values.limits }}
+- name: KVROUTE_MAX_BODY_BYTES
+  value: {{ .maxBodyBytes | int64 | quote }}
+- name: KVROUTE_MAX_PROMPT_CHARS
+  value: {{ .maxPromptChars | int64 | quote }}
+- name: KVROUTE_MAX_SEQUENCES_PER_REQUEST
+  value: {{ .maxSequencesPerRequest | int64 | quote }}
+- name: KVROUTE_MAX_STREAMS_PER_TENANT
+  value: {{ .maxStreamsPerTenant | int64 | quote }}
+- name: KVROUTE_PIN_MAX_NAMES_PER_TENANT
+  value: {{ .pinMaxNamesPerTenant | int64 | quote }}
+- name: KVROUTE_PIN_MAX_BLOCKS_PER_TENANT
+  value: {{ .pinMaxBlocksPerTenant | int64 | quote }}
 {{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}

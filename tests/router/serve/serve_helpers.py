@@ -124,3 +124,26 @@ def promql(base_url: str, query: str) -> dict[tuple, float]:
         return {}
     data = resp.json()["data"]["result"] if resp.status_code == 200 else []
     return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in data}
+
+
+LATENCY_STAGES = ("preprocess", "queue", "ttft", "tpot", "e2e")
+
+
+def latency_counts(server: Server, stages: tuple[str, ...] = LATENCY_STAGES
+                   ) -> dict[str, float]:
+    """How many requests each gateway latency histogram has observed (every front process)."""
+    return {stage: server.sum_metric(f"kvroute_gateway_{stage}_seconds_count")
+            for stage in stages}
+
+
+def send_timed_requests(oai) -> int:
+    """One non-streamed completion, one streamed, one chat: each finishes after 4 tokens.
+    Returns how many were sent."""
+    oai.completions.create(model="tiny", prompt="Time me, please.", max_tokens=4,
+                           extra_body={"ignore_eos": True})
+    chunks = list(oai.completions.create(model="tiny", prompt="Time my stream.", max_tokens=4,
+                                         stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    oai.chat.completions.create(model="tiny", max_tokens=4, extra_body={"ignore_eos": True},
+                                messages=[{"role": "user", "content": "Time my chat."}])
+    return 3

@@ -19,7 +19,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
 from tests.router.serve.cli_server import kvroute_cli_server
-from tests.router.serve.serve_helpers import wait_until
+from tests.router.serve.serve_helpers import latency_counts, send_timed_requests, wait_until
 from worker.openai.tokenize import kvroute_version
 
 pytestmark = pytest.mark.slow
@@ -190,10 +190,24 @@ def test_metrics_endpoint_serves_every_process(server):
     for name in ("kvroute_router_decision_seconds_bucket", "kvroute_gateway_requests_total",
                  "kvroute_engine_ttft_seconds_bucket", "kvroute_router_index_blocks"):
         assert name in names
+    # vLLM's gauge names, one series per engine replica (llm-d's endpoint picker reads them)
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                 "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+        assert set(server.by_label(name, "replica")) == set(server.replica_ids()), name
     # `?node=IP` (the chart's per-pod scrape) reaches the hub through the replica's server:
     # no process runs on a node of another address
     other = httpx.get(f"{server.base_url}/metrics", params={"node": "192.0.2.1"}, timeout=30)
     assert other.status_code == 200 and "kvroute_" not in other.text
+
+
+def test_gateway_latency_histograms_observe_each_finished_request(server, oai):
+    """The gateway-side TTFT, TPOT, e2e, queue and preprocess histograms (docs/metrics.md,
+    "Gateway latency") each observe every finished request once, streamed or not."""
+    before = latency_counts(server)
+    sent = send_timed_requests(oai)
+    want = {stage: count + sent for stage, count in before.items()}
+    wait_until(lambda: latency_counts(server) == want, 30,
+               f"every latency histogram to count {sent} more requests")
 
 
 def test_a_killed_replica_leaves_the_survivor_serving(server, oai):
@@ -214,6 +228,13 @@ def test_a_killed_replica_leaves_the_survivor_serving(server, oai):
             return False
 
     wait_until(forgotten, 60, "the index to forget the killed replica")
+    (victim,) = before - set(server.replica_ids())
+
+    def marked_down() -> bool:  # 0 in every router that routed to it, not removed
+        up = server.by_label("kvroute_router_replica_up", "gateway", replica=victim)
+        return bool(up) and set(up.values()) == {0.0}
+
+    wait_until(marked_down, 60, "the routers to set the killed replica's replica_up to 0")
     wait_until(serves, 60, "requests to be served again")
     for i in range(6):
         assert oai.completions.create(model="tiny", prompt=f"still {i}",

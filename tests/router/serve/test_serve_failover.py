@@ -340,3 +340,32 @@ def test_a_pinned_prefix_is_warmed_again_when_its_replica_dies(server):
         wait_until(lambda: server.sum_metric("kvroute_engine_kv_blocks",
                                              replica=info["replica"], state="pinned") == 0,
                    30, "the new replica to unpin the deleted prefix")
+
+
+def test_a_pinned_prefix_outlives_an_index_actor_restart(server):
+    """The restarted actor has no records: the replica reports its pins with its first
+    snapshot to it, the record is rebuilt (same replica, still pinned), and a delete then
+    unpins it on the engine."""
+    auth = {"Authorization": "Bearer key-a"}
+    system = "Pinned prompt that must outlive the index actor. " * 4
+    with server.client(headers=auth) as http:
+        reg = http.post("/v1/prefixes", json={"name": "kept", "prompt": system})
+        assert reg.status_code == 200, reg.text
+        listed = reg.json()
+        index = ray.get_actor(INDEX_ACTOR_NAME, namespace="kvroute")
+        before = ray.get(index.get_incarnation.remote())
+        ray.kill(index, no_restart=False)
+        wait_until(lambda: _call(index.get_incarnation) not in (None, before), 60,
+                   "Ray to restart the index actor")
+
+        def listed_again():
+            resp = http.get("/v1/prefixes")
+            return resp.json()["data"] if resp.status_code == 200 else None
+
+        assert wait_until(listed_again, 30, "the prefix to be listed again") == [listed]
+        replica = listed["replica"]
+        assert http.delete("/v1/prefixes/kept").json()["deleted"] is True
+        wait_until(lambda: server.sum_metric("kvroute_engine_kv_blocks", replica=replica,
+                                             state="pinned") == 0,
+                   30, "the replica to unpin the deleted prefix")
+        assert http.get("/v1/prefixes").json()["data"] == []

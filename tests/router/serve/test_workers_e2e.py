@@ -23,7 +23,7 @@ from router.cli import APP_NAME
 from router.gateway.http_server import HttpConfig
 from router.serve.settings import ServeSettings
 from router.serve.workers_app import workers_application
-from tests.router.serve.serve_helpers import Server, free_port, wait_until
+from tests.router.serve.serve_helpers import Server, free_port, latency_counts, wait_until
 from worker.openai.tokenize import kvroute_version
 
 pytestmark = pytest.mark.slow
@@ -111,6 +111,19 @@ def test_streams_pass_through_with_usage_and_cached_tokens(server):
     chat = c.chat.completions.create(model="tiny", max_tokens=4,
                                      messages=[{"role": "user", "content": SHARED}])
     assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 4
+
+
+def test_gateway_latency_histograms_time_relayed_answers(server):
+    """A streamed answer gets TTFT (its first event), TPOT and e2e; a non-streamed one only
+    e2e; both their preprocess time; neither a queue time (another server's engine)."""
+    c = client(server)
+    before = latency_counts(server)
+    list(c.completions.create(model="tiny", prompt="Time my relayed stream.", max_tokens=4,
+                              stream=True))
+    c.completions.create(model="tiny", prompt="Time my relayed answer.", max_tokens=4)
+    grown = {"preprocess": 2, "queue": 0, "ttft": 1, "tpot": 1, "e2e": 2}
+    want = {stage: before[stage] + grown[stage] for stage in before}
+    wait_until(lambda: latency_counts(server) == want, 30, f"latency counts {want}")
 
 
 def test_bad_input_gets_the_answer_of_the_gateway_or_the_worker(server):

@@ -1,7 +1,8 @@
 """Concurrent streams per tenant: one tenant cannot hold every connection of a gateway.
 
-Counted per gateway process (N gateway replicas allow N times the limit in all); a stream
-over the limit is refused with 429 and Retry-After before any work is done for it.
+Counted per process that answers the OpenAI API (a gateway, or an engine replica with ingress
+direct: N of them allow N times the limit in all); a stream over the limit is refused with
+429 and Retry-After before any engine work is done for it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from worker.openai.errors import APIError
 
 MAX_STREAMS_ENV = "KVROUTE_MAX_STREAMS_PER_TENANT"
 RETRY_AFTER_S = 1
+DEFAULT_MAX_STREAMS_PER_TENANT = 64
 
 
 class TooManyStreams(APIError):
@@ -33,7 +35,14 @@ class StreamSlots:
     @classmethod
     def from_env(cls, environ=None) -> StreamSlots:
         environ = os.environ if environ is None else environ
-        return cls(int(environ.get(MAX_STREAMS_ENV) or 64))
+        return cls(int(environ.get(MAX_STREAMS_ENV) or DEFAULT_MAX_STREAMS_PER_TENANT))
+
+    @classmethod
+    def from_env_if_set(cls, environ=None) -> StreamSlots | None:
+        """The limit only where the operator set one (`kvroute engine`: no tenants, so the
+        limit is on all its streams together, and a router in front may hold many)."""
+        environ = os.environ if environ is None else environ
+        return cls.from_env(environ) if environ.get(MAX_STREAMS_ENV) else None
 
     def acquire(self, tenant: str) -> None:
         n = self._open.get(tenant, 0)

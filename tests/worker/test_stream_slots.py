@@ -5,8 +5,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from router.gateway.stream_slots import StreamSlots, TooManyStreams
 from worker.openai.http_errors import install_error_handlers
+from worker.openai.stream_slots import StreamSlots, TooManyStreams
 
 
 async def test_slots_are_per_tenant_and_released_when_the_stream_ends():

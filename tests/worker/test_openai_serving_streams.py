@@ -1,0 +1,68 @@
+"""OpenAIServing's per-tenant stream limit (the direct-ingress engine replica and, when
+KVROUTE_MAX_STREAMS_PER_TENANT is set, `kvroute engine`): a stream over the tenant's limit
+is a 429 with Retry-After before any engine work; the slot comes back however the stream
+ends; non-streaming requests and other tenants are not counted."""
+
+import asyncio
+import json
+
+import pytest
+from starlette.requests import Request
+
+from worker.engine_config import EngineConfig
+from worker.engine_factory import build_engine
+from worker.openai.prompt import PromptBuilder
+from worker.openai.stream_slots import MAX_STREAMS_ENV, StreamSlots, TooManyStreams
+from worker.openai_server.serving import OpenAIServing
+from worker.tokenizer_files import tokenizer_dir
+
+
+def completion_request(stream: bool) -> Request:
+    body = json.dumps({"model": "tiny", "prompt": "Stream to me.", "max_tokens": 4,
+                       "stream": stream}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [],
+             "query_string": b""}
+    return Request(scope, receive)
+
+
+@pytest.fixture
+async def serving():
+    engine = build_engine(EngineConfig(model="tiny", engine="sim", sim_preset="tiny",
+                                       num_blocks=64, block_size=16))
+    yield OpenAIServing(engine, PromptBuilder(tokenizer_dir("tiny"), "tiny", 16),
+                        streams=StreamSlots(1))
+    await engine.shutdown()
+
+
+async def test_a_tenants_second_stream_is_refused_until_its_first_ends(serving):
+    first = await serving.completions(completion_request(stream=True), "tenant-a")
+    assert first.status_code == 200 and serving.streams.num_open("tenant-a") == 1
+    with pytest.raises(TooManyStreams) as refused:
+        await serving.completions(completion_request(stream=True), "tenant-a")
+    assert refused.value.status_code == 429 and refused.value.headers == {"Retry-After": "1"}
+    assert serving.engine.stats().num_running + serving.engine.stats().num_waiting <= 1
+    other = await serving.completions(completion_request(stream=True), "tenant-b")
+    plain = await serving.completions(completion_request(stream=False), "tenant-a")
+    assert plain.status_code == 200  # non-streaming requests hold no slot
+    events = [chunk async for chunk in first.body_iterator]
+    assert events[-1] == b"data: [DONE]\n\n"
+    assert serving.streams.num_open("tenant-a") == 0
+    again = await serving.completions(completion_request(stream=True), "tenant-a")
+    for response in (other, again):  # the client leaves mid-stream: the slot comes back
+        await anext(response.body_iterator)
+        await response.body_iterator.aclose()
+    assert serving.streams.num_open("tenant-a") == serving.streams.num_open("tenant-b") == 0
+
+
+def test_kvroute_engine_limits_streams_only_when_the_operator_sets_it():
+    assert StreamSlots.from_env_if_set({}) is None
+    assert StreamSlots.from_env_if_set({MAX_STREAMS_ENV: "3"}).max_per_tenant == 3
+    assert StreamSlots.from_env({}).max_per_tenant == 64

@@ -26,7 +26,10 @@ def route(router: Router, request_id: str, hashes, replica_ids=REPLICAS, max_tok
     n = len(hashes) * B if num_prompt_tokens is None else num_prompt_tokens
     decision = router.route(request_id, hashes, n, replica_ids, max_tokens)
     router.check_invariants()
-    return decision
+    # the ranking (tested in test_ranking.py) holds every candidate once, the choice first
+    assert decision.ranked_ids[0] == decision.replica_id
+    assert sorted(decision.ranked_ids) == sorted(dict.fromkeys(replica_ids))
+    return decision._replace(ranked_ids=())
 
 
 def snapshot(router: Router, replica_id: str, device=(), host=()) -> None:

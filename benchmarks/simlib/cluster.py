@@ -198,7 +198,7 @@ class ClusterSim:
         child = self._children.pop(rec.request_id, None)
         if child is not None:
             self._histories[rec.request_id] = (token_ids, hashes)
-            self._push(max(child.arrival_s, self.now), _ARRIVAL, child)
+            self._push(max(child.arrival_s, self.now + child.think_s), _ARRIVAL, child)
 
     # -- the index feed --------------------------------------------------------------------
 

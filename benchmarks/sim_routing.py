@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pending-ttl-s", type=float, default=None)
     p.add_argument("--router", action="append", default=[], metavar="NAME=VALUE",
                    help="what-if: set a RouterConfig field for every contender (repeatable)")
+    p.add_argument("--first-token-signal", action="store_true",
+                   help="what-if: the router hears each request's first token")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     p.add_argument("--trace", type=Path, default=ex.MOONCAKE_TRACE)
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
     t0, cpu0 = time.perf_counter(), time.process_time()
     by_label: dict[str, list[Summary]] = {c.label: [] for c in entrants}
     tasks = [ex.Task(ClusterConfig(args.replicas, replica, c.router, args.event_delay_s,
-                                   args.publish_interval_s, seed=args.seed),
+                                   args.publish_interval_s, seed=args.seed,
+                                   first_token_signal=args.first_token_signal),
                      ex.WorkloadSpec(args.workload, per_replica, args.replicas, args.seed,
                                      args.quick, args.trace), c.label)
              for per_replica in rates_per_replica(args, d) for c in entrants]

@@ -16,6 +16,14 @@ class RouterConfig:
     # weights split conversations off their cache; lighter ones break the balance
     # (benchmarks/RESULTS.md, router findings 2 and 4, has the runs that chose it).
     load_weight: float = 0.2
+    # A decode token's work in prefill tokens, in the load a request adds (cache_aware).
+    decode_weight: float = 1.0
+    # Each cached prompt token adds this many tokens of work to the load a request adds:
+    # a cached prompt still costs its replica a seat and attention over its context.
+    cached_load_fraction: float = 0.0
+    # Hold pending marks on the whole prompt, not only past its confirmed device run, so an
+    # eviction of the cached part while the request waits does not hide where it will be.
+    mark_whole_prompt: bool = False
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded
@@ -44,6 +52,11 @@ class RouterConfig:
             raise bad(f"block_size must be a positive integer, got {self.block_size!r}")
         if not (math.isfinite(self.load_weight) and self.load_weight >= 0):
             raise bad(f"load_weight must be finite and >= 0, got {self.load_weight!r}")
+        if not (math.isfinite(self.decode_weight) and self.decode_weight >= 0):
+            raise bad(f"decode_weight must be finite and >= 0, got {self.decode_weight!r}")
+        if not 0 <= self.cached_load_fraction <= 1:
+            raise bad(f"cached_load_fraction must be in [0, 1], got "
+                      f"{self.cached_load_fraction!r}")
         if not 0 <= self.host_cost_fraction <= 1:
             raise bad(f"host_cost_fraction must be in [0, 1], got {self.host_cost_fraction!r}")
         if not self.imbalance_threshold > 0:

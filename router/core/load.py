@@ -1,11 +1,13 @@
 """Outstanding work per replica, in tokens: what this router sent, and what the replica says.
 
-A routed request adds its uncached prefill tokens plus its decode tokens (`max_tokens`) to
-its replica until `finish`. A replica's published `EngineStats` also count work that other
-gateway processes sent: queued prefill tokens plus running and waiting requests times the
-mean decode length seen here. The load is the larger of the two views: the local view
-counts a burst before the replica reports it, the published one counts the other routers,
-and taking the max never counts this router's own requests twice.
+A routed request adds its work (its uncached prefill tokens plus its decode tokens, as the
+router weighs them) to its replica until `finish`; the part that ends with its first token
+(the prefill) leaves earlier if the caller reports the first token (`first_token`). A
+replica's published `EngineStats` also count work that other gateway processes sent: queued
+prefill tokens plus running and waiting requests times the mean decode length seen here.
+The load is the larger of the two views: the local view counts a burst before the replica
+reports it, the published one counts the other routers, and taking the max never counts
+this router's own requests twice.
 """
 
 from __future__ import annotations
@@ -16,18 +18,21 @@ _DECODE_MEAN_ALPHA = 0.05  # weight of the newest request in the mean decode len
 
 
 class LoadTracker:
-    def __init__(self) -> None:
-        self._requests: dict[str, tuple[str, float]] = {}  # request_id -> (replica, tokens)
+    def __init__(self, decode_weight: float = 1.0) -> None:
+        self.decode_weight = decode_weight  # a decode token's work in prefill tokens
+        # request_id -> (replica, work tokens, the part of them that ends at the first token)
+        self._requests: dict[str, tuple[str, float, float]] = {}
         self._local_tokens: dict[str, float] = {}  # replica -> sum of its requests' work
         self._num_local: dict[str, int] = {}  # replica -> outstanding request count
         self._stats: dict[str, EngineStats] = {}
         self.mean_decode_tokens = 0.0
 
     def add(self, request_id: str, replica_id: str, work_tokens: float,
-            decode_tokens: int) -> None:
-        """Records a routed request; routing the same id again replaces its old entry."""
+            decode_tokens: int, first_token_tokens: float = 0.0) -> None:
+        """Records a routed request; routing the same id again replaces its old entry.
+        `first_token_tokens` of `work_tokens` end with its first token."""
         self.finish(request_id)
-        self._requests[request_id] = (replica_id, work_tokens)
+        self._requests[request_id] = (replica_id, work_tokens, first_token_tokens)
         self._local_tokens[replica_id] = self._local_tokens.get(replica_id, 0.0) + work_tokens
         self._num_local[replica_id] = self._num_local.get(replica_id, 0) + 1
         self.mean_decode_tokens += _DECODE_MEAN_ALPHA * (decode_tokens - self.mean_decode_tokens)
@@ -37,7 +42,7 @@ class LoadTracker:
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return
-        replica_id, work_tokens = entry
+        replica_id, work_tokens, _ = entry
         n = self._num_local[replica_id] - 1
         if n:
             self._num_local[replica_id] = n
@@ -45,6 +50,16 @@ class LoadTracker:
         else:  # reset exactly, so float sums cannot drift over a long run
             del self._num_local[replica_id]
             del self._local_tokens[replica_id]
+
+    def first_token(self, request_id: str) -> None:
+        """The request has its first token: its prefill work is done (unknown or already
+        reported ids are ignored)."""
+        entry = self._requests.get(request_id)
+        if entry is None or not entry[2]:
+            return
+        replica_id, work_tokens, done = entry
+        self._requests[request_id] = (replica_id, work_tokens - done, 0.0)
+        self._local_tokens[replica_id] -= done
 
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
         self._stats[replica_id] = stats
@@ -55,8 +70,8 @@ class LoadTracker:
         stats = self._stats.get(replica_id)
         if stats is None:
             return local
-        published = (stats.num_queued_prefill_tokens
-                     + (stats.num_running + stats.num_waiting) * self.mean_decode_tokens)
+        published = (stats.num_queued_prefill_tokens + self.decode_weight
+                     * (stats.num_running + stats.num_waiting) * self.mean_decode_tokens)
         return max(local, published)
 
     def num_outstanding(self, replica_id: str) -> int:
@@ -66,13 +81,13 @@ class LoadTracker:
     def remove_replica(self, replica_id: str) -> None:
         """Forgets the replica's stats and its requests (their `finish` becomes a no-op)."""
         self._stats.pop(replica_id, None)
-        for rid in [r for r, (rep, _) in self._requests.items() if rep == replica_id]:
+        for rid in [r for r, (rep, _, _) in self._requests.items() if rep == replica_id]:
             self.finish(rid)
 
     def check_invariants(self) -> None:
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
-        for replica_id, work_tokens in self._requests.values():
+        for replica_id, work_tokens, _ in self._requests.values():
             sums[replica_id] = sums.get(replica_id, 0.0) + work_tokens
             counts[replica_id] = counts.get(replica_id, 0) + 1
         assert counts == self._num_local, "outstanding counts != routed requests"

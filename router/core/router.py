@@ -62,7 +62,7 @@ class Router:
         self.index = PrefixIndex(config.pending_ttl_s, clock)
         self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
                                      active=config.approximate)
-        self.loads = LoadTracker()
+        self.loads = LoadTracker(config.decode_weight)
         self._fallback = False
         self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
         # request id -> where it went and the blocks it holds pending there, until
@@ -153,16 +153,20 @@ class Router:
         if replica_id not in on_history:
             # Mark from the end of the confirmed device run: the blocks this request computes
             # or copies in, and pending ones it refreshes. The walk measured that run.
-            num_confirmed = confirmed.get(replica_id, match.num_device_blocks if match else 0)
+            num_confirmed = (0 if self.config.mark_whole_prompt else
+                             confirmed.get(replica_id, match.num_device_blocks if match else 0))
             held = block_hashes[num_confirmed:]
             self.index.mark_pending(replica_id, held, held=True)
         self._held[request_id] = routed._replace(
             held=held, predicted_hit_tokens=(device_tokens, host_tokens))
         self.history.record(replica_id, block_hashes)
+        config = self.config
         prefill_tokens = (routed.num_prompt_tokens - device_tokens - host_tokens
-                          + self.config.host_cost_fraction * host_tokens)
-        self.loads.add(request_id, replica_id, prefill_tokens + routed.max_tokens,
-                       routed.max_tokens)
+                          + config.host_cost_fraction * host_tokens
+                          + config.cached_load_fraction * (device_tokens + host_tokens))
+        self.loads.add(request_id, replica_id,
+                       prefill_tokens + config.decode_weight * routed.max_tokens,
+                       routed.max_tokens, prefill_tokens)
         return device_tokens, host_tokens
 
     def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:
@@ -192,6 +196,11 @@ class Router:
         (unknown ids are ignored)."""
         self.loads.finish(request_id)
         self._release_held(request_id)
+
+    def on_first_token(self, request_id: str) -> None:
+        """The request's first token came: its prefill leaves its replica's load (the rest
+        stays until `on_finished`; unknown ids are ignored)."""
+        self.loads.first_token(request_id)
 
     def _release_held(self, request_id: str, withdraw: bool = False) -> None:
         entry = self._held.pop(request_id, None)

@@ -24,6 +24,9 @@ class RouterConfig:
     # Hold pending marks on the whole prompt, not only past its confirmed device run, so an
     # eviction of the cached part while the request waits does not hide where it will be.
     mark_whole_prompt: bool = False
+    # > 0: a replica's load is at least the work routed to it lately, halving every this
+    # many seconds (conversations between turns still count); 0: outstanding work only.
+    recent_work_half_life_s: float = 0.0
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded
@@ -57,6 +60,10 @@ class RouterConfig:
         if not 0 <= self.cached_load_fraction <= 1:
             raise bad(f"cached_load_fraction must be in [0, 1], got "
                       f"{self.cached_load_fraction!r}")
+        if not (math.isfinite(self.recent_work_half_life_s)
+                and self.recent_work_half_life_s >= 0):
+            raise bad(f"recent_work_half_life_s must be finite and >= 0, got "
+                      f"{self.recent_work_half_life_s!r}")
         if not 0 <= self.host_cost_fraction <= 1:
             raise bad(f"host_cost_fraction must be in [0, 1], got {self.host_cost_fraction!r}")
         if not self.imbalance_threshold > 0:

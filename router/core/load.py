@@ -12,14 +12,23 @@ this router's own requests twice.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from worker.api import EngineStats
 
 _DECODE_MEAN_ALPHA = 0.05  # weight of the newest request in the mean decode length
 
 
 class LoadTracker:
-    def __init__(self, decode_weight: float = 1.0) -> None:
+    def __init__(self, decode_weight: float = 1.0, recent_half_life_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.decode_weight = decode_weight  # a decode token's work in prefill tokens
+        # > 0: a replica's load is at least the work routed to it lately, each request's
+        # work halving every recent_half_life_s (see `load`)
+        self.recent_half_life_s = recent_half_life_s
+        self.clock = clock
+        self._recent: dict[str, tuple[float, float]] = {}  # replica -> (work, as of s)
         # request_id -> (replica, work tokens, the part of them that ends at the first token)
         self._requests: dict[str, tuple[str, float, float]] = {}
         self._local_tokens: dict[str, float] = {}  # replica -> sum of its requests' work
@@ -35,6 +44,9 @@ class LoadTracker:
         self._requests[request_id] = (replica_id, work_tokens, first_token_tokens)
         self._local_tokens[replica_id] = self._local_tokens.get(replica_id, 0.0) + work_tokens
         self._num_local[replica_id] = self._num_local.get(replica_id, 0) + 1
+        if self.recent_half_life_s:
+            now = self.clock()
+            self._recent[replica_id] = (self._recent_work(replica_id, now) + work_tokens, now)
         self.mean_decode_tokens += _DECODE_MEAN_ALPHA * (decode_tokens - self.mean_decode_tokens)
 
     def finish(self, request_id: str) -> None:
@@ -64,9 +76,20 @@ class LoadTracker:
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
         self._stats[replica_id] = stats
 
+    def _recent_work(self, replica_id: str, now: float) -> float:
+        entry = self._recent.get(replica_id)
+        if entry is None:
+            return 0.0
+        work, at_s = entry
+        return work * 0.5 ** ((now - at_s) / self.recent_half_life_s)
+
     def load(self, replica_id: str) -> float:
-        """Outstanding work on the replica, in tokens."""
+        """Outstanding work on the replica, in tokens; with a recent-work half-life, at
+        least the work routed to it lately (decayed): a replica whose conversations are
+        between turns is idle now but will get their next turns."""
         local = self._local_tokens.get(replica_id, 0.0)
+        if self.recent_half_life_s and replica_id in self._recent:
+            local = max(local, self._recent_work(replica_id, self.clock()))
         stats = self._stats.get(replica_id)
         if stats is None:
             return local
@@ -81,6 +104,7 @@ class LoadTracker:
     def remove_replica(self, replica_id: str) -> None:
         """Forgets the replica's stats and its requests (their `finish` becomes a no-op)."""
         self._stats.pop(replica_id, None)
+        self._recent.pop(replica_id, None)
         for rid in [r for r, (rep, _, _) in self._requests.items() if rep == replica_id]:
             self.finish(rid)
 

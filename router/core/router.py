@@ -62,7 +62,7 @@ class Router:
         self.index = PrefixIndex(config.pending_ttl_s, clock)
         self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
                                      active=config.approximate)
-        self.loads = LoadTracker(config.decode_weight)
+        self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock)
         self._fallback = False
         self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
         # request id -> where it went and the blocks it holds pending there, until

@@ -143,19 +143,24 @@ def test_burst_sends_identical_prompts_then_prompts_differing_in_their_tail():
 
 
 def test_conversation_sessions_grow_to_about_10k_tokens_after_think_times():
-    w = conversation(num_sessions=40, rate_qps=1.0)
+    w = conversation(rate_qps=1.0, duration_s=400.0)
     context: dict[str, int] = {}
+    arrival: dict[str, float] = {}
     for it in w.items:
         if it.parent_id is None:
             assert it.segments[0] == wl.Segment("conversation/sys", 24) and it.think_s == 0
         else:
             assert it.think_s > 0 and len(it.segments) == 1
+            assert it.arrival_s == arrival[it.parent_id] + it.think_s
+        arrival[it.request_id] = it.arrival_s
         context[it.request_id] = (context.get(it.parent_id, 0) + it.num_new_prompt_tokens
                                   + it.max_tokens)
     assert w.shared_keys() == {"conversation/sys"}  # the head is all sessions share
     assert 9000 < max(context.values()) <= 10_000
-    assert w.num_requests > 5 * 40  # many turns a session
-    starts = sorted({it.arrival_s for it in w.items})
-    assert len(starts) == 40 and starts[0] == 0.0
-    # the session start rate makes the request rate 1 req/s
-    assert abs(w.num_requests / (starts[-1] * 40 / 39) - 1.0) < 0.35
+    num_sessions = sum(it.parent_id is None for it in w.items)
+    assert w.num_requests > 5 * num_sessions  # many turns a session
+    assert 400 <= w.num_requests < 400 + 64  # rate x duration turns, whole sessions
+    # the same sessions at a higher rate, and more of them
+    more = conversation(rate_qps=2.0, duration_s=400.0)
+    assert [it.segments for it in more.items[:50]] == [it.segments for it in w.items[:50]]
+    assert more.num_requests >= 800

@@ -74,7 +74,22 @@ def test_whole_prompt_marks_cover_the_confirmed_run_too():
 @pytest.mark.parametrize("kw, message", [
     ({"decode_weight": -0.1}, "decode_weight must be finite and >= 0"),
     ({"cached_load_fraction": 1.5}, r"cached_load_fraction must be in \[0, 1\]"),
+    ({"recent_work_half_life_s": -1.0}, "recent_work_half_life_s must be finite and >= 0"),
 ])
 def test_new_fields_are_validated(kw, message):
     with pytest.raises(ValueError, match=message):
         RouterConfig(**kw)
+
+
+def test_recent_work_keeps_an_idle_replica_loaded_for_a_while():
+    clock = FakeClock()
+    router = Router(RouterConfig(block_size=B, recent_work_half_life_s=10.0), clock=clock)
+    router.route("q", prompt(0, 1), 2 * B, REPLICAS, max_tokens=8)  # r0: 32 + 8 = 40
+    router.on_finished("q")
+    assert router.loads.load("r0") == 40.0  # idle, but its work was routed just now
+    clock.advance(10.0)
+    assert router.loads.load("r0") == 20.0
+    clock.advance(10.0)
+    router.route("q2", prompt(5), B, REPLICAS, max_tokens=4)  # r1 (r0 still carries 10)
+    assert (router.loads.load("r0"), router.loads.load("r1")) == (10.0, 20.0)
+    router.check_invariants()

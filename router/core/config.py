@@ -18,6 +18,10 @@ class RouterConfig:
     load_weight: float = 0.2
     # A decode token's work in prefill tokens, in the load a request adds (cache_aware).
     decode_weight: float = 1.0
+    # The fraction of a request's decode work still counted once its first token came (a
+    # running decode slows a new request's prefill far less than queued prefill does);
+    # only with a first-token signal (Router.on_first_token).
+    running_decode_weight: float = 1.0
     # Each cached prompt token adds this many tokens of work to the load a request adds:
     # a cached prompt still costs its replica a seat and attention over its context.
     cached_load_fraction: float = 0.0
@@ -57,6 +61,9 @@ class RouterConfig:
             raise bad(f"load_weight must be finite and >= 0, got {self.load_weight!r}")
         if not (math.isfinite(self.decode_weight) and self.decode_weight >= 0):
             raise bad(f"decode_weight must be finite and >= 0, got {self.decode_weight!r}")
+        if not 0 <= self.running_decode_weight <= 1:
+            raise bad(f"running_decode_weight must be in [0, 1], got "
+                      f"{self.running_decode_weight!r}")
         if not 0 <= self.cached_load_fraction <= 1:
             raise bad(f"cached_load_fraction must be in [0, 1], got "
                       f"{self.cached_load_fraction!r}")

@@ -22,8 +22,10 @@ _DECODE_MEAN_ALPHA = 0.05  # weight of the newest request in the mean decode len
 
 class LoadTracker:
     def __init__(self, decode_weight: float = 1.0, recent_half_life_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 running_decode_weight: float = 1.0) -> None:
         self.decode_weight = decode_weight  # a decode token's work in prefill tokens
+        self.running_decode_weight = running_decode_weight  # of a running request's decode
         # > 0: a replica's load is at least the work routed to it lately, each request's
         # work halving every recent_half_life_s (see `load`)
         self.recent_half_life_s = recent_half_life_s
@@ -93,8 +95,9 @@ class LoadTracker:
         stats = self._stats.get(replica_id)
         if stats is None:
             return local
-        published = (stats.num_queued_prefill_tokens + self.decode_weight
-                     * (stats.num_running + stats.num_waiting) * self.mean_decode_tokens)
+        published = (stats.num_queued_prefill_tokens + self.decode_weight * (
+            self.running_decode_weight * stats.num_running + stats.num_waiting)
+            * self.mean_decode_tokens)
         return max(local, published)
 
     def num_outstanding(self, replica_id: str) -> int:

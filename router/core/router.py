@@ -62,7 +62,8 @@ class Router:
         self.index = PrefixIndex(config.pending_ttl_s, clock)
         self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
                                      active=config.approximate)
-        self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock)
+        self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock,
+                                 config.running_decode_weight)
         self._fallback = False
         self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
         # request id -> where it went and the blocks it holds pending there, until
@@ -164,9 +165,10 @@ class Router:
         prefill_tokens = (routed.num_prompt_tokens - device_tokens - host_tokens
                           + config.host_cost_fraction * host_tokens
                           + config.cached_load_fraction * (device_tokens + host_tokens))
-        self.loads.add(request_id, replica_id,
-                       prefill_tokens + config.decode_weight * routed.max_tokens,
-                       routed.max_tokens, prefill_tokens)
+        decode_work = config.decode_weight * routed.max_tokens
+        self.loads.add(request_id, replica_id, prefill_tokens + decode_work,
+                       routed.max_tokens,
+                       prefill_tokens + (1 - config.running_decode_weight) * decode_work)
         return device_tokens, host_tokens
 
     def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:
@@ -198,8 +200,9 @@ class Router:
         self._release_held(request_id)
 
     def on_first_token(self, request_id: str) -> None:
-        """The request's first token came: its prefill leaves its replica's load (the rest
-        stays until `on_finished`; unknown ids are ignored)."""
+        """The request's first token came: its prefill leaves its replica's load, and its
+        decode counts at `running_decode_weight` until `on_finished` (unknown ids are
+        ignored)."""
         self.loads.first_token(request_id)
 
     def _release_held(self, request_id: str, withdraw: bool = False) -> None:

@@ -97,10 +97,10 @@ def test_recent_work_keeps_an_idle_replica_loaded_for_a_while():
 
 def test_after_its_first_token_a_request_keeps_its_decode_at_running_decode_weight():
     router = make_router(running_decode_weight=0.25)
-    router.route("q", prompt(7, 8), 2 * B, REPLICAS, max_tokens=40)  # r1: 32 + 40
-    assert router.loads.load("r1") == 72.0
+    router.route("q", prompt(7, 8), 2 * B, REPLICAS, max_tokens=40)  # r0: 32 + 40
+    assert router.loads.load("r0") == 72.0
     router.on_first_token("q")
-    assert router.loads.load("r1") == 0.25 * 40
+    assert router.loads.load("r0") == 0.25 * 40
     router.check_invariants()
     router.on_finished("q")
-    assert router.loads.load("r1") == 0.0
+    assert router.loads.load("r0") == 0.0

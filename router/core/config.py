@@ -24,13 +24,16 @@ class RouterConfig:
     running_decode_weight: float = 1.0
     # Each cached prompt token adds this many tokens of work to the load a request adds:
     # a cached prompt still costs its replica a seat and attention over its context.
-    cached_load_fraction: float = 0.0
+    # (0.1: a burst of one cached prompt spreads like round robin; benchmarks/RESULTS.md,
+    # issue 13's what-ifs.)
+    cached_load_fraction: float = 0.1
     # Hold pending marks on the whole prompt, not only past its confirmed device run, so an
     # eviction of the cached part while the request waits does not hide where it will be.
     mark_whole_prompt: bool = False
     # > 0: a replica's load is at least the work routed to it lately, halving every this
     # many seconds (conversations between turns still count); 0: outstanding work only.
-    recent_work_half_life_s: float = 0.0
+    # (30 s: conversations with think times spread; issue 13's what-ifs.)
+    recent_work_half_life_s: float = 30.0
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded

@@ -65,6 +65,19 @@ class LoadTracker:
             del self._num_local[replica_id]
             del self._local_tokens[replica_id]
 
+    def withdraw(self, request_id: str) -> None:
+        """Drops a request that did not go to the replica it was recorded on (a retry, a
+        spill down the ranking): its work leaves the recent work there too."""
+        entry = self._requests.get(request_id)
+        if entry is None:
+            return
+        replica_id, work_tokens, _ = entry
+        self.finish(request_id)
+        if replica_id in self._recent:
+            now = self.clock()
+            self._recent[replica_id] = (
+                max(0.0, self._recent_work(replica_id, now) - work_tokens), now)
+
     def first_token(self, request_id: str) -> None:
         """The request has its first token: its prefill work is done (unknown or already
         reported ids are ignored)."""

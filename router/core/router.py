@@ -213,7 +213,7 @@ class Router:
     def _withdraw(self, request_id: str) -> None:
         """Drops a decision whose request did not go where it was recorded: its load, and
         the pending marks only it held, at once (no event of it will come)."""
-        self.loads.finish(request_id)
+        self.loads.withdraw(request_id)
         self._release_held(request_id, withdraw=True)
 
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:

@@ -223,7 +223,8 @@ def test_fallback_decides_from_last_events_until_every_replica_is_replayed():
 
 
 def test_outstanding_work_and_published_stats_steer_least_load():
-    router, _ = make_router(policy="least_load")
+    # outstanding work only: no recent-work memory (test_load_model.py has it)
+    router, _ = make_router(policy="least_load", recent_work_half_life_s=0.0)
     chosen = [route(router, f"q{i}", prompt(i), max_tokens=10).replica_id for i in range(4)]
     assert chosen == REPLICAS
     assert router.loads.load("r0") == 16 + 10

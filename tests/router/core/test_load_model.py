@@ -17,6 +17,7 @@ def prompt(*block_ids: int) -> list[bytes]:
 
 
 def make_router(**kw) -> Router:
+    kw.setdefault("recent_work_half_life_s", 0.0)  # outstanding work only, unless asked
     router = Router(RouterConfig(block_size=B, **kw), clock=FakeClock())
     log = EventLog("r0", epoch="e0")
     assert router.apply_batch(log.drain())
@@ -40,10 +41,17 @@ def test_cached_tokens_and_decode_weigh_as_configured_and_prefill_leaves_at_firs
     router.check_invariants()
 
 
-def test_the_default_counts_uncached_prefill_and_decode_only():
-    router = make_router()
+def test_the_default_counts_a_tenth_of_cached_tokens_and_keeps_recent_work():
+    clock = FakeClock()
+    router = Router(RouterConfig(block_size=B), clock=clock)
+    log = EventLog("r0", epoch="e0")
+    assert router.apply_batch(log.drain())
+    router.apply_snapshot(log.snapshot(prompt(0, 1, 2), ()))
     router.route("q", prompt(0, 1, 2, 3), 4 * B, REPLICAS, max_tokens=10)
-    assert router.loads.load("r0") == 16 + 10
+    assert router.loads.load("r0") == 16 + 0.1 * 48 + 10
+    router.on_finished("q")
+    clock.advance(30.0)  # the default half-life
+    assert router.loads.load("r0") == (16 + 0.1 * 48 + 10) / 2
 
 
 def test_a_burst_of_one_cached_prompt_spreads_once_its_cached_tokens_weigh():
@@ -55,7 +63,7 @@ def test_a_burst_of_one_cached_prompt_spreads_once_its_cached_tokens_weigh():
     got = [router.route(f"q{i}", p, 4 * B, REPLICAS, max_tokens=1).replica_id
            for i in range(11)]
     assert got == ["r0"] * 10 + ["r1"]
-    without = make_router()  # default: each copy adds 1 token, r0 takes them all
+    without = make_router(cached_load_fraction=0.0)  # each copy adds 1 token: all on r0
     assert {without.route(f"q{i}", p, 4 * B, REPLICAS, max_tokens=1).replica_id
             for i in range(11)} == {"r0"}
 

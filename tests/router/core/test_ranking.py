@@ -76,13 +76,14 @@ def test_a_request_sent_further_down_the_ranking_moves_its_marks_and_load():
     p = prompt(0, 1, 2, 3, 4)
     assert route(router, "q1", p, max_tokens=8).ranked_ids == ("r1", "r2", "r0", "r3")
     assert router.index.pending_blocks("r1") == frozenset(prompt(4))
-    assert router.loads.load("r1") == 16 + 8
+    assert router.loads.load("r1") == 16 + 0.1 * 64 + 8  # default cached_load_fraction
     # r1 was full; Serve sent q1 to r2
     assert router.move("q1", "r2") == RoutingDecision("r2", 32, 0, False, ("r2",))
     router.check_invariants()
     assert router.index.pending_blocks("r1") == frozenset()
     assert router.index.pending_blocks("r2") == frozenset(prompt(2, 3, 4))
-    assert (router.loads.load("r1"), router.loads.load("r2")) == (0.0, 48 + 8)
+    # its work left r1's recent work too
+    assert (router.loads.load("r1"), router.loads.load("r2")) == (0.0, 48 + 0.1 * 32 + 8)
     assert router.move("q1", "r2") == RoutingDecision("r2", 32, 0, False, ("r2",))
     router.on_finished("q1")
     assert router.move("q1", "r0") is None  # no longer outstanding: nothing to move

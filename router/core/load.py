@@ -30,7 +30,12 @@ class LoadTracker:
         # work halving every recent_half_life_s (see `load`)
         self.recent_half_life_s = recent_half_life_s
         self.clock = clock
-        self._recent: dict[str, tuple[float, float]] = {}  # replica -> (work, as of s)
+        # replica -> its recent work scaled to `_epoch_s`: work routed at t counts
+        # work x 2^((t - epoch) / half-life) here, so decaying all replicas to `now` is one
+        # shared factor 2^(-(now - epoch) / half-life) (see `_decay`)
+        self._recent: dict[str, float] = {}
+        self._epoch_s = clock() if recent_half_life_s else 0.0
+        self._decay_at: tuple[float, float] = (self._epoch_s, 1.0)  # (now, factor)
         # request_id -> (replica, work tokens, the part of them that ends at the first token)
         self._requests: dict[str, tuple[str, float, float]] = {}
         self._local_tokens: dict[str, float] = {}  # replica -> sum of its requests' work
@@ -47,8 +52,8 @@ class LoadTracker:
         self._local_tokens[replica_id] = self._local_tokens.get(replica_id, 0.0) + work_tokens
         self._num_local[replica_id] = self._num_local.get(replica_id, 0) + 1
         if self.recent_half_life_s:
-            now = self.clock()
-            self._recent[replica_id] = (self._recent_work(replica_id, now) + work_tokens, now)
+            self._recent[replica_id] = (self._recent.get(replica_id, 0.0)
+                                        + work_tokens / self._decay(self.clock()))
         self.mean_decode_tokens += _DECODE_MEAN_ALPHA * (decode_tokens - self.mean_decode_tokens)
 
     def finish(self, request_id: str) -> None:
@@ -74,9 +79,8 @@ class LoadTracker:
         replica_id, work_tokens, _ = entry
         self.finish(request_id)
         if replica_id in self._recent:
-            now = self.clock()
-            self._recent[replica_id] = (
-                max(0.0, self._recent_work(replica_id, now) - work_tokens), now)
+            self._recent[replica_id] = max(
+                0.0, self._recent[replica_id] - work_tokens / self._decay(self.clock()))
 
     def first_token(self, request_id: str) -> None:
         """The request has its first token: its prefill work is done (unknown or already
@@ -91,20 +95,28 @@ class LoadTracker:
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
         self._stats[replica_id] = stats
 
-    def _recent_work(self, replica_id: str, now: float) -> float:
-        entry = self._recent.get(replica_id)
-        if entry is None:
-            return 0.0
-        work, at_s = entry
-        return work * 0.5 ** ((now - at_s) / self.recent_half_life_s)
+    def _decay(self, now: float) -> float:
+        """2^(-(now - epoch) / half-life), computed once per clock reading; the epoch moves
+        forward (every entry rescaled) before the scale could overflow."""
+        at, factor = self._decay_at
+        if now != at:
+            halvings = (now - self._epoch_s) / self.recent_half_life_s
+            if halvings > 256:
+                rescale = 0.5 ** halvings
+                self._recent = {r: v * rescale for r, v in self._recent.items()}
+                self._epoch_s, halvings = now, 0.0
+            factor = 0.5 ** halvings
+            self._decay_at = (now, factor)
+        return factor
 
     def load(self, replica_id: str) -> float:
         """Outstanding work on the replica, in tokens; with a recent-work half-life, at
         least the work routed to it lately (decayed): a replica whose conversations are
         between turns is idle now but will get their next turns."""
         local = self._local_tokens.get(replica_id, 0.0)
-        if self.recent_half_life_s and replica_id in self._recent:
-            local = max(local, self._recent_work(replica_id, self.clock()))
+        recent = self._recent.get(replica_id)
+        if recent is not None:
+            local = max(local, recent * self._decay(self.clock()))
         stats = self._stats.get(replica_id)
         if stats is None:
             return local

@@ -103,7 +103,7 @@ class Router:
                    if policy.uses_index else {})
         query = RouteQuery(request_id, block_hashes, num_prompt_tokens, max_tokens, replica_ids)
         ranked_ids = tuple(policy.rank(query, ReplicaView(matches, self.loads.load)))
-        if len(ranked_ids) != len(replica_ids) or set(ranked_ids) != set(replica_ids):
+        if len(ranked_ids) != len(replica_ids) or ranked_ids[0] not in replica_ids:
             raise RuntimeError(f"policy {policy.name} ranked {ranked_ids!r}, not the "
                                f"candidates {list(replica_ids)!r}")
         replica_id = ranked_ids[0]

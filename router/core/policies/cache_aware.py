@@ -60,23 +60,26 @@ class CacheAwarePolicy(RankingPolicy):
         routed_of = self._routed_tokens.get
         ids = query.replica_ids
         keys = []
+        prefills = []
         for i, rid in enumerate(ids):  # hot loop (64 replicas): plain floats
             load = load_of(rid)
             match = matches.get(rid)
             prefill = (self.prefill_cost_tokens(match, query.num_prompt_tokens) if match
                        else num_prompt_tokens)
-            keys.append((prefill + w * load, load, routed_of(rid, 0.0), i, prefill))
+            prefills.append(prefill)
+            keys.append((prefill + w * load, load, routed_of(rid, 0.0), i))
         keys.sort()
         order = [k[3] for k in keys]
-        best = keys[0]
+        best, best_prefill = keys[0], prefills[keys[0][3]]
         if self.imbalance_threshold != math.inf:
-            least = min(keys, key=lambda k: (k[1], k[4], k[2], k[3]))
+            least = min(keys, key=lambda k: (k[1], prefills[k[3]], k[2], k[3]))
             load_gap = best[1] - least[1]
-            if load_gap > self.imbalance_threshold and least[4] - best[4] < load_gap:
+            if load_gap > self.imbalance_threshold and (
+                    prefills[least[3]] - best_prefill < load_gap):
                 order.remove(least[3])
                 order.insert(0, least[3])
-                best = least
+                best_prefill = prefills[least[3]]
         best_id = ids[order[0]]
-        self._routed_tokens[best_id] = (self._routed_tokens.get(best_id, 0.0) + best[4]
+        self._routed_tokens[best_id] = (self._routed_tokens.get(best_id, 0.0) + best_prefill
                                         + query.max_tokens)
         return [ids[i] for i in order]

@@ -8,7 +8,9 @@ Runs the policy under test (--policy, default cache_aware) and, in the same invo
 round_robin and approximate (cache_aware without events) baselines, plus any --others.
 Prints a table per rate and, last, one JSON line: the policy's numbers and its ratios to
 the baselines (in a ladder, at the lowest rate where round_robin is saturated: its
-throughput grows less than 5% over the previous rate). With --ladder it also writes
+throughput grows less than 5% over the previous rate), and the worst of every rung against
+approximate mode and the pooled bound (benchmarks/simlib/targets.py). `--router NAME=VALUE`
+sets a RouterConfig field for a what-if. With --ladder it also writes
 TTFT-vs-QPS plots (PNG) and all summaries (JSON) to --out-dir.
 Definitions: benchmarks/simlib/report.py and benchmarks/RESULTS.md.
 """
@@ -16,6 +18,7 @@ Definitions: benchmarks/simlib/report.py and benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -28,6 +31,7 @@ from benchmarks.simlib import experiment as ex  # noqa: E402
 from benchmarks.simlib.cluster import ClusterConfig  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
 from benchmarks.simlib.report import Summary, table  # noqa: E402
+from benchmarks.simlib.targets import ladder_figures  # noqa: E402
 from benchmarks.simlib.workloads import WORKLOAD_NAMES  # noqa: E402
 from router.core.config import RouterConfig  # noqa: E402
 from router.core.policies import POLICY_NAMES  # noqa: E402
@@ -59,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-weight", type=float, default=None)
     p.add_argument("--imbalance-threshold", type=float, default=None)
     p.add_argument("--pending-ttl-s", type=float, default=None)
+    p.add_argument("--router", action="append", default=[], metavar="NAME=VALUE",
+                   help="what-if: set a RouterConfig field for every contender (repeatable)")
+    p.add_argument("--first-token-signal", action="store_true",
+                   help="what-if: the router hears each request's first token")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     p.add_argument("--trace", type=Path, default=ex.MOONCAKE_TRACE)
@@ -74,6 +82,15 @@ def router_base(args: argparse.Namespace, num_blocks: int) -> RouterConfig:
     for name in ("load_weight", "imbalance_threshold", "pending_ttl_s"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
+    fields = {f.name: f.type for f in dataclasses.fields(RouterConfig)}
+    for setting in args.router:
+        name, _, value = setting.partition("=")
+        if name not in fields or not value:
+            raise SystemExit(f"--router {setting!r}: want NAME=VALUE with NAME one of "
+                             f"{', '.join(fields)}")
+        kw[name] = json.loads(value.lower()) if value.lower() in ("true", "false") else (
+            value if fields[name] == "str" else float(value) if "." in value or "inf" in value
+            else int(value))
     return RouterConfig(**kw)
 
 
@@ -104,7 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
     t0, cpu0 = time.perf_counter(), time.process_time()
     by_label: dict[str, list[Summary]] = {c.label: [] for c in entrants}
     tasks = [ex.Task(ClusterConfig(args.replicas, replica, c.router, args.event_delay_s,
-                                   args.publish_interval_s, seed=args.seed),
+                                   args.publish_interval_s, seed=args.seed,
+                                   first_token_signal=args.first_token_signal),
                      ex.WorkloadSpec(args.workload, per_replica, args.replicas, args.seed,
                                      args.quick, args.trace), c.label)
              for per_replica in rates_per_replica(args, d) for c in entrants]
@@ -134,8 +152,10 @@ def main(argv: list[str] | None = None) -> dict:
                hit_rate=main_s.hit_rate, pooled_bound_hit_rate=main_s.pooled_bound_hit_rate,
                hit_rate_over_bound=main_s.hit_rate_over_bound, load_share=main_s.load_share,
                ttft_p90_s=main_s.ttft_p90_s, throughput_tok_s=main_s.throughput_tok_s)
-    for base_label in ("round_robin", "approximate"):
-        if base_label in by_label and base_label != args.policy:
+    out.update(ladder_figures(by_label[args.policy], by_label.get("approximate"),
+                              saturation_qps))
+    for base_label in by_label:
+        if base_label != args.policy:
             b = by_label[base_label][at]
             out[f"ttft_p90_ratio_vs_{base_label}"] = _ratio(main_s.ttft_p90_s, b.ttft_p90_s)
             out[f"throughput_ratio_vs_{base_label}"] = _ratio(main_s.throughput_tok_s,

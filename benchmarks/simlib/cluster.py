@@ -42,6 +42,8 @@ class ClusterConfig:
     publish_interval_s: float = 0.05  # router.serve.publisher.PublisherConfig's default
     model_name: str = "sim-llama3-8b"  # the hash namespace
     seed: int = 0  # token ids of the workload's segments
+    # The gateway tells the router each request's first token (Router.on_first_token).
+    first_token_signal: bool = False
 
     def __post_init__(self):
         if not 1 <= self.num_replicas <= 1024:
@@ -175,6 +177,8 @@ class ClusterSim:
             rec = self.records[req.request_id]
             if rec.first_token_s is None:
                 rec.first_token_s = self.now
+                if self.config.first_token_signal:
+                    self.router.on_first_token(req.request_id)
             if req.is_finished:
                 self._finish(req)
         self._start_step(i)
@@ -198,7 +202,7 @@ class ClusterSim:
         child = self._children.pop(rec.request_id, None)
         if child is not None:
             self._histories[rec.request_id] = (token_ids, hashes)
-            self._push(max(child.arrival_s, self.now), _ARRIVAL, child)
+            self._push(max(child.arrival_s, self.now + child.think_s), _ARRIVAL, child)
 
     # -- the index feed --------------------------------------------------------------------
 

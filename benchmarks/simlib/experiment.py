@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchmarks.simlib import workloads as wl
 from benchmarks.simlib.cluster import ClusterConfig, ClusterSim
+from benchmarks.simlib.conversation import conversation
 from benchmarks.simlib.report import Summary, summarize
 from router.core.config import RouterConfig
 
@@ -47,6 +48,14 @@ DEFAULTS: dict[str, WorkloadDefaults] = {
     "prefix_repetition": WorkloadDefaults(
         2048, math.inf, (4.0, 8.0, 16.0, 32.0, math.inf),
         "10 prefixes of 256 tokens: small, any capacity holds them"),
+    "conversation": WorkloadDefaults(
+        4096, 0.25, (0.125, 0.25, 0.5, 1.0),
+        "sessions growing to ~10k tokens (625 blocks); at 2 req/s ~90 sessions, ~60 live "
+        "at a time: 8 x 4,096 blocks hold about half of their final contexts"),
+    "burst": WorkloadDefaults(
+        8192, math.inf, (math.inf,),
+        "400 copies of one 2,048-token prompt, then 400 that differ in their last 8 "
+        "tokens: 128 blocks each way, any capacity holds the prompt"),
     "mooncake": WorkloadDefaults(
         25000, 1.0, (1.0, 2.0, 4.0, 8.0),
         "an H100 80 GB serving Llama 3 8B holds ~400k tokens of KV; the trace's shared "
@@ -72,6 +81,11 @@ def build_workload(name: str, rate_per_replica: float, num_replicas: int, seed: 
     if name == "prefix_repetition":
         kw = dict(num_prompts=40, output_len=8) if quick else {}
         return wl.prefix_repetition(rate_qps=rate, seed=seed, **kw)
+    if name == "conversation":
+        kw = dict(duration_s=40.0, max_context_tokens=2000) if quick else {}
+        return conversation(rate_qps=rate, seed=seed, **kw)
+    if name == "burst":
+        return wl.burst(**(dict(num_prompts=24, output_len=8) if quick else {}))
     if name == "mooncake":
         return wl.mooncake(trace, time_scale=rate_per_replica * num_replicas / 8,
                            max_requests=60 if quick else None)

@@ -92,7 +92,8 @@ class LoadGenerator:
     async def _session(self, item: WorkItem, history: list[int] | str | None) -> None:
         """Sends the item at its arrival time, then its next rounds after each answer."""
         while True:
-            wait_s = item.arrival_s - self._now()
+            wait_s = max(item.arrival_s - self._now(),
+                         item.think_s if history is not None else 0.0)
             if wait_s > 0:
                 await asyncio.sleep(wait_s)  # open-loop pacing, not synchronisation
             prompt = self._prompt(item, history)

@@ -12,6 +12,8 @@ Definitions (the same in the table, the JSON line and benchmarks/RESULTS.md):
 - load_share: the busiest replica's work over the mean replica's work, where a replica's
   work is the tokens it computed (uncached prefill tokens, recomputation after preemption
   included, plus decode tokens). 1.0 is perfect balance.
+- request_share / min_request_share: the most / least routed replica's request count over
+  the mean (min 0: a replica got nothing).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Summary:
     throughput_tok_s: float
     load_share: float
     request_share: float  # the same over routed request counts
+    min_request_share: float  # the least routed replica's request count over the mean
     num_preemptions: int
     sim_duration_s: float
     wall_s: float
@@ -98,6 +101,7 @@ def summarize(run: RunResult, label: str, rate_qps: float, wall_s: float, cpu_s:
         throughput_tok_s=output_tokens / span_s if span_s > 0 else float("nan"),
         load_share=max(work) / (sum(work) / len(work)) if sum(work) else 1.0,
         request_share=max(routed) / (sum(routed) / len(routed)) if sum(routed) else 1.0,
+        min_request_share=min(routed) / (sum(routed) / len(routed)) if sum(routed) else 1.0,
         num_preemptions=sum(rep.core.scheduler.num_preemptions for rep in run.replicas),
         sim_duration_s=run.sim_duration_s, wall_s=wall_s, cpu_s=cpu_s)
 

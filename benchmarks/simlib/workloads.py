@@ -19,6 +19,10 @@ and it is released no earlier than that round finished.
 - prefix_repetition: vLLM `prefix_repetition` (10 prefixes of 256, suffix 256, output 128).
 - mooncake: replay of a Mooncake-format trace (timestamps in ms, one hash id per 512
   prompt tokens), arrivals divided by `time_scale`.
+- burst: N identical long prompts at once, then (a wave later) N prompts that differ only
+  in their last few tokens: the identical-prompt collapse of issue 13.
+- conversation: long multi-turn chats sharing a short system head, with think time
+  (benchmarks/simlib/conversation.py).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 WORKLOAD_NAMES = ("generated_shared_prefix", "shared_prefix", "multi_turn",
-                  "prefix_repetition", "mooncake")
+                  "prefix_repetition", "mooncake", "conversation", "burst")
 MOONCAKE_BLOCK_TOKENS = 512
 
 
@@ -49,6 +53,7 @@ class WorkItem:
     segments: tuple[Segment, ...]
     max_tokens: int
     parent_id: str | None = None  # multi-turn: the round this one continues
+    think_s: float = 0.0  # multi-turn: released no earlier than this after the parent ends
 
     @property
     def num_new_prompt_tokens(self) -> int:
@@ -159,6 +164,25 @@ def multi_turn(num_clients: int = 256, num_rounds: int = 5, request_len: int = 5
                 (Segment(f"multi_turn/c{c}.r{r}", request_len),), output_len,
                 parent_id=f"mt-c{c}-r{r - 1}" if r else None))
     return Workload("multi_turn", tuple(items))
+
+
+def burst(num_prompts: int = 400, prompt_len: int = 2048, tail_len: int = 8,
+          output_len: int = 16, wave_gap_s: float = 60.0) -> Workload:
+    """Wave 1 at 0 s: `num_prompts` copies of one `prompt_len`-token prompt. Wave 2 at
+    `wave_gap_s`: `num_prompts` prompts that share their first `prompt_len - tail_len`
+    tokens (another text than wave 1's) and differ in the last `tail_len`. Short answers
+    (a classification or extraction fan-out): the load a cached prompt adds is then only
+    its few decode tokens, which is what collapsed such bursts onto one replica."""
+    if not 0 < tail_len < prompt_len:
+        raise ValueError(f"tail_len must be in (0, prompt_len), got {tail_len}")
+    same = tuple(WorkItem(f"bu-same-{n}", 0.0, (Segment("burst/same", prompt_len),),
+                          output_len) for n in range(num_prompts))
+    near = tuple(
+        WorkItem(f"bu-near-{n}", wave_gap_s,
+                 (Segment("burst/near", prompt_len - tail_len),
+                  Segment(f"burst/tail{n}", tail_len)), output_len)
+        for n in range(num_prompts))
+    return Workload("burst", same + near)
 
 
 def mooncake(path: str | Path, time_scale: float = 1.0, max_requests: int | None = None

@@ -16,6 +16,24 @@ class RouterConfig:
     # weights split conversations off their cache; lighter ones break the balance
     # (benchmarks/RESULTS.md, router findings 2 and 4, has the runs that chose it).
     load_weight: float = 0.2
+    # A decode token's work in prefill tokens, in the load a request adds (cache_aware).
+    decode_weight: float = 1.0
+    # The fraction of a request's decode work still counted once its first token came (a
+    # running decode slows a new request's prefill far less than queued prefill does);
+    # only with a first-token signal (Router.on_first_token).
+    running_decode_weight: float = 1.0
+    # Each cached prompt token adds this many tokens of work to the load a request adds:
+    # a cached prompt still costs its replica a seat and attention over its context.
+    # (0.1: a burst of one cached prompt spreads like round robin; benchmarks/RESULTS.md,
+    # issue 13's what-ifs.)
+    cached_load_fraction: float = 0.1
+    # Hold pending marks on the whole prompt, not only past its confirmed device run, so an
+    # eviction of the cached part while the request waits does not hide where it will be.
+    mark_whole_prompt: bool = False
+    # > 0: a replica's load is at least the work routed to it lately, halving every this
+    # many seconds (conversations between turns still count); 0: outstanding work only.
+    # (30 s: conversations with think times spread; issue 13's what-ifs.)
+    recent_work_half_life_s: float = 30.0
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded
@@ -44,6 +62,18 @@ class RouterConfig:
             raise bad(f"block_size must be a positive integer, got {self.block_size!r}")
         if not (math.isfinite(self.load_weight) and self.load_weight >= 0):
             raise bad(f"load_weight must be finite and >= 0, got {self.load_weight!r}")
+        if not (math.isfinite(self.decode_weight) and self.decode_weight >= 0):
+            raise bad(f"decode_weight must be finite and >= 0, got {self.decode_weight!r}")
+        if not 0 <= self.running_decode_weight <= 1:
+            raise bad(f"running_decode_weight must be in [0, 1], got "
+                      f"{self.running_decode_weight!r}")
+        if not 0 <= self.cached_load_fraction <= 1:
+            raise bad(f"cached_load_fraction must be in [0, 1], got "
+                      f"{self.cached_load_fraction!r}")
+        if not (math.isfinite(self.recent_work_half_life_s)
+                and self.recent_work_half_life_s >= 0):
+            raise bad(f"recent_work_half_life_s must be finite and >= 0, got "
+                      f"{self.recent_work_half_life_s!r}")
         if not 0 <= self.host_cost_fraction <= 1:
             raise bad(f"host_cost_fraction must be in [0, 1], got {self.host_cost_fraction!r}")
         if not self.imbalance_threshold > 0:

@@ -193,11 +193,13 @@ class PrefixIndex:
         else:
             self.pending.mark(bit, block_hashes, now)
 
-    def release_pending(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
-        """The request that held these marks finished: their TTL starts now."""
+    def release_pending(self, replica_id: str, block_hashes: Sequence[BlockHash],
+                        withdraw: bool = False) -> None:
+        """The request that held these marks finished: their TTL starts now; or, with
+        `withdraw`, it never went there: the marks only it held end now."""
         rep = self._replicas.get(replica_id)
         if rep is not None:
-            self.pending.release(rep.device_bit, block_hashes, self.clock())
+            self.pending.release(rep.device_bit, block_hashes, self.clock(), withdraw)
 
     def pending_blocks(self, replica_id: str) -> frozenset[BlockHash]:
         rep = self._replicas.get(replica_id)

@@ -1,14 +1,19 @@
 """Outstanding work per replica, in tokens: what this router sent, and what the replica says.
 
-A routed request adds its uncached prefill tokens plus its decode tokens (`max_tokens`) to
-its replica until `finish`. A replica's published `EngineStats` also count work that other
-gateway processes sent: queued prefill tokens plus running and waiting requests times the
-mean decode length seen here. The load is the larger of the two views: the local view
-counts a burst before the replica reports it, the published one counts the other routers,
-and taking the max never counts this router's own requests twice.
+A routed request adds its work (its uncached prefill tokens plus its decode tokens, as the
+router weighs them) to its replica until `finish`; the part that ends with its first token
+(the prefill) leaves earlier if the caller reports the first token (`first_token`). A
+replica's published `EngineStats` also count work that other gateway processes sent: queued
+prefill tokens plus running and waiting requests times the mean decode length seen here.
+The load is the larger of the two views: the local view counts a burst before the replica
+reports it, the published one counts the other routers, and taking the max never counts
+this router's own requests twice.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from worker.api import EngineStats
 
@@ -16,20 +21,39 @@ _DECODE_MEAN_ALPHA = 0.05  # weight of the newest request in the mean decode len
 
 
 class LoadTracker:
-    def __init__(self) -> None:
-        self._requests: dict[str, tuple[str, float]] = {}  # request_id -> (replica, tokens)
+    def __init__(self, decode_weight: float = 1.0, recent_half_life_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 running_decode_weight: float = 1.0) -> None:
+        self.decode_weight = decode_weight  # a decode token's work in prefill tokens
+        self.running_decode_weight = running_decode_weight  # of a running request's decode
+        # > 0: a replica's load is at least the work routed to it lately, each request's
+        # work halving every recent_half_life_s (see `load`)
+        self.recent_half_life_s = recent_half_life_s
+        self.clock = clock
+        # replica -> its recent work scaled to `_epoch_s`: work routed at t counts
+        # work x 2^((t - epoch) / half-life) here, so decaying all replicas to `now` is one
+        # shared factor 2^(-(now - epoch) / half-life) (see `_decay`)
+        self._recent: dict[str, float] = {}
+        self._epoch_s = clock() if recent_half_life_s else 0.0
+        self._decay_at: tuple[float, float] = (self._epoch_s, 1.0)  # (now, factor)
+        # request_id -> (replica, work tokens, the part of them that ends at the first token)
+        self._requests: dict[str, tuple[str, float, float]] = {}
         self._local_tokens: dict[str, float] = {}  # replica -> sum of its requests' work
         self._num_local: dict[str, int] = {}  # replica -> outstanding request count
         self._stats: dict[str, EngineStats] = {}
         self.mean_decode_tokens = 0.0
 
     def add(self, request_id: str, replica_id: str, work_tokens: float,
-            decode_tokens: int) -> None:
-        """Records a routed request; routing the same id again replaces its old entry."""
+            decode_tokens: int, first_token_tokens: float = 0.0) -> None:
+        """Records a routed request; routing the same id again replaces its old entry.
+        `first_token_tokens` of `work_tokens` end with its first token."""
         self.finish(request_id)
-        self._requests[request_id] = (replica_id, work_tokens)
+        self._requests[request_id] = (replica_id, work_tokens, first_token_tokens)
         self._local_tokens[replica_id] = self._local_tokens.get(replica_id, 0.0) + work_tokens
         self._num_local[replica_id] = self._num_local.get(replica_id, 0) + 1
+        if self.recent_half_life_s:
+            self._recent[replica_id] = (self._recent.get(replica_id, 0.0)
+                                        + work_tokens / self._decay(self.clock()))
         self.mean_decode_tokens += _DECODE_MEAN_ALPHA * (decode_tokens - self.mean_decode_tokens)
 
     def finish(self, request_id: str) -> None:
@@ -37,7 +61,7 @@ class LoadTracker:
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return
-        replica_id, work_tokens = entry
+        replica_id, work_tokens, _ = entry
         n = self._num_local[replica_id] - 1
         if n:
             self._num_local[replica_id] = n
@@ -46,17 +70,59 @@ class LoadTracker:
             del self._num_local[replica_id]
             del self._local_tokens[replica_id]
 
+    def withdraw(self, request_id: str) -> None:
+        """Drops a request that did not go to the replica it was recorded on (a retry, a
+        spill down the ranking): its work leaves the recent work there too."""
+        entry = self._requests.get(request_id)
+        if entry is None:
+            return
+        replica_id, work_tokens, _ = entry
+        self.finish(request_id)
+        if replica_id in self._recent:
+            self._recent[replica_id] = max(
+                0.0, self._recent[replica_id] - work_tokens / self._decay(self.clock()))
+
+    def first_token(self, request_id: str) -> None:
+        """The request has its first token: its prefill work is done (unknown or already
+        reported ids are ignored)."""
+        entry = self._requests.get(request_id)
+        if entry is None or not entry[2]:
+            return
+        replica_id, work_tokens, done = entry
+        self._requests[request_id] = (replica_id, work_tokens - done, 0.0)
+        self._local_tokens[replica_id] -= done
+
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
         self._stats[replica_id] = stats
 
+    def _decay(self, now: float) -> float:
+        """2^(-(now - epoch) / half-life), computed once per clock reading; the epoch moves
+        forward (every entry rescaled) before the scale could overflow."""
+        at, factor = self._decay_at
+        if now != at:
+            halvings = (now - self._epoch_s) / self.recent_half_life_s
+            if halvings > 256:
+                rescale = 0.5 ** halvings
+                self._recent = {r: v * rescale for r, v in self._recent.items()}
+                self._epoch_s, halvings = now, 0.0
+            factor = 0.5 ** halvings
+            self._decay_at = (now, factor)
+        return factor
+
     def load(self, replica_id: str) -> float:
-        """Outstanding work on the replica, in tokens."""
+        """Outstanding work on the replica, in tokens; with a recent-work half-life, at
+        least the work routed to it lately (decayed): a replica whose conversations are
+        between turns is idle now but will get their next turns."""
         local = self._local_tokens.get(replica_id, 0.0)
+        recent = self._recent.get(replica_id)
+        if recent is not None:
+            local = max(local, recent * self._decay(self.clock()))
         stats = self._stats.get(replica_id)
         if stats is None:
             return local
-        published = (stats.num_queued_prefill_tokens
-                     + (stats.num_running + stats.num_waiting) * self.mean_decode_tokens)
+        published = (stats.num_queued_prefill_tokens + self.decode_weight * (
+            self.running_decode_weight * stats.num_running + stats.num_waiting)
+            * self.mean_decode_tokens)
         return max(local, published)
 
     def num_outstanding(self, replica_id: str) -> int:
@@ -66,13 +132,14 @@ class LoadTracker:
     def remove_replica(self, replica_id: str) -> None:
         """Forgets the replica's stats and its requests (their `finish` becomes a no-op)."""
         self._stats.pop(replica_id, None)
-        for rid in [r for r, (rep, _) in self._requests.items() if rep == replica_id]:
+        self._recent.pop(replica_id, None)
+        for rid in [r for r, (rep, _, _) in self._requests.items() if rep == replica_id]:
             self.finish(rid)
 
     def check_invariants(self) -> None:
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
-        for replica_id, work_tokens in self._requests.values():
+        for replica_id, work_tokens, _ in self._requests.values():
             sums[replica_id] = sums.get(replica_id, 0.0) + work_tokens
             counts[replica_id] = counts.get(replica_id, 0) + 1
         assert counts == self._num_local, "outstanding counts != routed requests"

@@ -76,12 +76,14 @@ class PendingMarks:
                 more[h] = more.get(h, 0) + 1
         mine.update(dict.fromkeys(block_hashes, _NEVER))
 
-    def release(self, bit: int, block_hashes: Sequence[BlockHash], now: float) -> None:
+    def release(self, bit: int, block_hashes: Sequence[BlockHash], now: float,
+                withdraw: bool = False) -> None:
         """The request that `hold`s these blocks finished: the marks no other request holds
-        expire `ttl_s` from now. Marks confirmed (or forgotten) meanwhile are gone already.
-        Holders are counted, not named: if a block was confirmed, evicted and held again
-        by a newer request meanwhile, this release starts its TTL early (rare, and only
-        shortens a mark).
+        expire `ttl_s` from now, or at once with `withdraw` (the request never went there:
+        it was retried or sent elsewhere, so no event of it will come). Marks confirmed (or
+        forgotten) meanwhile are gone already. Holders are counted, not named: if a block
+        was confirmed, evicted and held again by a newer request meanwhile, this release
+        starts its TTL early (rare, and only shortens a mark).
         """
         mine = self.by_bit.get(bit)
         if mine is None:
@@ -97,7 +99,12 @@ class PendingMarks:
                 elif n == 0:
                     ended.append(h)
             held = ended
-        self._stamp(bit, held, now + self.ttl_s)
+        if withdraw:
+            delete_keys(mine, held)
+            if not mine:
+                self._drop(bit)
+        else:
+            self._stamp(bit, held, now + self.ttl_s)
 
     def _mine(self, bit: int) -> dict[BlockHash, float]:
         mine = self.by_bit.get(bit)

@@ -30,6 +30,20 @@ class RoutingDecision(NamedTuple):
     predicted_device_hit_tokens: int
     predicted_host_hit_tokens: int
     approximate: bool  # decided without event data (routed history only)
+    # Every candidate, best first (replica_id is the first): where the request should go
+    # when the ones before it are full. () only in a decision built by hand.
+    ranked_ids: tuple[str, ...] = ()
+
+
+class _Routed(NamedTuple):
+    """An outstanding request as routed: enough to move it to another replica."""
+
+    replica_id: str
+    held: Sequence[BlockHash]  # the blocks it holds pending there ([] on history)
+    block_hashes: Sequence[BlockHash]
+    num_prompt_tokens: int
+    max_tokens: int
+    predicted_hit_tokens: tuple[int, int] = (0, 0)  # device, host
 
 
 class Router:
@@ -48,11 +62,13 @@ class Router:
         self.index = PrefixIndex(config.pending_ttl_s, clock)
         self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
                                      active=config.approximate)
-        self.loads = LoadTracker()
+        self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock,
+                                 config.running_decode_weight)
         self._fallback = False
         self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
-        # request id -> (replica, the blocks it holds pending there), until `on_finished`
-        self._held: dict[str, tuple[str, Sequence[BlockHash]]] = {}
+        # request id -> where it went and the blocks it holds pending there, until
+        # `on_finished`
+        self._held: dict[str, _Routed] = {}
 
     @property
     def approximate(self) -> bool:
@@ -61,8 +77,12 @@ class Router:
 
     def route(self, request_id: str, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
               replica_ids: Sequence[str], max_tokens: int = 0) -> RoutingDecision:
-        """Chooses a replica among `replica_ids` and records the decision: the prompt's
-        blocks become pending on it, its outstanding work grows until `on_finished`.
+        """Ranks `replica_ids` and records the decision on the first: the prompt's blocks
+        become pending on it, its outstanding work grows until `on_finished`. If the
+        request then lands on another candidate (the first was full), call `move`.
+
+        Routing an id that is still outstanding (a retry) first drops its earlier record,
+        so its own pending marks and load do not count on its earlier replica.
 
         Raises ValueError when there is no candidate or the hashes cannot be the prompt's.
         """
@@ -74,6 +94,45 @@ class Router:
                              f"{num_prompt_tokens} prompt tokens at block size {block_size}")
         if len(set(replica_ids)) != len(replica_ids):
             replica_ids = list(dict.fromkeys(replica_ids))
+        if request_id in self._held:
+            self._withdraw(request_id)  # a retry: its old marks and load are not a hit
+        on_history = self._on_history(replica_ids)
+        policy = self.policy
+        confirmed: dict[str, int] = {}  # device runs that pending marks carried on
+        matches = (self._match(block_hashes, replica_ids, on_history, confirmed)
+                   if policy.uses_index else {})
+        query = RouteQuery(request_id, block_hashes, num_prompt_tokens, max_tokens, replica_ids)
+        ranked_ids = tuple(policy.rank(query, ReplicaView(matches, self.loads.load)))
+        if len(ranked_ids) != len(replica_ids) or ranked_ids[0] not in replica_ids:
+            raise RuntimeError(f"policy {policy.name} ranked {ranked_ids!r}, not the "
+                               f"candidates {list(replica_ids)!r}")
+        replica_id = ranked_ids[0]
+        if not policy.uses_index:
+            matches = self._match(block_hashes, (replica_id,), on_history, confirmed)
+        device_tokens, host_tokens = self._record(
+            _Routed(replica_id, (), block_hashes, num_prompt_tokens, max_tokens),
+            request_id, matches.get(replica_id), confirmed, on_history)
+        return RoutingDecision(replica_id, device_tokens, host_tokens,
+                               self.is_approximate(replica_id), ranked_ids)
+
+    def move(self, request_id: str, replica_id: str) -> RoutingDecision | None:
+        """The request was sent to `replica_id`, not where `route` recorded it (that one
+        was full): its marks and load move there. None (nothing recorded) when the request
+        is not outstanding; the decision on the new replica otherwise."""
+        entry = self._held.get(request_id)
+        if entry is None:
+            return None
+        if entry.replica_id != replica_id:
+            self._withdraw(request_id)
+            on_history = self._on_history((replica_id,))
+            confirmed: dict[str, int] = {}
+            matches = self._match(entry.block_hashes, (replica_id,), on_history, confirmed)
+            self._record(entry._replace(replica_id=replica_id), request_id,
+                         matches.get(replica_id), confirmed, on_history)
+        return RoutingDecision(replica_id, *self._held[request_id].predicted_hit_tokens,
+                               self.is_approximate(replica_id), (replica_id,))
+
+    def _on_history(self, replica_ids: Sequence[str]) -> frozenset[str]:
         on_history = self._history_candidates(replica_ids)
         if on_history and self.history.warming:
             self.history.warm_step(self.config.fallback_warmup_blocks)
@@ -81,34 +140,36 @@ class Router:
             # than a half-built history) decides, pending marks included.
             if self.history.warming:
                 on_history = frozenset()
-        policy = self.policy
-        confirmed: dict[str, int] = {}  # device runs that pending marks carried on
-        matches = (self._match(block_hashes, replica_ids, on_history, confirmed)
-                   if policy.uses_index else {})
-        query = RouteQuery(request_id, block_hashes, num_prompt_tokens, max_tokens, replica_ids)
-        replica_id = policy.choose(query, ReplicaView(matches, self.loads.load))
-        if replica_id not in replica_ids:
-            raise RuntimeError(f"policy {policy.name} chose {replica_id!r}, not a candidate")
-        if not policy.uses_index:
-            matches = self._match(block_hashes, (replica_id,), on_history, confirmed)
-        match = matches.get(replica_id)
-        device_tokens, host_tokens = (match.hit_tokens(block_size, num_prompt_tokens)
-                                      if match else (0, 0))
+        return on_history
 
+    def _record(self, routed: _Routed, request_id: str, match: PrefixMatch | None,
+                confirmed: dict[str, int], on_history: frozenset[str]) -> tuple[int, int]:
+        """Marks and load of a request sent to `routed.replica_id`; returns the device and
+        host tokens it is predicted to find cached there."""
+        replica_id, block_hashes = routed.replica_id, routed.block_hashes
+        device_tokens, host_tokens = (
+            match.hit_tokens(self.config.block_size, routed.num_prompt_tokens)
+            if match else (0, 0))
+        held: Sequence[BlockHash] = ()
         if replica_id not in on_history:
             # Mark from the end of the confirmed device run: the blocks this request computes
             # or copies in, and pending ones it refreshes. The walk measured that run.
-            num_confirmed = confirmed.get(replica_id, match.num_device_blocks if match else 0)
+            num_confirmed = (0 if self.config.mark_whole_prompt else
+                             confirmed.get(replica_id, match.num_device_blocks if match else 0))
             held = block_hashes[num_confirmed:]
-            self._release_held(request_id)
             self.index.mark_pending(replica_id, held, held=True)
-            self._held[request_id] = (replica_id, held)
+        self._held[request_id] = routed._replace(
+            held=held, predicted_hit_tokens=(device_tokens, host_tokens))
         self.history.record(replica_id, block_hashes)
-        prefill_tokens = (num_prompt_tokens - device_tokens - host_tokens
-                          + self.config.host_cost_fraction * host_tokens)
-        self.loads.add(request_id, replica_id, prefill_tokens + max_tokens, max_tokens)
-        return RoutingDecision(replica_id, device_tokens, host_tokens,
-                               self.is_approximate(replica_id))
+        config = self.config
+        prefill_tokens = (routed.num_prompt_tokens - device_tokens - host_tokens
+                          + config.host_cost_fraction * host_tokens
+                          + config.cached_load_fraction * (device_tokens + host_tokens))
+        decode_work = config.decode_weight * routed.max_tokens
+        self.loads.add(request_id, replica_id, prefill_tokens + decode_work,
+                       routed.max_tokens,
+                       prefill_tokens + (1 - config.running_decode_weight) * decode_work)
+        return device_tokens, host_tokens
 
     def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:
         """The candidates to match on routed history rather than on events."""
@@ -138,10 +199,22 @@ class Router:
         self.loads.finish(request_id)
         self._release_held(request_id)
 
-    def _release_held(self, request_id: str) -> None:
+    def on_first_token(self, request_id: str) -> None:
+        """The request's first token came: its prefill leaves its replica's load, and its
+        decode counts at `running_decode_weight` until `on_finished` (unknown ids are
+        ignored)."""
+        self.loads.first_token(request_id)
+
+    def _release_held(self, request_id: str, withdraw: bool = False) -> None:
         entry = self._held.pop(request_id, None)
-        if entry is not None:
-            self.index.release_pending(*entry)
+        if entry is not None and entry.held:
+            self.index.release_pending(entry.replica_id, entry.held, withdraw)
+
+    def _withdraw(self, request_id: str) -> None:
+        """Drops a decision whose request did not go where it was recorded: its load, and
+        the pending marks only it held, at once (no event of it will come)."""
+        self.loads.withdraw(request_id)
+        self._release_held(request_id, withdraw=True)
 
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
         self.loads.update_stats(replica_id, stats)
@@ -161,16 +234,17 @@ class Router:
         if replica_id in self._approximate_ids:
             self._approximate_ids.discard(replica_id)
             self._sync_history()
-        for request_id in [r for r, (rep, _) in self._held.items() if rep == replica_id]:
-            del self._held[request_id]  # its marks went with the replica
+        for request_id in [r for r, e in self._held.items() if e.replica_id == replica_id]:
+            del self._held[request_id]  # its marks went with the replica, its load too
 
     def drop_index(self, replica_id: str) -> None:
         """Forgets what events said the replica holds, and its pending marks, but keeps its
         routed history and load: its events stopped (route it on history meanwhile, see
         `set_replica_approximate`)."""
         self.index.remove_replica(replica_id)
-        for request_id in [r for r, (rep, _) in self._held.items() if rep == replica_id]:
-            del self._held[request_id]
+        for request_id, entry in self._held.items():
+            if entry.replica_id == replica_id and entry.held:
+                self._held[request_id] = entry._replace(held=())  # its marks are gone
 
     def set_fallback(self, active: bool) -> None:
         """While active, decide in approximate mode (the index is unreachable or stale).

@@ -3,10 +3,14 @@
 Serve creates one instance per deployment handle in each process that calls the engine (each
 gateway replica). `choose_replicas` reads the request's first argument, which carries the
 prompt's token ids and Protocol 1 block hashes (`EngineRequest`, `PinRequest`), so the
-gateway hashes once and nothing is re-tokenized here; it returns exactly one replica, the
-policy's choice. The instance keeps its index mirror fresh from the KV index actor
-(`IndexMirror`), falls back to approximate mode when the actor is unreachable or stale,
-feeds finished requests back to the load tracker, and exports the router series.
+gateway hashes once and nothing is re-tokenized here; it returns every candidate as its own
+rank, in the policy's order, so Serve sends the request to the policy's choice and, when
+that replica is full (max_ongoing_requests), to the next one rather than backing off and
+retrying. The decision is recorded on the first; `on_request_routed` moves it (marks, load)
+when Serve sent the request further down. The instance keeps its index mirror fresh from
+the KV index actor (`IndexMirror`), falls back to approximate mode when the actor is
+unreachable or stale, feeds finished requests back to the load tracker, and exports the
+router series.
 
 Serve calls these hooks on its router event loop; the mirror runs there too, and a lock
 guards the `Router` against completion callbacks from other threads.
@@ -129,7 +133,10 @@ class KVRouteRequestRouter(RequestRouter):
         if (len(self._decisions) + len(self._direct_at) > _SWEEP_AT_DECISIONS
                 or time.monotonic() >= self._next_sweep_s):
             self._sweep_abandoned()
-        return [[by_id[decision.replica_id]]]
+        # A direct route is sent where HAProxy is told, which is the replica Serve picked:
+        # usually the first; if Serve spilled it, its load stays counted on the first until
+        # its end comes back (this hook does not run for it).
+        return [[by_id[replica_id]] for replica_id in decision.ranked_ids]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
@@ -139,6 +146,9 @@ class KVRouteRequestRouter(RequestRouter):
         if entry is None:
             return
         decision, num_prompt_tokens, elapsed_s, _ = entry
+        if decision.replica_id != replica_id.unique_id:  # spilled down the ranking
+            with self._lock:
+                decision = self.router.move(request_id, replica_id.unique_id) or decision
         self.metrics.observe_decision(decision, num_prompt_tokens, elapsed_s)
         self._update_outstanding(replica_id.unique_id)
 

@@ -1,8 +1,9 @@
 """A four-request script whose routing and hits are computed by hand.
 
 Two replicas, block size 16, preset `tiny` (a step takes about a millisecond), router
-load_weight 0.5. Prompts are 80 tokens: a 64-token system prompt (4 blocks) + a 16-token
-question (1 block).
+load_weight 0.5, outstanding work only (cached_load_fraction 0, no recent-work memory; the
+defaults' own script is test_default_load_model_by_hand below). Prompts are 80 tokens: a
+64-token system prompt (4 blocks) + a 16-token question (1 block).
 
     t       request  prompt     max_tokens
     0       A        S + a      2     finishes within ~2 ms; its events reach the router
@@ -41,7 +42,7 @@ def script() -> Workload:
 ])
 def test_routes_and_hits_match_the_hand_computation(policy, approximate, routes, hits):
     sim = make_sim(script(), num_replicas=2, policy=policy, approximate=approximate,
-                   load_weight=0.5)
+                   load_weight=0.5, cached_load_fraction=0.0, recent_work_half_life_s=0.0)
     run = sim.run()
     recs = {r.request_id: r for r in run.records}
     assert [recs[k].replica_id for k in "ABCD"] == routes
@@ -50,6 +51,18 @@ def test_routes_and_hits_match_the_hand_computation(policy, approximate, routes,
     assert [recs[k].predicted_hit_tokens for k in "ABCD"] == hits
     assert [recs[k].num_output_tokens for k in "ABCD"] == [2, 100, 100, 100]
     assert run.pooled.hit_tokens == 128 and run.pooled.query_tokens == 320
+
+
+def test_default_load_model_by_hand():
+    """The same script with the default load model (load_weight 0.5 kept). A adds 80 + 2 =
+    82 tokens of recent work to r0, 80.1 a second later (half-life 30 s). B: r0 costs
+    16 + 0.5 x 80.1 = 56 < 80 -> r0, and adds 16 + 0.1 x 64 + 100 = 122.4. C: r0's load is
+    its recent work, 80.1 + 122.4 = 202.5: 16 + 101.3 > 80 -> r1 (no hit). D: r0 202.5,
+    r1 C's 180, nobody holds T: 80 + 90 < 80 + 101.3 -> r1."""
+    sim = make_sim(script(), num_replicas=2, load_weight=0.5)
+    recs = {r.request_id: r for r in sim.run().records}
+    assert [recs[k].replica_id for k in "ABCD"] == ["r0", "r0", "r1", "r1"]
+    assert [recs[k].cached_device_tokens for k in "ABCD"] == [0, 64, 0, 0]
 
 
 def test_the_router_index_holds_what_the_replicas_hold_once_events_arrive():

@@ -1,10 +1,13 @@
 """benchmarks/sim_routing.py end to end on quick workloads."""
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from benchmarks import sim_routing
 from benchmarks.simlib.plots import replot
@@ -30,6 +33,18 @@ def test_a_ladder_writes_its_plot_and_summaries(tmp_path):
     dump = json.loads((tmp_path / "multi_turn_r2.json").read_text())
     assert set(dump["runs"]) == {"cache_aware", "round_robin", "approximate"}
     assert [len(v) for v in dump["runs"].values()] == [2, 2, 2]
+    # the dump rounds to 6 decimals
+    runs = {k: [sim_routing.Summary(**s) for s in v] for k, v in dump["runs"].items()}
+    near = functools.partial(pytest.approx, abs=2e-6)
+    ca, ap = runs["cache_aware"], runs["approximate"]
+    assert out["worst_hit_minus_approximate"] == near(min(
+        ca[i].hit_rate - ap[i].hit_rate for i in range(2)))
+    assert out["worst_ttft_p90_over_approximate"] == near(max(
+        ca[i].ttft_p90_s / ap[i].ttft_p90_s for i in range(2)), rel=1e-4)
+    assert out["max_load_share"] == near(max(s.load_share for s in ca))
+    sat = out["saturation_rate_qps"]
+    assert out["worst_hit_over_bound_below_saturation"] == near(min(
+        s.hit_rate_over_bound for s in ca if sat is None or s.rate_qps < sat))
     png = tmp_path / "multi_turn_r2.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["plot"] == str(png)
@@ -49,3 +64,17 @@ def test_runs_repeat_exactly_across_processes_and_hash_seeds():
         return last
 
     assert run("1") == run("2")
+
+
+def test_a_what_if_sets_router_fields_and_rejects_unknown_ones(capsys):
+    args = sim_routing.parse_args(["--workload", "burst", "--router", "load_weight=0.5",
+                                   "--router", "imbalance_threshold=inf"])
+    config = sim_routing.router_base(args, 2048)
+    assert (config.load_weight, config.imbalance_threshold) == (0.5, float("inf"))
+    bad = sim_routing.parse_args(["--workload", "burst", "--router", "weight=1"])
+    try:
+        sim_routing.router_base(bad, 2048)
+    except SystemExit as err:
+        assert "--router 'weight=1': want NAME=VALUE" in str(err)
+    else:
+        raise AssertionError("an unknown RouterConfig field was accepted")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.simlib import workloads as wl
+from benchmarks.simlib.conversation import conversation
 from benchmarks.simlib.experiment import MOONCAKE_TRACE, saturation_index
 from benchmarks.simlib.pooled import PooledLRU
 from benchmarks.simlib.prompts import PromptBuilder, TokenSource
@@ -125,3 +126,41 @@ def test_saturation_is_the_first_rate_that_adds_under_five_percent():
     assert saturation_index([100.0, 200.0, 400.0]) is None
     assert saturation_index([100.0, 104.0]) == 1
     assert wl.poisson_arrivals_s(3, math.inf, 0).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_burst_sends_identical_prompts_then_prompts_differing_in_their_tail():
+    w = wl.burst(num_prompts=5, prompt_len=64, tail_len=4, output_len=3, wave_gap_s=9.0)
+    same, near = w.items[:5], w.items[5:]
+    assert {(it.arrival_s, it.segments, it.max_tokens) for it in same} == {
+        (0.0, (wl.Segment("burst/same", 64),), 3)}
+    assert {it.arrival_s for it in near} == {9.0}
+    assert {it.segments[0] for it in near} == {wl.Segment("burst/near", 60)}
+    assert [it.segments[1] for it in near] == [wl.Segment(f"burst/tail{n}", 4)
+                                               for n in range(5)]
+    assert w.shared_keys() == {"burst/same", "burst/near"}
+    with pytest.raises(ValueError, match="tail_len"):
+        wl.burst(prompt_len=8, tail_len=8)
+
+
+def test_conversation_sessions_grow_to_about_10k_tokens_after_think_times():
+    w = conversation(rate_qps=1.0, duration_s=400.0)
+    context: dict[str, int] = {}
+    arrival: dict[str, float] = {}
+    for it in w.items:
+        if it.parent_id is None:
+            assert it.segments[0] == wl.Segment("conversation/sys", 24) and it.think_s == 0
+        else:
+            assert it.think_s > 0 and len(it.segments) == 1
+            assert it.arrival_s == arrival[it.parent_id] + it.think_s
+        arrival[it.request_id] = it.arrival_s
+        context[it.request_id] = (context.get(it.parent_id, 0) + it.num_new_prompt_tokens
+                                  + it.max_tokens)
+    assert w.shared_keys() == {"conversation/sys"}  # the head is all sessions share
+    assert 9000 < max(context.values()) <= 10_000
+    num_sessions = sum(it.parent_id is None for it in w.items)
+    assert w.num_requests > 5 * num_sessions  # many turns a session
+    assert 400 <= w.num_requests < 400 + 64  # rate x duration turns, whole sessions
+    # the same sessions at a higher rate, and more of them
+    more = conversation(rate_qps=2.0, duration_s=400.0)
+    assert [it.segments for it in more.items[:50]] == [it.segments for it in w.items[:50]]
+    assert more.num_requests >= 800

@@ -30,29 +30,42 @@ class ReplicaView(NamedTuple):
 
 
 class Policy(Protocol):
-    """Chooses one replica for a request.
+    """Ranks the candidates for a request, best first.
 
     Contract:
-      - `choose` returns one of `query.replica_ids` (never another id) and does not mutate
-        the view; the router records the decision (pending marks, load) afterwards.
-      - Given the same query, view and policy state (a counter, a seeded RNG), the choice is
-        the same: decisions are reproducible in tests and in the simulator.
+      - `rank` returns every one of `query.replica_ids` exactly once (never another id),
+        best first, and does not mutate the view. The first is the policy's choice; the
+        rest are where the request should go, in that order, when the ones before are full
+        (Ray Serve tries the ranks in turn). The router records the decision on the first
+        (pending marks, load) afterwards, and moves it if the request lands further down.
+      - `choose` is `rank(...)[0]`.
+      - Given the same query, view and policy state (a counter, a seeded RNG), the ranking
+        is the same: decisions are reproducible in tests and in the simulator.
       - `name` is a short constant used as the `policy` metric label.
       - `uses_index` tells the router whether to compute `view.matches` (the walk over the
-        prompt's hashes) before calling `choose`.
+        prompt's hashes) before calling `rank`.
     """
 
     name: ClassVar[str]
     uses_index: ClassVar[bool]
 
+    def rank(self, query: RouteQuery, view: ReplicaView) -> list[str]: ...
+
     def choose(self, query: RouteQuery, view: ReplicaView) -> str: ...
 
 
-def least_loaded(replica_ids: Sequence[str], load: Callable[[str], float]) -> str:
-    """The candidate with the least outstanding work; ties go to the earliest listed."""
-    best_id, best_load = replica_ids[0], load(replica_ids[0])
-    for rid in replica_ids[1:]:
-        x = load(rid)
-        if x < best_load:
-            best_id, best_load = rid, x
-    return best_id
+class RankingPolicy:
+    """`choose` from `rank` (the policies below implement `rank`)."""
+
+    def rank(self, query: RouteQuery, view: ReplicaView) -> list[str]:
+        raise NotImplementedError
+
+    def choose(self, query: RouteQuery, view: ReplicaView) -> str:
+        return self.rank(query, view)[0]
+
+
+def by_load(replica_ids: Sequence[str], load: Callable[[str], float]) -> list[str]:
+    """The candidates from least to most outstanding work; ties keep the listed order."""
+    loads = [load(rid) for rid in replica_ids]
+    order = sorted(range(len(replica_ids)), key=loads.__getitem__)
+    return [replica_ids[i] for i in order]

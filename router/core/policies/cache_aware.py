@@ -5,11 +5,12 @@
             + load_weight x outstanding work on r    (tokens, router.core.load)
 
 The minimum wins (ties: less load, then less work routed here so far, then the earlier
-candidate). The load term is what keeps a shared first block from pulling every request
-onto one replica: the few tokens it saves are soon outweighed by the work queued there.
-The routed-work tie-break matters whenever replicas sit idle: every new prefix then ties
-at load 0, and "the earlier candidate" would hand all of them to the first replica (a load
-share of 1.25 on the Mooncake trace in benchmarks/RESULTS.md, 1.01 with the tie-break).
+candidate); the ranking is the candidates in that order. The load term is what keeps a
+shared first block from pulling every request onto one replica: the few tokens it saves are
+soon outweighed by the work queued there. The routed-work tie-break matters whenever
+replicas sit idle: every new prefix then ties at load 0, and "the earlier candidate" would
+hand all of them to the first replica (a load share of 1.25 on the Mooncake trace in
+benchmarks/RESULTS.md, 1.01 with the tie-break).
 
 Imbalance guard: if the winner's load exceeds the least loaded candidate's by more than
 `imbalance_threshold` tokens, the cache gain must pay for the whole gap, token for token
@@ -23,14 +24,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from router.core.policies.base import ReplicaView, RouteQuery
+from router.core.policies.base import RankingPolicy, ReplicaView, RouteQuery
 from router.core.prefix_match import PrefixMatch
 
 if TYPE_CHECKING:
     from router.core.config import RouterConfig
 
 
-class CacheAwarePolicy:
+class CacheAwarePolicy(RankingPolicy):
     name = "cache_aware"
     uses_index = True
 
@@ -51,31 +52,34 @@ class CacheAwarePolicy:
         return (num_prompt_tokens - device_tokens - host_tokens
                 + self.host_cost_fraction * host_tokens)
 
-    def choose(self, query: RouteQuery, view: ReplicaView) -> str:
+    def rank(self, query: RouteQuery, view: ReplicaView) -> list[str]:
+        """Candidates by (cost, load, work routed so far, listed order); the imbalance guard
+        may put the least loaded one first."""
         matches, load_of, w = view.matches, view.load, self.load_weight
         num_prompt_tokens = float(query.num_prompt_tokens)
         routed_of = self._routed_tokens.get
-        best_id = least_id = query.replica_ids[0]
-        best_cost = best_load = best_prefill = best_routed = math.inf
-        least_load = least_prefill = least_routed = math.inf
-        for rid in query.replica_ids:  # hot loop (64 replicas): plain floats, no tuples
+        ids = query.replica_ids
+        keys = []
+        prefills = []
+        for i, rid in enumerate(ids):  # hot loop (64 replicas): plain floats
             load = load_of(rid)
             match = matches.get(rid)
             prefill = (self.prefill_cost_tokens(match, query.num_prompt_tokens) if match
                        else num_prompt_tokens)
-            cost = prefill + w * load
-            routed = routed_of(rid, 0.0)
-            if cost < best_cost or (cost == best_cost and (
-                    load < best_load or (load == best_load and routed < best_routed))):
-                best_id, best_cost, best_load, best_prefill = rid, cost, load, prefill
-                best_routed = routed
-            if load < least_load or (load == least_load and (
-                    prefill < least_prefill or (prefill == least_prefill
-                                                and routed < least_routed))):
-                least_id, least_load, least_prefill, least_routed = rid, load, prefill, routed
-        load_gap = best_load - least_load
-        if load_gap > self.imbalance_threshold and least_prefill - best_prefill < load_gap:
-            best_id, best_prefill = least_id, least_prefill
+            prefills.append(prefill)
+            keys.append((prefill + w * load, load, routed_of(rid, 0.0), i))
+        keys.sort()
+        order = [k[3] for k in keys]
+        best, best_prefill = keys[0], prefills[keys[0][3]]
+        if self.imbalance_threshold != math.inf:
+            least = min(keys, key=lambda k: (k[1], prefills[k[3]], k[2], k[3]))
+            load_gap = best[1] - least[1]
+            if load_gap > self.imbalance_threshold and (
+                    prefills[least[3]] - best_prefill < load_gap):
+                order.remove(least[3])
+                order.insert(0, least[3])
+                best_prefill = prefills[least[3]]
+        best_id = ids[order[0]]
         self._routed_tokens[best_id] = (self._routed_tokens.get(best_id, 0.0) + best_prefill
                                         + query.max_tokens)
-        return best_id
+        return [ids[i] for i in order]

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from router.core.policies.base import ReplicaView, RouteQuery, least_loaded
+from router.core.policies.base import RankingPolicy, ReplicaView, RouteQuery, by_load
 
 if TYPE_CHECKING:
     from router.core.config import RouterConfig
 
 
-class LeastLoadPolicy:
+class LeastLoadPolicy(RankingPolicy):
     name = "least_load"
     uses_index = False
 
     def __init__(self, config: RouterConfig):
         pass
 
-    def choose(self, query: RouteQuery, view: ReplicaView) -> str:
-        return least_loaded(query.replica_ids, view.load)
+    def rank(self, query: RouteQuery, view: ReplicaView) -> list[str]:
+        return by_load(query.replica_ids, view.load)

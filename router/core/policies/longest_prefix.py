@@ -8,25 +8,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from router.core.policies.base import ReplicaView, RouteQuery
+from router.core.policies.base import RankingPolicy, ReplicaView, RouteQuery
 
 if TYPE_CHECKING:
     from router.core.config import RouterConfig
 
 
-class LongestPrefixPolicy:
+class LongestPrefixPolicy(RankingPolicy):
     name = "longest_prefix"
     uses_index = True
 
     def __init__(self, config: RouterConfig):
         pass
 
-    def choose(self, query: RouteQuery, view: ReplicaView) -> str:
+    def rank(self, query: RouteQuery, view: ReplicaView) -> list[str]:
+        """Most cached blocks first, then least load, then the listed order."""
         matches, load = view.matches, view.load
-        best_id, best_key = query.replica_ids[0], (0, 0.0)
+        keys = []
         for i, rid in enumerate(query.replica_ids):
             m = matches.get(rid)
-            key = (-(m.num_cached_blocks if m else 0), load(rid))
-            if i == 0 or key < best_key:
-                best_id, best_key = rid, key
-        return best_id
+            keys.append((-(m.num_cached_blocks if m else 0), load(rid), i))
+        keys.sort()
+        return [query.replica_ids[i] for _, _, i in keys]

@@ -42,10 +42,10 @@ async def test_a_rejected_attempt_then_its_retry_leaves_nothing_behind():
     router = make_router()
     candidates = [replica("a"), replica("b")]
     req = pending("req-1")
-    [[first]] = await router.choose_replicas(candidates, req)
+    [first], [_] = await router.choose_replicas(candidates, req)
     # Serve retries (the replica rejected the first attempt) and the first attempt's
     # completion arrives after the retry's decision.
-    [[second]] = await router.choose_replicas(candidates, req)
+    [second], [_] = await router.choose_replicas(candidates, req)
     router.on_request_completed(first.replica_id, "req-1")
     router.on_request_routed(req, second.replica_id, None)
     router.on_request_completed(second.replica_id, "req-1")
@@ -55,7 +55,7 @@ async def test_a_rejected_attempt_then_its_retry_leaves_nothing_behind():
 async def test_an_abandoned_decision_is_released_by_its_completion_or_the_sweep():
     router = make_router()
     candidates = [replica("a"), replica("b")]
-    [[chosen]] = await router.choose_replicas(candidates, pending("gone"))
+    [chosen], [_] = await router.choose_replicas(candidates, pending("gone"))
     assert held_and_outstanding(router) == (1, 1)
     router.on_request_completed(chosen.replica_id, "gone")  # never dispatched
     assert held_and_outstanding(router) == (0, 0)
@@ -67,3 +67,22 @@ async def test_an_abandoned_decision_is_released_by_its_completion_or_the_sweep(
     await router.choose_replicas(candidates, pending("next"))
     assert "silent" not in router._decisions and router.router.loads._requests.keys() == {
         "next"}
+
+
+async def test_every_candidate_is_a_rank_and_a_spilled_request_moves_its_record():
+    router = make_router()
+    candidates = [replica("a"), replica("b"), replica("c")]
+    ranks = await router.choose_replicas(candidates, pending("r1"))
+    # cache_aware, all cold and idle: listed order
+    assert [[r.replica_id.unique_id for r in rank] for rank in ranks] == [["a"], ["b"], ["c"]]
+    router.on_request_routed(pending("r1"), ranks[0][0].replica_id, None)
+    # the same prompt again ranks a first (r1's marks there); a is full, Serve sends it to b
+    ranks = await router.choose_replicas(candidates, pending("r2"))
+    assert [rank[0].replica_id.unique_id for rank in ranks] == ["a", "b", "c"]
+    router.on_request_routed(pending("r2"), ranks[1][0].replica_id, None)
+    core = router.router
+    assert [core.loads.num_outstanding(r) for r in ("a", "b", "c")] == [1, 1, 0]
+    assert core.index.pending_blocks("b") == frozenset(pending("r2").args[0].block_hashes)
+    router.on_request_completed(ranks[1][0].replica_id, "r2")
+    router.on_request_completed(ranks[0][0].replica_id, "r1")
+    assert held_and_outstanding(router) == (0, 0)

@@ -147,3 +147,13 @@ def send_timed_requests(oai) -> int:
     oai.chat.completions.create(model="tiny", max_tokens=4, extra_body={"ignore_eos": True},
                                 messages=[{"role": "user", "content": "Time my chat."}])
     return 3
+
+
+def assert_latency_histograms_count_each_request(server: Server, oai) -> None:
+    """Sends `send_timed_requests` and waits until every gateway latency histogram has
+    observed each of them once (docs/metrics.md, "Gateway latency")."""
+    before = latency_counts(server)
+    sent = send_timed_requests(oai)
+    want = {stage: count + sent for stage, count in before.items()}
+    wait_until(lambda: latency_counts(server) == want, 30,
+               f"every latency histogram to count {sent} more requests")

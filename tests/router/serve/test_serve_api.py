@@ -18,11 +18,10 @@ from openai.types.chat import ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.router.serve.serve_helpers import (
+    assert_latency_histograms_count_each_request,
     kvroute_server,
-    latency_counts,
     prometheus_scraping,
     promql,
-    send_timed_requests,
     wait_until,
 )
 from worker.openai.tokenize import kvroute_version
@@ -372,8 +371,4 @@ def test_metrics_of_one_node_are_the_series_of_the_processes_on_it(server):
 def test_gateway_latency_histograms_observe_each_finished_request(server, oai):
     """The gateway-side TTFT, TPOT, e2e, queue and preprocess histograms (docs/metrics.md,
     "Gateway latency") each observe every finished request once, streamed or not."""
-    before = latency_counts(server)
-    sent = send_timed_requests(oai)
-    want = {stage: count + sent for stage, count in before.items()}
-    wait_until(lambda: latency_counts(server) == want, 30,
-               f"every latency histogram to count {sent} more requests")
+    assert_latency_histograms_count_each_request(server, oai)

@@ -19,7 +19,10 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
 from tests.router.serve.cli_server import kvroute_cli_server
-from tests.router.serve.serve_helpers import latency_counts, send_timed_requests, wait_until
+from tests.router.serve.serve_helpers import (
+    assert_latency_histograms_count_each_request,
+    wait_until,
+)
 from worker.openai.tokenize import kvroute_version
 
 pytestmark = pytest.mark.slow
@@ -203,11 +206,7 @@ def test_metrics_endpoint_serves_every_process(server):
 def test_gateway_latency_histograms_observe_each_finished_request(server, oai):
     """The gateway-side TTFT, TPOT, e2e, queue and preprocess histograms (docs/metrics.md,
     "Gateway latency") each observe every finished request once, streamed or not."""
-    before = latency_counts(server)
-    sent = send_timed_requests(oai)
-    want = {stage: count + sent for stage, count in before.items()}
-    wait_until(lambda: latency_counts(server) == want, 30,
-               f"every latency histogram to count {sent} more requests")
+    assert_latency_histograms_count_each_request(server, oai)
 
 
 def test_a_killed_replica_leaves_the_survivor_serving(server, oai):

@@ -276,9 +276,13 @@ def test_a_worker_killed_under_load(server, workers):
     assert failed, "no stream was running on the killed worker"
     for result in failed:  # cut mid-stream: an error event naming the worker, no replay
         assert result.startswith("error:") and f"worker {victim.url} failed" in result, result
-    ready = httpx.get(f"{server.base_url}/ready", timeout=30).json()
-    down = {w["url"]: w["error"] for w in ready["workers"] if w["state"] == "down"}
-    assert list(down) == [victim.url] and "unreachable" in down[victim.url]
+    def down() -> dict[str, str]:
+        ready = httpx.get(f"{server.base_url}/ready", timeout=30).json()
+        return {w["url"]: w["error"] for w in ready["workers"] if w["state"] == "down"}
+
+    # the worker set's next health check finds it gone (a failed stream alone does not)
+    wait_until(lambda: list(down()) == [victim.url], 30, "the victim listed down")
+    assert "unreachable" in down()[victim.url]
     before = routed(server).get(survivor.url, 0.0)
     c = client(server)
     for i in range(8):

@@ -34,6 +34,10 @@ class RouterConfig:
     # many seconds (conversations between turns still count); 0: outstanding work only.
     # (30 s: conversations with think times spread; issue 13's what-ifs.)
     recent_work_half_life_s: float = 30.0
+    # The fraction of a request's uncached prefill tokens that joins the recent work (its
+    # decode and cached-token work always do): a follow-up finds that prefill cached, so
+    # a long first prompt says little about the work its session will bring next.
+    recent_prefill_fraction: float = 1.0
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded
@@ -74,6 +78,9 @@ class RouterConfig:
                 and self.recent_work_half_life_s >= 0):
             raise bad(f"recent_work_half_life_s must be finite and >= 0, got "
                       f"{self.recent_work_half_life_s!r}")
+        if not 0 <= self.recent_prefill_fraction <= 1:
+            raise bad(f"recent_prefill_fraction must be in [0, 1], got "
+                      f"{self.recent_prefill_fraction!r}")
         if not 0 <= self.host_cost_fraction <= 1:
             raise bad(f"host_cost_fraction must be in [0, 1], got {self.host_cost_fraction!r}")
         if not self.imbalance_threshold > 0:

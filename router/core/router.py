@@ -166,9 +166,12 @@ class Router:
                           + config.host_cost_fraction * host_tokens
                           + config.cached_load_fraction * (device_tokens + host_tokens))
         decode_work = config.decode_weight * routed.max_tokens
+        uncached_tokens = routed.num_prompt_tokens - device_tokens - host_tokens
         self.loads.add(request_id, replica_id, prefill_tokens + decode_work,
                        routed.max_tokens,
-                       prefill_tokens + (1 - config.running_decode_weight) * decode_work)
+                       prefill_tokens + (1 - config.running_decode_weight) * decode_work,
+                       prefill_tokens + decode_work
+                       - (1 - config.recent_prefill_fraction) * uncached_tokens)
         return device_tokens, host_tokens
 
     def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:

@@ -83,6 +83,7 @@ def test_whole_prompt_marks_cover_the_confirmed_run_too():
     ({"decode_weight": -0.1}, "decode_weight must be finite and >= 0"),
     ({"cached_load_fraction": 1.5}, r"cached_load_fraction must be in \[0, 1\]"),
     ({"recent_work_half_life_s": -1.0}, "recent_work_half_life_s must be finite and >= 0"),
+    ({"recent_prefill_fraction": 1.5}, r"recent_prefill_fraction must be in \[0, 1\]"),
 ])
 def test_new_fields_are_validated(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -112,3 +113,37 @@ def test_after_its_first_token_a_request_keeps_its_decode_at_running_decode_weig
     router.check_invariants()
     router.on_finished("q")
     assert router.loads.load("r0") == 0.0
+
+
+def test_recent_work_counts_uncached_prefill_at_recent_prefill_fraction():
+    clock = FakeClock()
+    router = Router(RouterConfig(block_size=B, recent_work_half_life_s=10.0,
+                                 cached_load_fraction=0.25, recent_prefill_fraction=0.5),
+                    clock=clock)
+    log = EventLog("r0", epoch="e0")
+    assert router.apply_batch(log.drain())
+    router.apply_snapshot(log.snapshot(prompt(0, 1, 2), ()))  # r0 holds 48 tokens
+    router.route("q", prompt(0, 1, 2, 3), 4 * B, REPLICAS, max_tokens=10)
+    # outstanding: 16 uncached + 0.25 x 48 cached + 10 decode; recent: the uncached 16 at half
+    assert router.loads.load("r0") == 16 + 12 + 10
+    router.on_finished("q")
+    assert router.loads.load("r0") == 8 + 12 + 10
+    clock.advance(10.0)
+    assert router.loads.load("r0") == 15.0
+    router.check_invariants()
+
+
+def test_a_withdrawn_request_takes_exactly_its_recent_part_away():
+    clock = FakeClock()
+    router = Router(RouterConfig(block_size=B, recent_work_half_life_s=10.0,
+                                 recent_prefill_fraction=0.0), clock=clock)
+    router.route("a", prompt(0, 1), 2 * B, ["r0"], max_tokens=8)  # recent: decode 8 only
+    router.route("b", prompt(5, 6), 2 * B, ["r0"], max_tokens=4)
+    router.on_first_token("b")  # its prefill leaves the outstanding work, not the recent
+    router.route("b", prompt(5, 6), 2 * B, ["r1"], max_tokens=4)  # a retry elsewhere
+    router.on_finished("a")
+    assert router.loads.load("r0") == 8.0
+    assert router.loads.load("r1") == 32 + 4
+    router.on_finished("b")
+    assert router.loads.load("r1") == 4.0
+    router.check_invariants()

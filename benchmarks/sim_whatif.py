@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--num-blocks", type=int, default=None,
                    help="device blocks per replica (default: each workload's own)")
+    p.add_argument("--seed", type=int, default=0, help="the workloads' seed (arrivals, order)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
     args = p.parse_args(argv)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                       approx_capacity_blocks=num_blocks, **kw)
                 tasks.append(ex.Task(
                     ClusterConfig(args.replicas, replica, router, first_token_signal=signal),
-                    ex.WorkloadSpec(name, float(rate), args.replicas), contender))
+                    ex.WorkloadSpec(name, float(rate), args.replicas, args.seed), contender))
                 keys.append((name, rate, label))
     rows = []
     print(f"{'workload':<24}{'rate':>6} {'variant':<22}{'contender':<12}{'hit':>7}"

@@ -38,6 +38,10 @@ class RouterConfig:
     # decode and cached-token work always do): a follow-up finds that prefill cached, so
     # a long first prompt says little about the work its session will bring next.
     recent_prefill_fraction: float = 1.0
+    # True: the uncached prefill that joins the recent work is at most a follow-up's (the
+    # running mean over requests that found at least half their prompt cached), since what
+    # a session brings next is a follow-up, whatever its first prompt cost.
+    recent_prefill_followup_cap: bool = False
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded

@@ -24,6 +24,8 @@ from worker.api import EngineStats
 
 __all__ = ["Router", "RouterConfig", "RoutingDecision"]
 
+_FOLLOWUP_MEAN_ALPHA = 0.05  # weight of the newest follow-up in the mean of their prefills
+
 
 class RoutingDecision(NamedTuple):
     replica_id: str
@@ -65,6 +67,9 @@ class Router:
         self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock,
                                  config.running_decode_weight)
         self._fallback = False
+        # running mean of the uncached prefill tokens of follow-ups (requests that found at
+        # least half their prompt cached); None before the first one
+        self._followup_uncached_tokens: float | None = None
         self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
         # request id -> where it went and the blocks it holds pending there, until
         # `on_finished`
@@ -167,11 +172,20 @@ class Router:
                           + config.cached_load_fraction * (device_tokens + host_tokens))
         decode_work = config.decode_weight * routed.max_tokens
         uncached_tokens = routed.num_prompt_tokens - device_tokens - host_tokens
-        self.loads.add(request_id, replica_id, prefill_tokens + decode_work,
-                       routed.max_tokens,
+        recent_uncached = config.recent_prefill_fraction * uncached_tokens
+        if config.recent_prefill_followup_cap:
+            mean = self._followup_uncached_tokens
+            if device_tokens + host_tokens >= uncached_tokens:  # a follow-up
+                mean = self._followup_uncached_tokens = (
+                    uncached_tokens if mean is None
+                    else mean + _FOLLOWUP_MEAN_ALPHA * (uncached_tokens - mean))
+            if mean is not None:
+                recent_uncached = min(recent_uncached, mean)
+        work_tokens = prefill_tokens + decode_work
+        self.loads.add(request_id, replica_id, work_tokens, routed.max_tokens,
                        prefill_tokens + (1 - config.running_decode_weight) * decode_work,
-                       prefill_tokens + decode_work
-                       - (1 - config.recent_prefill_fraction) * uncached_tokens)
+                       work_tokens if recent_uncached == uncached_tokens
+                       else work_tokens - uncached_tokens + recent_uncached)
         return device_tokens, host_tokens
 
     def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:

@@ -147,3 +147,28 @@ def test_a_withdrawn_request_takes_exactly_its_recent_part_away():
     router.on_finished("b")
     assert router.loads.load("r1") == 4.0
     router.check_invariants()
+
+
+def test_with_the_follow_up_cap_a_first_prompt_adds_recent_work_only_as_a_follow_up_would():
+    clock = FakeClock()
+    router = Router(RouterConfig(block_size=B, recent_work_half_life_s=10.0,
+                                 cached_load_fraction=0.0, recent_prefill_followup_cap=True),
+                    clock=clock)
+    log = EventLog("r0", epoch="e0")
+    assert router.apply_batch(log.drain())
+    router.apply_snapshot(log.snapshot(prompt(0, 1, 2), ()))  # r0 holds 48 tokens
+    # no follow-up seen yet: a first prompt's 64 uncached tokens all count
+    router.route("a", prompt(10, 11, 12, 13), 4 * B, ["r1"], max_tokens=2)
+    router.on_finished("a")
+    assert router.loads.load("r1") == 64 + 2
+    # a follow-up (48 of 64 cached): its 16 uncached tokens start the mean
+    router.route("b", prompt(0, 1, 2, 3), 4 * B, ["r0"], max_tokens=2)
+    router.on_finished("b")
+    assert router.loads.load("r0") == 16 + 2
+    # a long first prompt now adds only the follow-ups' 16 uncached tokens as recent work,
+    # while it is outstanding its whole 96
+    router.route("c", prompt(20, 21, 22, 23, 24, 25), 6 * B, ["r0"], max_tokens=2)
+    assert router.loads.load("r0") == 96 + 2
+    router.on_finished("c")
+    assert router.loads.load("r0") == 16 + 2 + 16 + 2
+    router.check_invariants()

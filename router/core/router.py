@@ -70,6 +70,9 @@ class Router:
         # running mean of the uncached prefill tokens of follow-ups (requests that found at
         # least half their prompt cached); None before the first one
         self._followup_uncached_tokens: float | None = None
+        # all of a request's work joins the recent work (the default): no per-decision split
+        self._recent_is_work = (config.recent_prefill_fraction == 1.0
+                                and not config.recent_prefill_followup_cap)
         self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
         # request id -> where it went and the blocks it holds pending there, until
         # `on_finished`
@@ -171,7 +174,20 @@ class Router:
                           + config.host_cost_fraction * host_tokens
                           + config.cached_load_fraction * (device_tokens + host_tokens))
         decode_work = config.decode_weight * routed.max_tokens
-        uncached_tokens = routed.num_prompt_tokens - device_tokens - host_tokens
+        work_tokens = prefill_tokens + decode_work
+        self.loads.add(request_id, replica_id, work_tokens, routed.max_tokens,
+                       prefill_tokens + (1 - config.running_decode_weight) * decode_work,
+                       None if self._recent_is_work else self._recent_tokens(
+                           work_tokens, routed.num_prompt_tokens, device_tokens, host_tokens))
+        return device_tokens, host_tokens
+
+    def _recent_tokens(self, work_tokens: float, num_prompt_tokens: int, device_tokens: int,
+                       host_tokens: int) -> float:
+        """The part of a request's work that joins its replica's recent work when a knob
+        holds back some of its uncached prefill (`recent_prefill_fraction`,
+        `recent_prefill_followup_cap`)."""
+        config = self.config
+        uncached_tokens = num_prompt_tokens - device_tokens - host_tokens
         recent_uncached = config.recent_prefill_fraction * uncached_tokens
         if config.recent_prefill_followup_cap:
             mean = self._followup_uncached_tokens
@@ -181,12 +197,7 @@ class Router:
                     else mean + _FOLLOWUP_MEAN_ALPHA * (uncached_tokens - mean))
             if mean is not None:
                 recent_uncached = min(recent_uncached, mean)
-        work_tokens = prefill_tokens + decode_work
-        self.loads.add(request_id, replica_id, work_tokens, routed.max_tokens,
-                       prefill_tokens + (1 - config.running_decode_weight) * decode_work,
-                       work_tokens if recent_uncached == uncached_tokens
-                       else work_tokens - uncached_tokens + recent_uncached)
-        return device_tokens, host_tokens
+        return work_tokens - uncached_tokens + recent_uncached
 
     def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:
         """The candidates to match on routed history rather than on events."""

@@ -48,7 +48,6 @@ from benchmarks.simlib.engine_workers import EngineWorker, stop_all  # noqa: E40
 from benchmarks.simlib.gateway_server import start_gateway, stop_gateway  # noqa: E402
 from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator, summarize_http  # noqa
 from benchmarks.simlib.overhead_probe import (  # noqa: E402
-    RoundRobinTransport,
     client_for,
     latency_p50_ms,
     stream_tok_s,
@@ -103,8 +102,8 @@ def run_workload(args, base_url: str | None, worker_urls: list[str], seed: int) 
     tokens = TokenSource(seed, 32, 127, workload.shared_keys())
     config = LoadConfig(base_url or "http://workers", MODEL,
                         max_concurrency=args.max_concurrency)
-    transport = RoundRobinTransport(worker_urls) if base_url is None else None
-    records = asyncio.run(LoadGenerator(config, workload, tokens, transport).run())
+    records = asyncio.run(LoadGenerator(config, workload, tokens,
+                                        None if base_url else worker_urls).run())
     summary = summarize_http(records)
     if summary["num_errors"]:
         raise RuntimeError(f"{summary['num_errors']} requests failed, first: "

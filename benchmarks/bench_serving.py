@@ -72,14 +72,14 @@ def build(args: argparse.Namespace) -> wl.Workload:
     return w
 
 
-def main(argv: list[str] | None = None, transport=None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     workload = build(args)
     low, high = (int(x) for x in args.token_range.split(","))
     tokens = TokenSource(args.seed, low, high, workload.shared_keys())
     config = LoadConfig(args.base_url, args.model, args.prompt_format, args.max_concurrency,
                         args.api_key)
-    records = asyncio.run(LoadGenerator(config, workload, tokens, transport).run())
+    records = asyncio.run(LoadGenerator(config, workload, tokens).run())
     out = {"workload": workload.name, "base_url": args.base_url,
            "prompt_format": args.prompt_format, **summarize_http(records)}
     print(f"{workload.name} -> {args.base_url}: {out['num_ok']}/{out['num_requests']} ok")

@@ -12,17 +12,24 @@ every server sees exactly the workload's tokens. In text mode each id is one cha
 maps back to the same ids; other tokenizers see text of a similar length. A multi-turn
 round's history is the previous prompt plus the answer: its text, or in ids mode its UTF-8
 bytes as ids (exact for byte-level tokenizers).
+
+The client is aiohttp, as SGLang's and vLLM's serving benchmarks use: the client's own cost
+per request lands in every TTFT it measures, and with 128 streams sent at once httpx's added
+70-110 ms to the median where aiohttp's adds about 25 (benchmarks/RESULTS.md, "External
+workers").
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 import numpy as np
 
 from benchmarks.simlib.prompts import TokenSource
@@ -63,11 +70,14 @@ class HttpRecord:
 
 class LoadGenerator:
     def __init__(self, config: LoadConfig, workload: Workload, tokens: TokenSource,
-                 transport: httpx.AsyncBaseTransport | None = None):
+                 base_urls: Sequence[str] | None = None):
+        """Sends to `config.base_url`, or to each of `base_urls` in turn (a client that
+        round-robins over the servers itself)."""
         self.config = config
         self.workload = workload
         self.tokens = tokens
-        self.transport = transport
+        self._urls = itertools.cycle([f"{u.rstrip('/')}/v1/completions"
+                                      for u in (base_urls or [config.base_url])])
         self.records: list[HttpRecord] = []
         self._children = {it.parent_id: it for it in workload.items if it.parent_id}
         self._t0 = 0.0
@@ -75,11 +85,10 @@ class LoadGenerator:
     async def run(self) -> list[HttpRecord]:
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key \
             else {}
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         self._sem = asyncio.Semaphore(self.config.max_concurrency or 1 << 30)
-        async with httpx.AsyncClient(base_url=self.config.base_url, headers=headers,
-                                     timeout=self.config.timeout_s, limits=limits,
-                                     transport=self.transport) as client:
+        async with aiohttp.ClientSession(
+                headers=headers, connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s)) as client:
             self._client = client
             self._t0 = time.perf_counter()
             roots = [it for it in self.workload.items if it.parent_id is None]
@@ -122,18 +131,18 @@ class LoadGenerator:
                 "ignore_eos": True, "temperature": 0.0}
         pieces: list[str] = []
         try:
-            async with self._client.stream("POST", "/v1/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+            async with self._client.post(next(self._urls), json=body) as resp:
+                if resp.status != 200:
+                    rec.error = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
                     return ""
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
+                async for line in resp.content:
+                    if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
+                    if data == b"[DONE]":
                         break
                     self._on_chunk(rec, json.loads(data), pieces)
-        except httpx.HTTPError as err:
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
             rec.error = f"{type(err).__name__}: {err}"
         rec.done_s = self._now()
         return "".join(pieces)

@@ -86,10 +86,10 @@ class Gateway:
         self.model = config.served_model_name
         self.gateway_id = gateway_process_id()
         self.limits = RequestLimits.from_env()
-        self.streams = StreamSlots.from_env()
         self.prompts = PromptBuilder(tokenizer_dir(config.model), self.model, config.block_size)
         self.logprobs = LogprobsFormatter(self.prompts.tokenizer)
         self.auth = TenantAuth(load_api_keys(config.api_keys_file))
+        self.streams = StreamSlots.for_tenants(self.auth.enabled)
         self.engine = EngineClient(engine_handle, config.retry)
         self._engine_handle = engine_handle
         self._max_model_len: int | None = None  # the replicas' own context limit
@@ -237,15 +237,19 @@ class Gateway:
             await choices.start()
             return JSONResponse(full_response(shape, await collect(choices), body.n,
                                               self.logprobs))
-        self.streams.acquire(tenant)  # 429 + Retry-After over the tenant's limit
+        streams = self.streams
+        if streams is not None:
+            streams.acquire(tenant)  # 429 + Retry-After over the tenant's limit
         choices = Choices(requests, body.n,
                           lambda request: timer.watch(self.engine.stream(request)))
         try:
             await choices.start()  # errors before the first tokens are plain 4xx/503
         except BaseException:
-            self.streams.release(tenant)
+            if streams is not None:
+                streams.release(tenant)
             raise
         events = sse_events(shape, choices, body.include_usage(), self.logprobs,
                             lost_errors=(ReplicaLost,))
-        return StreamingResponse(self.streams.hold(tenant, events),
-                                 media_type="text/event-stream")
+        if streams is not None:
+            events = streams.hold(tenant, events)
+        return StreamingResponse(events, media_type="text/event-stream")

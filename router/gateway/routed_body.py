@@ -1,8 +1,10 @@
 """What the gateway reads of a request it forwards to an external worker: the prompt's token
 ids (to hash and route), the output length (the load term) and the sequences it starts (n x
-the prompts of a batch, capped as kvroute's own servers cap them). Nothing else is checked
-here (the worker validates the rest: it may accept parameters kvroute's own engine does
-not), and the body goes out as it came, unless a tenant's cache salt must be set in it.
+the prompts of a batch, capped as kvroute's own servers cap them). Before any of it is
+tokenized, the body's size, nesting and prompt text are checked against the gateway's
+limits (worker/openai/limits.py). Nothing else is checked here (the worker validates the
+rest: it may accept parameters kvroute's own engine does not), and the body goes out as it
+came, unless a tenant's cache salt must be set in it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.openai.errors import APIError
-from worker.openai.limits import check_body_size, check_json_depth, check_sequences
+from worker.openai.limits import (
+    RequestLimits,
+    check_body_size,
+    check_json_depth,
+    check_sequences,
+    check_text_length,
+)
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.schema import DEFAULT_LIMITS, DEFAULT_MAX_TOKENS
 
@@ -24,11 +32,12 @@ class RoutedBody:
     # prompts of a batch): the most the request makes its worker generate
     max_tokens: int
     body: bytes  # what goes to the worker
+    stream: bool = False  # asked for a stream (holds one of its tenant's stream slots)
 
 
-def _load(raw: bytes, model: str) -> dict[str, Any]:
-    check_body_size(len(raw), DEFAULT_LIMITS)
-    check_json_depth(raw, DEFAULT_LIMITS)
+def _load(raw: bytes, model: str, limits: RequestLimits) -> dict[str, Any]:
+    check_body_size(len(raw), limits)
+    check_json_depth(raw, limits)
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
@@ -42,12 +51,12 @@ def _load(raw: bytes, model: str) -> dict[str, Any]:
     return data
 
 
-def _max_tokens(data: dict[str, Any], num_prompts: int = 1) -> int:
+def _max_tokens(data: dict[str, Any], limits: RequestLimits, num_prompts: int = 1) -> int:
     """All the output tokens the request may make (400 over the sequence cap)."""
     n = data.get("n", 1)
     if type(n) is not int or n < 1:
         n = 1  # the worker answers a bad n
-    check_sequences(num_prompts, n, DEFAULT_LIMITS)
+    check_sequences(num_prompts, n, limits)
     for key in ("max_completion_tokens", "max_tokens"):
         value = data.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -63,28 +72,34 @@ def _out(data: dict[str, Any], raw: bytes, tenant: str) -> bytes:
     return json.dumps({**data, "cache_salt": tenant}, separators=(",", ":")).encode()
 
 
-def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str) -> RoutedBody:
+def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
+                    limits: RequestLimits = DEFAULT_LIMITS) -> RoutedBody:
     """A /v1/completions body. A batch of prompts is routed on its first one."""
-    data = _load(raw, model)
+    data = _load(raw, model, limits)
     prompt = data.get("prompt")
     num_prompts = 1
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         num_prompts = len(prompt)
+        check_text_length(sum(len(p) for p in prompt if isinstance(p, str)), limits,
+                          "prompt")
         prompt = prompt[0]  # a batch: its first prompt
     if isinstance(prompt, str) and prompt:
+        check_text_length(len(prompt), limits, "prompt")
         token_ids = prompts.encode_text(prompt)
     elif isinstance(prompt, list) and _token_ids(prompt):
         token_ids = prompt
     else:
         raise APIError(400, "prompt must be a non-empty string or list of token ids "
                             "(or a list of them)", param="prompt", code="invalid_value")
-    return RoutedBody(token_ids, _max_tokens(data, num_prompts), _out(data, raw, tenant))
+    return RoutedBody(token_ids, _max_tokens(data, limits, num_prompts),
+                      _out(data, raw, tenant), data.get("stream") is True)
 
 
-def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str) -> RoutedBody:
+def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
+              limits: RequestLimits = DEFAULT_LIMITS) -> RoutedBody:
     """A /v1/chat/completions body, through the model's chat template (text parts only:
     other parts, such as images, do not take part in routing)."""
-    data = _load(raw, model)
+    data = _load(raw, model, limits)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "messages must be a non-empty list", param="messages",
@@ -95,11 +110,13 @@ def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str) -> Ro
             raise APIError(400, f"messages[{i}] must be an object with a role",
                            param=f"messages.{i}", code="invalid_value")
         rendered.append({"role": message["role"], "content": _text(message.get("content"))})
+    check_text_length(sum(len(m["content"]) for m in rendered), limits, "messages")
     try:
         token_ids = prompts.encode_chat(rendered)
     except PromptError as err:
         raise APIError(400, str(err), param="messages") from None
-    return RoutedBody(token_ids, _max_tokens(data), _out(data, raw, tenant))
+    return RoutedBody(token_ids, _max_tokens(data, limits), _out(data, raw, tenant),
+                      data.get("stream") is True)
 
 
 def _token_ids(values: list) -> bool:

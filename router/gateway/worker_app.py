@@ -19,7 +19,7 @@ from worker.openai.latency import mark_arrival
 
 
 async def _api_error(request: Request, err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status_code)
+    return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
 
 async def _http_error(request: Request, err: HTTPException) -> JSONResponse:

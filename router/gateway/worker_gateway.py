@@ -38,9 +38,9 @@ from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
 from worker.openai.errors import APIError
 from worker.openai.latency import arrival_of, relayed
-from worker.openai.limits import read_body
+from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
-from worker.openai.schema import DEFAULT_LIMITS
+from worker.openai.stream_slots import StreamSlots
 from worker.openai.tokenize import version_body
 from worker.tokenizer_files import tokenizer_dir
 
@@ -74,6 +74,8 @@ class WorkerGateway:
         self.auth = TenantAuth(load_api_keys(config.api_keys_file))
         self.admin = AdminAuth(load_admin_key(config.admin_key_file))
         self.proxy = WorkerProxy(config.proxy)
+        self.limits = RequestLimits.from_env()  # the chart's `limits` values
+        self.stream_slots = StreamSlots.for_tenants(self.auth.enabled)
         self.metrics = GatewayMetrics(self.model)
         self._pusher = MetricsPusher(f"gateway/{gateway_id}", self.metrics.registry,
                                      config.metrics)
@@ -97,15 +99,15 @@ class WorkerGateway:
 
     async def completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        raw = await read_body(request, DEFAULT_LIMITS)
-        routed = completion_body(raw, self.prompts, self.model, tenant)
+        raw = await read_body(request, self.limits)
+        routed = completion_body(raw, self.prompts, self.model, tenant, self.limits)
         return await self._forward("/v1/completions", routed, tenant,
                                    arrival_of(request.scope))
 
     async def chat_completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        raw = await read_body(request, DEFAULT_LIMITS)
-        routed = chat_body(raw, self.prompts, self.model, tenant)
+        raw = await read_body(request, self.limits)
+        routed = chat_body(raw, self.prompts, self.model, tenant, self.limits)
         return await self._forward("/v1/chat/completions", routed, tenant,
                                    arrival_of(request.scope))
 
@@ -118,7 +120,7 @@ class WorkerGateway:
         """/tokenize and /detokenize, answered by a worker that is up (it knows its own
         context length, which vLLM's /tokenize reports)."""
         self.auth.tenant_of(request.headers.get("authorization"))
-        raw = await read_body(request, DEFAULT_LIMITS)
+        raw = await read_body(request, self.limits)
         up = [w.spec for w in self.router.view.up()]
 
         def pick(tried: frozenset[str]) -> WorkerSpec:
@@ -143,7 +145,7 @@ class WorkerGateway:
 
     async def add_worker(self, request: Request) -> JSONResponse:
         self.admin.check(request.headers.get("authorization"))
-        spec = spec_from_body(await read_body(request, DEFAULT_LIMITS))
+        spec = spec_from_body(await read_body(request, self.limits))
         body = change_body(await self.workers.add.remote(spec))
         return JSONResponse(body, status_code=201)
 
@@ -200,9 +202,22 @@ class WorkerGateway:
         def release(worker_id: str, error: str | None) -> None:
             self.router.release(request_ids.pop(worker_id), error)
 
-        response = await self.proxy.forward(path, routed.body, pick, release)
+        slots = self.stream_slots if routed.stream else None
+        if slots is not None:  # 429 before any routing or worker work
+            slots.acquire(tenant)
+        try:
+            response = await self.proxy.forward(path, routed.body, pick, release)
+        except BaseException:
+            if slots is not None:
+                slots.release(tenant)
+            raise
         if isinstance(response, StreamingResponse):
             response.body_iterator = relayed(latency, arrival_s, response.body_iterator)
-        elif response.status_code < 400:
+            if slots is not None:
+                response.body_iterator = slots.hold(tenant, response.body_iterator)
+            return response
+        if slots is not None:
+            slots.release(tenant)  # the worker answered an error, not a stream
+        if response.status_code < 400:
             latency.e2e.observe(latency.clock() - arrival_s)
         return response

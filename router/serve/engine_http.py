@@ -116,8 +116,9 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     prompts = PromptBuilder(tokenizer_dir(config.model), model, config.block_size)
     metrics = GatewayMetrics(model)
     limits = RequestLimits.from_env()  # the chart's `limits` values
-    serving = OpenAIServing(engine, prompts, metrics.latency, limits, StreamSlots.from_env())
     auth = TenantAuth(load_api_keys(config.api_keys_file))
+    serving = OpenAIServing(engine, prompts, metrics.latency, limits,
+                            StreamSlots.for_tenants(auth.enabled))
     index, hub = get_index_actor(), get_metrics_hub(config.metrics)
     context = serve.get_replica_context()
     own_deployment = serve.get_deployment_handle(context.deployment, context.app_name)

@@ -21,7 +21,6 @@ LIMIT_ENV = {"maxBodyBytes": "KVROUTE_MAX_BODY_BYTES",
 DEFAULT_LIMITS_ENV = [{"name": "KVROUTE_MAX_BODY_BYTES", "value": "8388608"},
                       {"name": "KVROUTE_MAX_PROMPT_CHARS", "value": "1000000"},
                       {"name": "KVROUTE_MAX_SEQUENCES_PER_REQUEST", "value": "128"},
-                      {"name": "KVROUTE_MAX_STREAMS_PER_TENANT", "value": "64"},
                       {"name": "KVROUTE_PIN_MAX_NAMES_PER_TENANT", "value": "16"},
                       {"name": "KVROUTE_PIN_MAX_BLOCKS_PER_TENANT", "value": "1024"}]
 
@@ -37,7 +36,7 @@ def test_the_defaults_are_the_servers_own_defaults(helm_bin):
     for env in (head, engine):
         limits = RequestLimits.from_env(env)
         assert limits == RequestLimits()
-        assert StreamSlots.from_env(env).max_per_tenant == 64
+        assert StreamSlots.for_tenants(False, env) is None  # no API keys: no stream cap
         assert PinQuota.from_env(env) == PinQuota()
         assert {e["name"]: e["value"] for e in DEFAULT_LIMITS_ENV}.items() <= env.items()
 
@@ -46,13 +45,14 @@ def test_set_limits_reach_every_ray_container_and_the_servers_read_them(helm_bin
     values = {"maxBodyBytes": 1048576, "maxPromptChars": 50000, "maxSequencesPerRequest": 16,
               "maxStreamsPerTenant": 8,
               "pinMaxNamesPerTenant": 3, "pinMaxBlocksPerTenant": 200}
-    docs = render(helm_bin, set_values=[f"limits.{k}={v}" for k, v in values.items()])
+    docs = render(helm_bin, set_values=[f"limits.{k}={v}" for k, v in values.items()]
+                  + ["apiKeys.enabled=true"])  # the stream cap is rendered only with keys
     for env in ray_container_envs(docs):
         assert {LIMIT_ENV[k]: env[LIMIT_ENV[k]] for k in values} == {
             LIMIT_ENV[k]: str(v) for k, v in values.items()}
         assert RequestLimits.from_env(env) == RequestLimits(
             max_body_bytes=1048576, max_prompt_chars=50000, max_sequences=16)
-        assert StreamSlots.from_env(env).max_per_tenant == 8
+        assert StreamSlots.for_tenants(True, env).max_per_tenant == 8
         assert PinQuota.from_env(env) == PinQuota(3, 200)
 
 

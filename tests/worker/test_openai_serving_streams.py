@@ -66,3 +66,10 @@ def test_kvroute_engine_limits_streams_only_when_the_operator_sets_it():
     assert StreamSlots.from_env_if_set({}) is None
     assert StreamSlots.from_env_if_set({MAX_STREAMS_ENV: "3"}).max_per_tenant == 3
     assert StreamSlots.from_env({}).max_per_tenant == 64
+
+
+def test_tenants_of_api_keys_get_the_default_cap_one_anonymous_user_none_unless_set():
+    assert StreamSlots.for_tenants(True, {}).max_per_tenant == 64
+    assert StreamSlots.for_tenants(True, {MAX_STREAMS_ENV: "5"}).max_per_tenant == 5
+    assert StreamSlots.for_tenants(False, {}) is None
+    assert StreamSlots.for_tenants(False, {MAX_STREAMS_ENV: "5"}).max_per_tenant == 5

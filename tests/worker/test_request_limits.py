@@ -65,3 +65,10 @@ def test_depth_check_ignores_brackets_inside_strings():
         check_json_depth(b'{"a": [[[1]]]}', limits)
     body = parse_body(b'{"model": "m", "prompt": "[[[[[[[[[[[["}', CompletionRequest, limits)
     assert body.prompt == "[[[[[[[[[[[["
+
+
+def test_depth_check_counts_depth_not_openers():
+    limits = RequestLimits(max_json_depth=3)
+    check_json_depth(b'[[1], [2], [3], {"a": [4]}]', limits)  # 6 openers, 3 deep
+    with pytest.raises(APIError):
+        check_json_depth(b'[1, [2, [3, [4]]]]', limits)  # 4 openers, 4 deep

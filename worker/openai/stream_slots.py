@@ -1,8 +1,9 @@
 """Concurrent streams per tenant: one tenant cannot hold every connection of a gateway.
 
-Counted per process that answers the OpenAI API (a gateway, or an engine replica with ingress
-direct: N of them allow N times the limit in all); a stream over the limit is refused with
-429 and Retry-After before any engine work is done for it.
+Counted per process that answers the OpenAI API (a gateway, the external-workers gateway, or
+an engine replica with ingress direct: N of them allow N times the limit in all); a stream
+over the limit is refused with 429 and Retry-After before any engine work is done for it.
+Without API keys there are no tenants to keep apart: no limit unless the operator sets one.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ class StreamSlots:
     def from_env(cls, environ=None) -> StreamSlots:
         environ = os.environ if environ is None else environ
         return cls(int(environ.get(MAX_STREAMS_ENV) or DEFAULT_MAX_STREAMS_PER_TENANT))
+
+    @classmethod
+    def for_tenants(cls, keys_configured: bool, environ=None) -> StreamSlots | None:
+        """With API keys, each tenant's limit (64 unless set). Without, there is one
+        anonymous user and no per-tenant limit unless the operator set one (then it bounds
+        all streams together): a default of 64 would cap a single-user server's streams."""
+        return cls.from_env(environ) if keys_configured else cls.from_env_if_set(environ)
 
     @classmethod
     def from_env_if_set(cls, environ=None) -> StreamSlots | None:

@@ -101,8 +101,10 @@ operator's extraEnv (last, so it wins).
   value: {{ .maxPromptChars | int64 | quote }}
 - name: KVROUTE_MAX_SEQUENCES_PER_REQUEST
   value: {{ .maxSequencesPerRequest | int64 | quote }}
+{{- if $.Values.apiKeys.enabled }}{{/* without keys: one anonymous user, no stream cap */}}
 - name: KVROUTE_MAX_STREAMS_PER_TENANT
   value: {{ .maxStreamsPerTenant | int64 | quote }}
+{{- end }}
 - name: KVROUTE_PIN_MAX_NAMES_PER_TENANT
   value: {{ .pinMaxNamesPerTenant | int64 | quote }}
 - name: KVROUTE_PIN_MAX_BLOCKS_PER_TENANT

@@ -6,6 +6,7 @@ import pytest
 
 from router.gateway.routed_body import chat_body, completion_body
 from worker.openai.errors import APIError
+from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
 from worker.tokenizer_files import tokenizer_dir
 
@@ -75,3 +76,27 @@ def test_a_chat_goes_through_the_template_with_text_parts_only(prompts):
 def test_a_tenant_salt_replaces_the_clients(prompts):
     routed = completion_body(body(prompt="x", cache_salt="mine"), prompts, "tiny", "tenant-a")
     assert json.loads(routed.body)["cache_salt"] == "tenant-a"
+
+
+def test_prompt_text_is_checked_against_the_limits_before_it_is_tokenized(prompts):
+    limits = RequestLimits(max_prompt_chars=10)
+    for raw, param in ((body(prompt="x" * 11), "prompt"),
+                       (body(prompt=["x" * 6, "y" * 5]), "prompt"),  # a batch's total
+                       (body(messages=[{"role": "user", "content": "x" * 6},
+                                       {"role": "user", "content": "y" * 5}]), "messages")):
+        parse = chat_body if param == "messages" else completion_body
+        with pytest.raises(APIError) as err:
+            parse(raw, prompts, "tiny", "", limits)
+        assert err.value.status_code == 400 and err.value.code == "prompt_too_long"
+        assert err.value.param == param
+    assert completion_body(body(prompt="x" * 10), prompts, "tiny", "", limits).token_ids
+    with pytest.raises(APIError) as err:
+        completion_body(body(prompt="x"), prompts, "tiny", "", RequestLimits(max_body_bytes=8))
+    assert err.value.status_code == 413
+
+
+def test_a_streamed_request_is_marked_to_hold_a_stream_slot(prompts):
+    assert completion_body(body(prompt="x", stream=True), prompts, "tiny", "").stream
+    assert not completion_body(body(prompt="x"), prompts, "tiny", "").stream
+    assert chat_body(body(messages=[{"role": "user", "content": "x"}], stream=True), prompts,
+                     "tiny", "").stream

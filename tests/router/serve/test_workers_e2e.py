@@ -6,6 +6,7 @@ history), and one worker killed under load (every request completes or fails wit
 error, none hangs; later requests go to the survivor)."""
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
@@ -29,6 +30,7 @@ from worker.openai.tokenize import kvroute_version
 pytestmark = pytest.mark.slow
 
 ADMIN_KEY = "admin-key-of-the-e2e-test"
+MAX_STREAMS = 12  # per tenant, in the gateway (the kill test holds 12 streams at once)
 # Simulated steps timed like an H100 running Llama-3-8B: a 300-token answer streams for
 # seconds, long enough to kill its worker mid-way.
 SIM_ARGS = (*SIM_TINY_ARGS[:2], "--sim-preset", "h100-llama3-8b")
@@ -58,6 +60,7 @@ def server(workers):
     # The gateway processes read the admin key from their environment, which Ray's local
     # processes inherit from this one.
     os.environ["KVROUTE_ADMIN_KEY"] = ADMIN_KEY
+    os.environ["KVROUTE_MAX_STREAMS_PER_TENANT"] = str(MAX_STREAMS)
     # A crowded box can start Ray's agents slower than the raylet waits for by default.
     os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
     port = free_port()
@@ -76,6 +79,7 @@ def server(workers):
         serve.shutdown()
         ray.shutdown()
         del os.environ["KVROUTE_ADMIN_KEY"]
+        del os.environ["KVROUTE_MAX_STREAMS_PER_TENANT"]
 
 
 def client(server, **kw) -> openai.OpenAI:
@@ -111,6 +115,30 @@ def test_streams_pass_through_with_usage_and_cached_tokens(server):
     chat = c.chat.completions.create(model="tiny", max_tokens=4,
                                      messages=[{"role": "user", "content": SHARED}])
     assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 4
+
+
+def test_a_tenant_over_its_stream_limit_gets_429_until_a_stream_ends(server):
+    # ~16 s of simulated decoding each: still streaming while the others open (a short
+    # answer is relayed whole into the socket's buffers and frees its slot at once)
+    body = {"model": "tiny", "prompt": "Hold this stream open.", "max_tokens": 2000,
+            "stream": True, "ignore_eos": True}
+    url = f"{server.base_url}/v1/completions"
+    with httpx.Client(timeout=120) as http, contextlib.ExitStack() as held:
+        lines = []  # kept: a line iterator that is dropped closes its response
+        for _ in range(MAX_STREAMS):
+            resp = held.enter_context(http.stream("POST", url, json=body))
+            assert resp.status_code == 200
+            lines.append(resp.iter_lines())
+            next(lines[-1])  # streaming: its slot is taken
+        over = http.post(url, json={**body, "max_tokens": 1})
+        assert over.status_code == 429 and over.headers["retry-after"] == "1"
+        assert over.json()["error"]["code"] == "too_many_concurrent_streams"
+        assert http.post(url, json={**body, "stream": False, "max_tokens": 1}).status_code \
+            == 200  # a request that does not stream holds no slot
+    # The client closed the held streams: the gateway sees them go and frees their slots.
+    with httpx.Client(timeout=120) as http:
+        wait_until(lambda: http.post(url, json={**body, "max_tokens": 2}).status_code == 200,
+                   30, "a stream slot to come back")
 
 
 def test_gateway_latency_histograms_time_relayed_answers(server):

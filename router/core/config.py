@@ -34,13 +34,14 @@ class RouterConfig:
     # many seconds (conversations between turns still count); 0: outstanding work only.
     # (30 s: conversations with think times spread; issue 13's what-ifs.)
     recent_work_half_life_s: float = 30.0
-    # The fraction of a request's uncached prefill tokens that joins the recent work (its
-    # decode and cached-token work always do): a follow-up finds that prefill cached, so
-    # a long first prompt says little about the work its session will bring next.
+    # What-if knobs (benchmarks/RESULTS.md, issue 13, "What is left"): the fraction of a
+    # request's uncached prefill tokens that joins the recent work (its decode and
+    # cached-token work always do; a follow-up finds that prefill cached). 0.25 fixes
+    # Mooncake at 2x and breaks shared_prefix and conversation, so the default counts all.
     recent_prefill_fraction: float = 1.0
     # True: the uncached prefill that joins the recent work is at most a follow-up's (the
-    # running mean over requests that found at least half their prompt cached), since what
-    # a session brings next is a follow-up, whatever its first prompt cost.
+    # running mean over requests that found at least half their prompt cached). Measured
+    # worse than the default on Mooncake 2x, shared_prefix and conversation.
     recent_prefill_followup_cap: bool = False
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2

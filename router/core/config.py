@@ -43,6 +43,9 @@ class RouterConfig:
     # running mean over requests that found at least half their prompt cached). Measured
     # worse than the default on Mooncake 2x, shared_prefix and conversation.
     recent_prefill_followup_cap: bool = False
+    # True: a replica's recent work ends when its published stats show it idle (nothing
+    # running or waiting); approximate mode gets no stats, so it is unaffected.
+    recent_work_ends_when_idle: bool = False
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded

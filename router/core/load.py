@@ -23,12 +23,14 @@ _DECODE_MEAN_ALPHA = 0.05  # weight of the newest request in the mean decode len
 class LoadTracker:
     def __init__(self, decode_weight: float = 1.0, recent_half_life_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic,
-                 running_decode_weight: float = 1.0) -> None:
+                 running_decode_weight: float = 1.0, recent_ends_when_idle: bool = False
+                 ) -> None:
         self.decode_weight = decode_weight  # a decode token's work in prefill tokens
         self.running_decode_weight = running_decode_weight  # of a running request's decode
         # > 0: a replica's load is at least the work routed to it lately, each request's
         # work halving every recent_half_life_s (see `load`)
         self.recent_half_life_s = recent_half_life_s
+        self.recent_ends_when_idle = recent_ends_when_idle  # idle stats clear the recent work
         self.clock = clock
         # replica -> its recent work scaled to `_epoch_s`: work routed at t counts
         # work x 2^((t - epoch) / half-life) here, so decaying all replicas to `now` is one
@@ -100,6 +102,8 @@ class LoadTracker:
 
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
         self._stats[replica_id] = stats
+        if self.recent_ends_when_idle and not (stats.num_running or stats.num_waiting):
+            self._recent.pop(replica_id, None)
 
     def _decay(self, now: float) -> float:
         """2^(-(now - epoch) / half-life), computed once per clock reading; the epoch moves

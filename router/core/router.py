@@ -65,7 +65,7 @@ class Router:
         self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
                                      active=config.approximate)
         self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock,
-                                 config.running_decode_weight)
+                                 config.running_decode_weight, config.recent_work_ends_when_idle)
         self._fallback = False
         # running mean of the uncached prefill tokens of follow-ups (requests that found at
         # least half their prompt cached); None before the first one

@@ -7,6 +7,7 @@ import pytest
 from kv.events import EventLog
 from router.core.router import Router, RouterConfig
 from tests.router.core.core_helpers import FakeClock, h
+from worker.api import EngineStats
 
 B = 16
 REPLICAS = ["r0", "r1"]
@@ -171,4 +172,25 @@ def test_with_the_follow_up_cap_a_first_prompt_adds_recent_work_only_as_a_follow
     assert router.loads.load("r0") == 96 + 2
     router.on_finished("c")
     assert router.loads.load("r0") == 16 + 2 + 16 + 2
+    router.check_invariants()
+
+
+def _stats(num_running: int, num_waiting: int) -> EngineStats:
+    return EngineStats(num_running=num_running, num_waiting=num_waiting,
+                       num_queued_prefill_tokens=0, num_blocks=64, num_used_blocks=0,
+                       num_cached_blocks=0, num_pinned_blocks=0, num_free_blocks=64,
+                       num_host_blocks=0, num_host_cached_blocks=0)
+
+
+@pytest.mark.parametrize("ends_when_idle", [False, True])
+def test_recent_work_ends_with_idle_stats_only_when_asked(ends_when_idle):
+    clock = FakeClock()
+    router = Router(RouterConfig(block_size=B, recent_work_half_life_s=10.0,
+                                 recent_work_ends_when_idle=ends_when_idle), clock=clock)
+    router.route("q", prompt(0, 1), 2 * B, REPLICAS, max_tokens=8)  # r0: 32 + 8 = 40
+    router.on_finished("q")
+    router.update_stats("r0", _stats(num_running=1, num_waiting=0))  # busy: kept
+    assert router.loads.load("r0") == 40.0
+    router.update_stats("r0", _stats(num_running=0, num_waiting=0))
+    assert router.loads.load("r0") == (0.0 if ends_when_idle else 40.0)
     router.check_invariants()

@@ -6,7 +6,8 @@ RouterConfig variants on chosen rungs, one table (benchmarks/RESULTS.md, issue 1
 
 A variant is LABEL:NAME=VALUE,NAME=VALUE (RouterConfig fields; `first_token_signal=true`
 sets the cluster's first-token signal instead). Rates are per replica, as in the ladders
-(mooncake: time scale). Simulated figures only: deterministic, any --jobs.
+(mooncake: time scale); `--num-blocks` replaces each workload's device capacity (approximate
+mode's history gets the same). Simulated figures only: deterministic, any --jobs.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--rung", action="append", required=True, metavar="WORKLOAD=RATE")
     p.add_argument("--variant", action="append", required=True, metavar="LABEL:SETTINGS")
     p.add_argument("--replicas", type=int, default=8)
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="device blocks per replica (default: each workload's own)")
+    p.add_argument("--seed", type=int, default=0, help="the workloads' seed (arrivals, order)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
     args = p.parse_args(argv)
@@ -60,15 +64,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tasks, keys = [], []
     for rung in args.rung:
         name, _, rate = rung.partition("=")
-        d = ex.DEFAULTS[name]
-        replica = ReplicaConfig(num_blocks=d.num_blocks)
+        num_blocks = args.num_blocks or ex.DEFAULTS[name].num_blocks
+        replica = ReplicaConfig(num_blocks=num_blocks)
         for label, kw, signal in variants:
             for contender, approximate in (("cache_aware", False), ("approximate", True)):
                 router = RouterConfig(approximate=approximate,
-                                      approx_capacity_blocks=d.num_blocks, **kw)
+                                      approx_capacity_blocks=num_blocks, **kw)
                 tasks.append(ex.Task(
                     ClusterConfig(args.replicas, replica, router, first_token_signal=signal),
-                    ex.WorkloadSpec(name, float(rate), args.replicas), contender))
+                    ex.WorkloadSpec(name, float(rate), args.replicas, args.seed), contender))
                 keys.append((name, rate, label))
     rows = []
     print(f"{'workload':<24}{'rate':>6} {'variant':<22}{'contender':<12}{'hit':>7}"

@@ -34,6 +34,18 @@ class RouterConfig:
     # many seconds (conversations between turns still count); 0: outstanding work only.
     # (30 s: conversations with think times spread; issue 13's what-ifs.)
     recent_work_half_life_s: float = 30.0
+    # What-if knobs (benchmarks/RESULTS.md, issue 13, "What is left"): the fraction of a
+    # request's uncached prefill tokens that joins the recent work (its decode and
+    # cached-token work always do; a follow-up finds that prefill cached). 0.25 fixes
+    # Mooncake at 2x and breaks shared_prefix and conversation, so the default counts all.
+    recent_prefill_fraction: float = 1.0
+    # True: the uncached prefill that joins the recent work is at most a follow-up's (the
+    # running mean over requests that found at least half their prompt cached). Measured
+    # worse than the default on Mooncake 2x, shared_prefix and conversation.
+    recent_prefill_followup_cap: bool = False
+    # True: a replica's recent work ends when its published stats show it idle (nothing
+    # running or waiting); approximate mode gets no stats, so it is unaffected.
+    recent_work_ends_when_idle: bool = False
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded
@@ -74,6 +86,9 @@ class RouterConfig:
                 and self.recent_work_half_life_s >= 0):
             raise bad(f"recent_work_half_life_s must be finite and >= 0, got "
                       f"{self.recent_work_half_life_s!r}")
+        if not 0 <= self.recent_prefill_fraction <= 1:
+            raise bad(f"recent_prefill_fraction must be in [0, 1], got "
+                      f"{self.recent_prefill_fraction!r}")
         if not 0 <= self.host_cost_fraction <= 1:
             raise bad(f"host_cost_fraction must be in [0, 1], got {self.host_cost_fraction!r}")
         if not self.imbalance_threshold > 0:

@@ -23,12 +23,14 @@ _DECODE_MEAN_ALPHA = 0.05  # weight of the newest request in the mean decode len
 class LoadTracker:
     def __init__(self, decode_weight: float = 1.0, recent_half_life_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic,
-                 running_decode_weight: float = 1.0) -> None:
+                 running_decode_weight: float = 1.0, recent_ends_when_idle: bool = False
+                 ) -> None:
         self.decode_weight = decode_weight  # a decode token's work in prefill tokens
         self.running_decode_weight = running_decode_weight  # of a running request's decode
         # > 0: a replica's load is at least the work routed to it lately, each request's
         # work halving every recent_half_life_s (see `load`)
         self.recent_half_life_s = recent_half_life_s
+        self.recent_ends_when_idle = recent_ends_when_idle  # idle stats clear the recent work
         self.clock = clock
         # replica -> its recent work scaled to `_epoch_s`: work routed at t counts
         # work x 2^((t - epoch) / half-life) here, so decaying all replicas to `now` is one
@@ -36,24 +38,30 @@ class LoadTracker:
         self._recent: dict[str, float] = {}
         self._epoch_s = clock() if recent_half_life_s else 0.0
         self._decay_at: tuple[float, float] = (self._epoch_s, 1.0)  # (now, factor)
-        # request_id -> (replica, work tokens, the part of them that ends at the first token)
-        self._requests: dict[str, tuple[str, float, float]] = {}
+        # request_id -> (replica, work tokens, the part of them that ends at the first token,
+        # the work it added to the replica's recent work)
+        self._requests: dict[str, tuple[str, float, float, float]] = {}
         self._local_tokens: dict[str, float] = {}  # replica -> sum of its requests' work
         self._num_local: dict[str, int] = {}  # replica -> outstanding request count
         self._stats: dict[str, EngineStats] = {}
         self.mean_decode_tokens = 0.0
 
     def add(self, request_id: str, replica_id: str, work_tokens: float,
-            decode_tokens: int, first_token_tokens: float = 0.0) -> None:
+            decode_tokens: int, first_token_tokens: float = 0.0,
+            recent_tokens: float | None = None) -> None:
         """Records a routed request; routing the same id again replaces its old entry.
-        `first_token_tokens` of `work_tokens` end with its first token."""
+        `first_token_tokens` of `work_tokens` end with its first token; `recent_tokens`
+        (default: all of `work_tokens`) join the replica's recent work."""
         self.finish(request_id)
-        self._requests[request_id] = (replica_id, work_tokens, first_token_tokens)
+        if recent_tokens is None:
+            recent_tokens = work_tokens
+        self._requests[request_id] = (replica_id, work_tokens, first_token_tokens,
+                                      recent_tokens)
         self._local_tokens[replica_id] = self._local_tokens.get(replica_id, 0.0) + work_tokens
         self._num_local[replica_id] = self._num_local.get(replica_id, 0) + 1
         if self.recent_half_life_s:
             self._recent[replica_id] = (self._recent.get(replica_id, 0.0)
-                                        + work_tokens / self._decay(self.clock()))
+                                        + recent_tokens / self._decay(self.clock()))
         self.mean_decode_tokens += _DECODE_MEAN_ALPHA * (decode_tokens - self.mean_decode_tokens)
 
     def finish(self, request_id: str) -> None:
@@ -61,7 +69,7 @@ class LoadTracker:
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return
-        replica_id, work_tokens, _ = entry
+        replica_id, work_tokens = entry[0], entry[1]
         n = self._num_local[replica_id] - 1
         if n:
             self._num_local[replica_id] = n
@@ -76,11 +84,11 @@ class LoadTracker:
         entry = self._requests.get(request_id)
         if entry is None:
             return
-        replica_id, work_tokens, _ = entry
+        replica_id, recent_tokens = entry[0], entry[3]
         self.finish(request_id)
         if replica_id in self._recent:
             self._recent[replica_id] = max(
-                0.0, self._recent[replica_id] - work_tokens / self._decay(self.clock()))
+                0.0, self._recent[replica_id] - recent_tokens / self._decay(self.clock()))
 
     def first_token(self, request_id: str) -> None:
         """The request has its first token: its prefill work is done (unknown or already
@@ -88,12 +96,14 @@ class LoadTracker:
         entry = self._requests.get(request_id)
         if entry is None or not entry[2]:
             return
-        replica_id, work_tokens, done = entry
-        self._requests[request_id] = (replica_id, work_tokens - done, 0.0)
+        replica_id, work_tokens, done, recent_tokens = entry
+        self._requests[request_id] = (replica_id, work_tokens - done, 0.0, recent_tokens)
         self._local_tokens[replica_id] -= done
 
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
         self._stats[replica_id] = stats
+        if self.recent_ends_when_idle and not (stats.num_running or stats.num_waiting):
+            self._recent.pop(replica_id, None)
 
     def _decay(self, now: float) -> float:
         """2^(-(now - epoch) / half-life), computed once per clock reading; the epoch moves
@@ -133,13 +143,13 @@ class LoadTracker:
         """Forgets the replica's stats and its requests (their `finish` becomes a no-op)."""
         self._stats.pop(replica_id, None)
         self._recent.pop(replica_id, None)
-        for rid in [r for r, (rep, _, _) in self._requests.items() if rep == replica_id]:
+        for rid in [r for r, entry in self._requests.items() if entry[0] == replica_id]:
             self.finish(rid)
 
     def check_invariants(self) -> None:
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
-        for replica_id, work_tokens, _ in self._requests.values():
+        for replica_id, work_tokens, *_ in self._requests.values():
             sums[replica_id] = sums.get(replica_id, 0.0) + work_tokens
             counts[replica_id] = counts.get(replica_id, 0) + 1
         assert counts == self._num_local, "outstanding counts != routed requests"

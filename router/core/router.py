@@ -24,6 +24,8 @@ from worker.api import EngineStats
 
 __all__ = ["Router", "RouterConfig", "RoutingDecision"]
 
+_FOLLOWUP_MEAN_ALPHA = 0.05  # weight of the newest follow-up in the mean of their prefills
+
 
 class RoutingDecision(NamedTuple):
     replica_id: str
@@ -63,8 +65,14 @@ class Router:
         self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
                                      active=config.approximate)
         self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock,
-                                 config.running_decode_weight)
+                                 config.running_decode_weight, config.recent_work_ends_when_idle)
         self._fallback = False
+        # running mean of the uncached prefill tokens of follow-ups (requests that found at
+        # least half their prompt cached); None before the first one
+        self._followup_uncached_tokens: float | None = None
+        # all of a request's work joins the recent work (the default): no per-decision split
+        self._recent_is_work = (config.recent_prefill_fraction == 1.0
+                                and not config.recent_prefill_followup_cap)
         self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
         # request id -> where it went and the blocks it holds pending there, until
         # `on_finished`
@@ -166,10 +174,30 @@ class Router:
                           + config.host_cost_fraction * host_tokens
                           + config.cached_load_fraction * (device_tokens + host_tokens))
         decode_work = config.decode_weight * routed.max_tokens
-        self.loads.add(request_id, replica_id, prefill_tokens + decode_work,
-                       routed.max_tokens,
-                       prefill_tokens + (1 - config.running_decode_weight) * decode_work)
+        work_tokens = prefill_tokens + decode_work
+        self.loads.add(request_id, replica_id, work_tokens, routed.max_tokens,
+                       prefill_tokens + (1 - config.running_decode_weight) * decode_work,
+                       None if self._recent_is_work else self._recent_tokens(
+                           work_tokens, routed.num_prompt_tokens, device_tokens, host_tokens))
         return device_tokens, host_tokens
+
+    def _recent_tokens(self, work_tokens: float, num_prompt_tokens: int, device_tokens: int,
+                       host_tokens: int) -> float:
+        """The part of a request's work that joins its replica's recent work when a knob
+        holds back some of its uncached prefill (`recent_prefill_fraction`,
+        `recent_prefill_followup_cap`)."""
+        config = self.config
+        uncached_tokens = num_prompt_tokens - device_tokens - host_tokens
+        recent_uncached = config.recent_prefill_fraction * uncached_tokens
+        if config.recent_prefill_followup_cap:
+            mean = self._followup_uncached_tokens
+            if device_tokens + host_tokens >= uncached_tokens:  # a follow-up
+                mean = self._followup_uncached_tokens = (
+                    uncached_tokens if mean is None
+                    else mean + _FOLLOWUP_MEAN_ALPHA * (uncached_tokens - mean))
+            if mean is not None:
+                recent_uncached = min(recent_uncached, mean)
+        return work_tokens - uncached_tokens + recent_uncached
 
     def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:
         """The candidates to match on routed history rather than on events."""

@@ -61,10 +61,13 @@ def _get_or_none(client: httpx.Client, url: str) -> httpx.Response | None:
 
 
 def _stop(process: subprocess.Popen, timeout_s: float) -> None:
-    """SIGINT the process group, then SIGKILL it if it has not exited within `timeout_s`."""
+    """SIGINT the process, then SIGKILL its process group if it has not exited within
+    `timeout_s`. Only the leader gets the SIGINT: `kvroute serve` then shuts Serve down in
+    order (HAProxy included), which a SIGINT to every Ray process of the group at once
+    broke, leaving HAProxy running after the test."""
     if process.poll() is not None:
         return
-    os.killpg(process.pid, signal.SIGINT)
+    process.send_signal(signal.SIGINT)
     try:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -230,7 +233,7 @@ class KvrouteSim:
 
     def stop(self) -> None:
         self.client.close()
-        _stop(self.process, timeout_s=20.0)
+        _stop(self.process, timeout_s=90.0)  # Serve's graceful shutdown takes ~40 s
 
 
 def shared_prefix_prompts(num_prefixes: int, requests_per_prefix: int,

@@ -69,7 +69,7 @@ class LoadTracker:
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return
-        replica_id, work_tokens = entry[0], entry[1]
+        replica_id, work_tokens, _, _ = entry
         n = self._num_local[replica_id] - 1
         if n:
             self._num_local[replica_id] = n
@@ -84,7 +84,7 @@ class LoadTracker:
         entry = self._requests.get(request_id)
         if entry is None:
             return
-        replica_id, recent_tokens = entry[0], entry[3]
+        replica_id, _, _, recent_tokens = entry
         self.finish(request_id)
         if replica_id in self._recent:
             self._recent[replica_id] = max(
@@ -143,7 +143,7 @@ class LoadTracker:
         """Forgets the replica's stats and its requests (their `finish` becomes a no-op)."""
         self._stats.pop(replica_id, None)
         self._recent.pop(replica_id, None)
-        for rid in [r for r, entry in self._requests.items() if entry[0] == replica_id]:
+        for rid in [r for r, (rep, *_) in self._requests.items() if rep == replica_id]:
             self.finish(rid)
 
     def check_invariants(self) -> None:

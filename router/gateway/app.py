@@ -41,7 +41,7 @@ from worker.openai.openapi_body import request_body
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.responses import ResponseShape
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
-from worker.openai.stream_slots import StreamSlots
+from worker.openai.stream_slots import StreamSlot, StreamSlots
 from worker.openai.streaming import full_response, sse_events
 from worker.openai.tokenize import (
     DetokenizeRequest,
@@ -237,19 +237,14 @@ class Gateway:
             await choices.start()
             return JSONResponse(full_response(shape, await collect(choices), body.n,
                                               self.logprobs))
-        streams = self.streams
-        if streams is not None:
-            streams.acquire(tenant)  # 429 + Retry-After over the tenant's limit
+        slot = StreamSlot(self.streams, tenant)  # 429 + Retry-After over the tenant's limit
         choices = Choices(requests, body.n,
                           lambda request: timer.watch(self.engine.stream(request)))
         try:
             await choices.start()  # errors before the first tokens are plain 4xx/503
         except BaseException:
-            if streams is not None:
-                streams.release(tenant)
+            slot.release()
             raise
         events = sse_events(shape, choices, body.include_usage(), self.logprobs,
                             lost_errors=(ReplicaLost,))
-        if streams is not None:
-            events = streams.hold(tenant, events)
-        return StreamingResponse(events, media_type="text/event-stream")
+        return StreamingResponse(slot.hold(events), media_type="text/event-stream")

@@ -80,11 +80,12 @@ def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
     num_prompts = 1
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         num_prompts = len(prompt)
-        check_text_length(sum(len(p) for p in prompt if isinstance(p, str)), limits,
-                          "prompt")
+        num_chars = sum(len(p) for p in prompt if isinstance(p, str))
         prompt = prompt[0]  # a batch: its first prompt
+    else:
+        num_chars = len(prompt) if isinstance(prompt, str) else 0
+    check_text_length(num_chars, limits, "prompt")
     if isinstance(prompt, str) and prompt:
-        check_text_length(len(prompt), limits, "prompt")
         token_ids = prompts.encode_text(prompt)
     elif isinstance(prompt, list) and _token_ids(prompt):
         token_ids = prompt

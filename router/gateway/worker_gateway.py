@@ -40,7 +40,7 @@ from worker.openai.errors import APIError
 from worker.openai.latency import arrival_of, relayed
 from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
-from worker.openai.stream_slots import StreamSlots
+from worker.openai.stream_slots import StreamSlot, StreamSlots
 from worker.openai.tokenize import version_body
 from worker.tokenizer_files import tokenizer_dir
 
@@ -202,22 +202,18 @@ class WorkerGateway:
         def release(worker_id: str, error: str | None) -> None:
             self.router.release(request_ids.pop(worker_id), error)
 
-        slots = self.stream_slots if routed.stream else None
-        if slots is not None:  # 429 before any routing or worker work
-            slots.acquire(tenant)
+        # 429 before any routing or worker work
+        slot = StreamSlot(self.stream_slots if routed.stream else None, tenant)
         try:
             response = await self.proxy.forward(path, routed.body, pick, release)
         except BaseException:
-            if slots is not None:
-                slots.release(tenant)
+            slot.release()
             raise
         if isinstance(response, StreamingResponse):
-            response.body_iterator = relayed(latency, arrival_s, response.body_iterator)
-            if slots is not None:
-                response.body_iterator = slots.hold(tenant, response.body_iterator)
+            response.body_iterator = slot.hold(
+                relayed(latency, arrival_s, response.body_iterator))
             return response
-        if slots is not None:
-            slots.release(tenant)  # the worker answered an error, not a stream
+        slot.release()  # the worker answered an error, not a stream
         if response.status_code < 400:
             latency.e2e.observe(latency.clock() - arrival_s)
         return response

@@ -76,3 +76,23 @@ class StreamSlots:
                 yield chunk
         finally:
             self.release(tenant)
+
+
+class StreamSlot:
+    """One stream's slot of `tenant`, taken when made (429 over the limit; nothing to take
+    when `slots` is None: no limit). `release()` gives it back when the stream never starts;
+    `hold(body)` is the body that gives it back when the stream ends."""
+
+    __slots__ = ("_slots", "_tenant")
+
+    def __init__(self, slots: StreamSlots | None, tenant: str):
+        if slots is not None:
+            slots.acquire(tenant)
+        self._slots, self._tenant = slots, tenant
+
+    def release(self) -> None:
+        if self._slots is not None:
+            self._slots.release(self._tenant)
+
+    def hold(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        return body if self._slots is None else self._slots.hold(self._tenant, body)

@@ -37,7 +37,7 @@ from worker.openai.schema import (
     CompletionRequest,
     parse_body,
 )
-from worker.openai.stream_slots import StreamSlots
+from worker.openai.stream_slots import StreamSlot, StreamSlots
 from worker.openai.streaming import full_response, sse_events
 
 T = TypeVar("T")
@@ -135,24 +135,20 @@ class OpenAIServing:
             await choices.start()
             return full_response(shape, await collect(choices), body.n, self.logprobs)
 
-        streams = self.streams if body.stream else None
-        if streams is not None:
-            streams.acquire(cache_salt)  # 429 + Retry-After over the tenant's limit
+        # 429 + Retry-After over the tenant's limit
+        slot = StreamSlot(self.streams if body.stream else None, cache_salt)
         try:
             if not body.stream:
                 return JSONResponse(await while_connected(request, whole))
             await while_connected(request, choices.start)
         except BaseException as err:
-            if streams is not None:
-                streams.release(cache_salt)
+            slot.release()
             if isinstance(err, ClientGone):
                 await choices.aclose()
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             raise
         events = sse_events(shape, choices, body.include_usage(), self.logprobs)
-        if streams is not None:
-            events = streams.hold(cache_salt, events)
-        return StreamingResponse(events, media_type="text/event-stream")
+        return StreamingResponse(slot.hold(events), media_type="text/event-stream")
 
 
 

@@ -10,6 +10,7 @@ so load stays bounded. Decisions run on a simulated clock advancing 5 ms per req
 requests/s into one router), so pending marks live their full 2 s TTL without events.
 
     python benchmarks/bench_router.py [--quick] [--decisions N] [--policy NAME]
+                                      [--mark-whole-prompt true|false]
 
 Prints a table, then as the last line one JSON object. Memory is what a first, traced build
 leaves allocated (tracemalloc), the build time that of a second, untraced one. Each
@@ -149,7 +150,11 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=None, help="distinct indexed blocks")
     ap.add_argument("--policy", default="cache_aware")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mark-whole-prompt", choices=("true", "false"), default=None,
+                    help="RouterConfig.mark_whole_prompt (default: RouterConfig's)")
     args = ap.parse_args()
+    knobs = ({} if args.mark_whole_prompt is None
+             else dict(mark_whole_prompt=args.mark_whole_prompt == "true"))
     target_blocks = args.blocks or (100_000 if args.quick else 1_000_000)
     num_decisions = args.decisions or (2_000 if args.quick else 20_000)
     rng = random.Random(args.seed)
@@ -163,7 +168,7 @@ def main() -> None:
     sim_now = [0.0]
 
     def new_router() -> Router:
-        return Router(RouterConfig(policy=args.policy, block_size=BLOCK_SIZE),
+        return Router(RouterConfig(policy=args.policy, block_size=BLOCK_SIZE, **knobs),
                       clock=lambda: sim_now[0])
 
     # Memory: trace a first build; what stays allocated once the feed's snapshots and
@@ -251,7 +256,8 @@ def main() -> None:
     fallback_cpu.sort()
     history_blocks = router.history.num_blocks()
 
-    print(f"router: {args.policy}, {args.replicas} replicas, {distinct:,} distinct blocks "
+    print(f"router: {args.policy} (mark_whole_prompt {router.config.mark_whole_prompt}), "
+          f"{args.replicas} replicas, {distinct:,} distinct blocks "
           f"indexed ({blocks['device']:,} on some device, {blocks['host']:,} on some host; "
           f"{holdings:,} replica holdings) from {num_events:,} events + {args.replicas} "
           f"snapshots: built in {build_s:.2f} s, {index_mib:.0f} MiB (tracemalloc)")
@@ -276,6 +282,7 @@ def main() -> None:
           f"cpu p50 {pct(fallback_cpu, .5):.1f} us, p99 {pct(fallback_cpu, .99):.1f} us")
     print(json.dumps({
         "policy": args.policy,
+        "mark_whole_prompt": router.config.mark_whole_prompt,
         "replicas": args.replicas,
         "indexed_blocks": distinct,
         "indexed_blocks_device": blocks["device"],

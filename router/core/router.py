@@ -16,6 +16,7 @@ from typing import NamedTuple
 from kv.events import EventBatch, Snapshot
 from kv.hashing import BlockHash
 from router.core.config import RouterConfig
+from router.core.hash_loops import num_leading_in
 from router.core.history import RoutedHistory
 from router.core.index import PrefixIndex, PrefixMatch
 from router.core.load import LoadTracker
@@ -77,6 +78,9 @@ class Router:
         # request id -> where it went and the blocks it holds pending there, until
         # `on_finished`
         self._held: dict[str, _Routed] = {}
+        # replica -> {request id: its confirmed device run in blocks} for outstanding
+        # requests whose cached part is pinned (`mark_whole_prompt`, see `_pin_evicted`)
+        self._pins: dict[str, dict[str, int]] = {}
 
     @property
     def approximate(self) -> bool:
@@ -161,11 +165,14 @@ class Router:
         held: Sequence[BlockHash] = ()
         if replica_id not in on_history:
             # Mark from the end of the confirmed device run: the blocks this request computes
-            # or copies in, and pending ones it refreshes. The walk measured that run.
-            num_confirmed = (0 if self.config.mark_whole_prompt else
-                             confirmed.get(replica_id, match.num_device_blocks if match else 0))
+            # or copies in, and pending ones it refreshes. The walk measured that run. With
+            # `mark_whole_prompt` the run is pinned too: marked if evicted before the request
+            # finishes (`_pin_evicted`), not marked now, so a decision costs no more.
+            num_confirmed = confirmed.get(replica_id, match.num_device_blocks if match else 0)
             held = block_hashes[num_confirmed:]
             self.index.mark_pending(replica_id, held, held=True)
+            if num_confirmed and self.config.mark_whole_prompt:
+                self._pins.setdefault(replica_id, {})[request_id] = num_confirmed
         self._held[request_id] = routed._replace(
             held=held, predicted_hit_tokens=(device_tokens, host_tokens))
         self.history.record(replica_id, block_hashes)
@@ -235,8 +242,38 @@ class Router:
 
     def _release_held(self, request_id: str, withdraw: bool = False) -> None:
         entry = self._held.pop(request_id, None)
-        if entry is not None and entry.held:
+        if entry is None:
+            return
+        pins = self._pins.get(entry.replica_id)
+        if pins and pins.pop(request_id, None) is not None and not pins:
+            del self._pins[entry.replica_id]
+        if entry.held:
             self.index.release_pending(entry.replica_id, entry.held, withdraw)
+
+    def _pin_evicted(self, replica_id: str) -> None:
+        """Outstanding requests on the replica whose confirmed run lost its end since they
+        were routed (evicted while they wait): their marks now cover the lost part too, as
+        the part they compute, for the request will hold its whole prompt there when it
+        runs. An engine evicts a cached run from its end (a block is used no later than its
+        parent, and a request frees its blocks tail first), so the run's last block tells."""
+        pins = self._pins.get(replica_id)
+        if not pins:
+            return
+        on_device = self.index.device_blocks(replica_id)
+        for request_id, n in list(pins.items()):
+            entry = self._held[request_id]
+            hashes = entry.block_hashes
+            if hashes[n - 1] in on_device:
+                continue
+            k = num_leading_in(on_device, hashes[:n - 1])
+            self.index.mark_pending(replica_id, hashes[k:n], held=True)
+            self._held[request_id] = entry._replace(held=hashes[k:])
+            if k:
+                pins[request_id] = k
+            else:
+                del pins[request_id]
+        if not pins:
+            del self._pins[replica_id]
 
     def _withdraw(self, request_id: str) -> None:
         """Drops a decision whose request did not go where it was recorded: its load, and
@@ -249,10 +286,15 @@ class Router:
 
     def apply_batch(self, batch: EventBatch) -> bool:
         """Applies a replica's event batch; True when that replica needs a snapshot."""
-        return self.index.apply_batch(batch)
+        needs_snapshot = self.index.apply_batch(batch)
+        if batch.replica_id in self._pins:
+            self._pin_evicted(batch.replica_id)
+        return needs_snapshot
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
         self.index.apply_snapshot(snapshot)
+        if snapshot.replica_id in self._pins:
+            self._pin_evicted(snapshot.replica_id)
 
     def remove_replica(self, replica_id: str) -> None:
         """Forgets the replica: its index entries, pending marks, history, stats and load."""
@@ -264,6 +306,7 @@ class Router:
             self._sync_history()
         for request_id in [r for r, e in self._held.items() if e.replica_id == replica_id]:
             del self._held[request_id]  # its marks went with the replica, its load too
+        self._pins.pop(replica_id, None)
 
     def drop_index(self, replica_id: str) -> None:
         """Forgets what events said the replica holds, and its pending marks, but keeps its
@@ -273,6 +316,7 @@ class Router:
         for request_id, entry in self._held.items():
             if entry.replica_id == replica_id and entry.held:
                 self._held[request_id] = entry._replace(held=())  # its marks are gone
+        self._pins.pop(replica_id, None)  # nothing confirmed there any more
 
     def set_fallback(self, active: bool) -> None:
         """While active, decide in approximate mode (the index is unreachable or stale).
@@ -311,6 +355,14 @@ class Router:
         return {"device": self.index.num_blocks("device"), "host": self.index.num_blocks("host")}
 
     def check_invariants(self) -> None:
+        for replica_id, pins in self._pins.items():
+            assert pins, f"empty pins of {replica_id}"
+            for request_id, n in pins.items():
+                entry = self._held[request_id]
+                assert entry.replica_id == replica_id, f"{request_id} pinned off its replica"
+                assert 0 < n == len(entry.block_hashes) - len(entry.held), (
+                    f"{request_id}: pinned run of {n} blocks, marks from "
+                    f"{len(entry.block_hashes) - len(entry.held)}")
         self.index.check_invariants()
         self.history.check_invariants()
         self.loads.check_invariants()

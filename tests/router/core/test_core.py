@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from kv.events import EventLog
+from kv.events import BlockRemoved, EventLog
 from router.core.policies import POLICY_NAMES
 from router.core.router import Router, RouterConfig, RoutingDecision
 from tests.router.core.core_helpers import FakeClock, h
@@ -121,8 +121,8 @@ def test_events_confirm_pending_marks():
     assert router.index.match(prompt(0, 1, 2), REPLICAS) == {"r0": (2, 0)}
 
 
-def test_marks_cover_only_unconfirmed_blocks_and_followers_refresh_them():
-    router, clock = make_router(pending_ttl_s=2.0)
+def test_without_whole_prompt_marks_only_unconfirmed_blocks_are_marked():
+    router, clock = make_router(pending_ttl_s=2.0, mark_whole_prompt=False)
     snapshot(router, "r2", device=prompt(0, 1, 2, 3))
     assert route(router, "q0", prompt(0, 1, 2, 3, 4, 5)).replica_id == "r2"
     assert router.index.pending_blocks("r2") == set(prompt(4, 5))
@@ -134,6 +134,53 @@ def test_marks_cover_only_unconfirmed_blocks_and_followers_refresh_them():
     router.on_finished("q1")
     clock.advance(2.0)
     assert router.index.match(prompt(0, 1, 2, 3, 4, 5), REPLICAS) == {"r2": (4, 0)}
+
+
+def routed_to_a_cached_run(**kw):
+    """r2 holds blocks 0-3 (events); q0 (blocks 0-5) is routed there."""
+    router, clock = make_router(pending_ttl_s=2.0, **kw)
+    log = EventLog("r2", epoch="e0")
+    assert router.apply_batch(log.drain())
+    router.apply_snapshot(log.snapshot(prompt(0, 1, 2, 3), ()))
+    assert route(router, "q0", prompt(0, 1, 2, 3, 4, 5)).replica_id == "r2"
+    # marks cover what q0 computes; its cached run is pinned, not marked
+    assert router.index.pending_blocks("r2") == set(prompt(4, 5))
+    return router, clock, log
+
+
+def evict(router, log, *block_ids):
+    log.append(BlockRemoved(tuple(prompt(*block_ids))))
+    assert not router.apply_batch(log.drain())
+    router.check_invariants()
+
+
+def test_an_eviction_while_a_request_waits_does_not_hide_its_prompt():
+    # the default pins the run: r2 will hold all of q0's prompt when q0 runs
+    router, clock, log = routed_to_a_cached_run()
+    evict(router, log, 3)
+    assert router.index.pending_blocks("r2") == set(prompt(3, 4, 5))
+    evict(router, log, 1, 2)  # deeper, in a later batch
+    assert router.index.pending_blocks("r2") == set(prompt(1, 2, 3, 4, 5))
+    assert router.index.match(prompt(0, 1, 2, 3, 4, 5), REPLICAS) == {"r2": (6, 0)}
+    router.on_finished("q0")
+    clock.advance(2.5)  # no event came: its marks end with the TTL
+    assert router.index.match(prompt(0, 1, 2, 3, 4, 5), REPLICAS) == {"r2": (1, 0)}
+    router.check_invariants()
+    plain, _, plain_log = routed_to_a_cached_run(mark_whole_prompt=False)
+    evict(plain, plain_log, 2, 3)
+    assert plain.index.match(prompt(0, 1, 2, 3, 4, 5), REPLICAS) == {"r2": (2, 0)}
+
+
+def test_a_snapshot_missing_the_run_pins_it_and_a_finished_request_pins_nothing():
+    router, _, log = routed_to_a_cached_run()
+    router.apply_snapshot(log.snapshot(prompt(0, 1), ()))  # a resync: 2 and 3 are gone
+    router.check_invariants()
+    assert router.index.pending_blocks("r2") == set(prompt(2, 3, 4, 5))
+    router, _, log = routed_to_a_cached_run()
+    router.on_finished("q0")
+    evict(router, log, 0, 1, 2, 3)  # after q0: nothing of it is held any more
+    assert router.index.pending_blocks("r2") == set(prompt(4, 5))  # its TTL marks only
+    assert router._pins == {}
 
 
 def test_shared_first_block_spreads_under_cache_aware_and_piles_up_under_longest_match():

@@ -1,6 +1,5 @@
 """The load a routed request adds: uncached prefill, cached tokens at cached_load_fraction,
-decode at decode_weight; the prefill part leaves at the first token; marks on the whole
-prompt with mark_whole_prompt."""
+decode at decode_weight; the prefill part leaves at the first token."""
 
 import pytest
 
@@ -67,17 +66,6 @@ def test_a_burst_of_one_cached_prompt_spreads_once_its_cached_tokens_weigh():
     without = make_router(cached_load_fraction=0.0)  # each copy adds 1 token: all on r0
     assert {without.route(f"q{i}", p, 4 * B, REPLICAS, max_tokens=1).replica_id
             for i in range(11)} == {"r0"}
-
-
-def test_whole_prompt_marks_cover_the_confirmed_run_too():
-    router = make_router(mark_whole_prompt=True)
-    router.route("q", prompt(0, 1, 2, 3), 4 * B, REPLICAS)
-    assert router.index.pending_blocks("r0") == frozenset(prompt(0, 1, 2, 3))
-    router.on_finished("q")
-    router.check_invariants()
-    plain = make_router()
-    plain.route("q", prompt(0, 1, 2, 3), 4 * B, REPLICAS)
-    assert plain.index.pending_blocks("r0") == frozenset(prompt(3))
 
 
 @pytest.mark.parametrize("kw, message", [

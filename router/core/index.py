@@ -19,7 +19,7 @@ collection over them would stall a routing decision for tens of milliseconds).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from kv.events import MEDIA, EventBatch, Medium, ReplicaEventTracker, Snapshot
 from kv.hashing import BlockHash
@@ -289,12 +289,6 @@ class PrefixIndex:
         that guards the index, and do not keep it."""
         rep = self._replicas.get(replica_id)
         return rep.held[medium].keys() if rep else ()
-
-    def device_blocks(self, replica_id: str) -> Container[BlockHash]:
-        """The replica's device blocks as events report them, for membership tests (a live
-        view: do not keep it across updates)."""
-        rep = self._replicas.get(replica_id)
-        return rep.held["device"] if rep else {}
 
     def blocks_of(self, replica_id: str, medium: Medium = "device") -> frozenset[BlockHash]:
         rep = self._replicas.get(replica_id)

@@ -16,7 +16,6 @@ from typing import NamedTuple
 from kv.events import EventBatch, Snapshot
 from kv.hashing import BlockHash
 from router.core.config import RouterConfig
-from router.core.hash_loops import num_leading_in
 from router.core.history import RoutedHistory
 from router.core.index import PrefixIndex, PrefixMatch
 from router.core.load import LoadTracker
@@ -259,13 +258,13 @@ class Router:
         pins = self._pins.get(replica_id)
         if not pins:
             return
-        on_device = self.index.device_blocks(replica_id)
+        on_device = self.index.held_view(replica_id, "device")
         for request_id, n in list(pins.items()):
             entry = self._held[request_id]
             hashes = entry.block_hashes
             if hashes[n - 1] in on_device:
                 continue
-            k = num_leading_in(on_device, hashes[:n - 1])
+            k = self.index.num_confirmed_device_blocks(replica_id, hashes[:n - 1])
             self.index.mark_pending(replica_id, hashes[k:n], held=True)
             self._held[request_id] = entry._replace(held=hashes[k:])
             if k:

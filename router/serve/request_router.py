@@ -245,4 +245,8 @@ class KVRouteRequestRouter(RequestRouter):
         self.metrics.drop_expired()
         with self._lock:
             blocks = self.router.index_blocks()
+            loads = {r.unique_id: self.router.loads.load(r.unique_id)
+                     for r in self._replica_id_set}
         self.metrics.set_index_blocks(blocks)
+        for replica_id, tokens in loads.items():
+            self.metrics.set_load_tokens(replica_id, tokens)

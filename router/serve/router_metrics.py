@@ -50,6 +50,11 @@ class RouterMetrics:
         self.outstanding = Gauge("kvroute_router_outstanding_requests",
                                  "Requests routed and not finished", ("gateway", "replica"),
                                  registry=r)
+        # Read-only view of the load the policy weighs (router.core.load), so a harness can
+        # see a value that never decays or is not finite.
+        self.load_tokens = Gauge("kvroute_router_load_tokens",
+                                 "Outstanding work the policy weighs on the replica, in tokens",
+                                 ("gateway", "replica"), registry=r)
         self.decision_seconds.labels(model, gateway_id, policy)
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(gateway_id, reason)
@@ -65,6 +70,7 @@ class RouterMetrics:
         self._down_since_s.pop(replica_id, None)
         self.replica_up.labels(self._gateway, replica_id).set(1)
         self.outstanding.labels(self._gateway, replica_id).set(0)
+        self.load_tokens.labels(self._gateway, replica_id).set(0)
 
     def remove_replica(self, replica_id: str, now_s: float | None = None) -> None:
         """A gone replica's series leave this registry (its counters stop, not reset), but
@@ -75,6 +81,7 @@ class RouterMetrics:
         for medium in MEDIA:
             _remove(self.predicted_hit_tokens, labels + (medium,))
         _remove(self.outstanding, (self._gateway, replica_id))
+        _remove(self.load_tokens, (self._gateway, replica_id))
         self.replica_up.labels(self._gateway, replica_id).set(0)
         self._down_since_s[replica_id] = time.monotonic() if now_s is None else now_s
 
@@ -102,6 +109,9 @@ class RouterMetrics:
 
     def set_outstanding(self, replica_id: str, num_requests: int) -> None:
         self.outstanding.labels(self._gateway, replica_id).set(num_requests)
+
+    def set_load_tokens(self, replica_id: str, tokens: float) -> None:
+        self.load_tokens.labels(self._gateway, replica_id).set(tokens)
 
     def set_index_blocks(self, blocks_by_medium: dict[str, int]) -> None:
         for medium, n in blocks_by_medium.items():

@@ -186,4 +186,7 @@ class WorkerRouter:
         with self._lock:
             self._refresh_modes()
             blocks = self.router.index_blocks()
+            loads = {w: self.router.loads.load(w) for w in self._routable}
         self.metrics.set_index_blocks(blocks)
+        for worker_id, tokens in loads.items():
+            self.metrics.set_load_tokens(worker_id, tokens)

@@ -6,6 +6,9 @@ raises for a worker that is down or misbehaves: the caller decides what a failur
 
 from __future__ import annotations
 
+import json
+import math
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,6 +19,29 @@ from worker.api import EngineStats
 # (a data-parallel vLLM server reports one series per engine).
 RUNNING_GAUGE = "vllm:num_requests_running"
 WAITING_GAUGE = "vllm:num_requests_waiting"
+# More requests than any server queues: a larger gauge is a lie, not a load.
+MAX_QUEUED_REQUESTS = 1_000_000
+# What is read of one answer: vLLM's /metrics is ~100 KiB; more is a lying worker's.
+MAX_PROBE_BYTES = 4 << 20
+
+
+class GaugeError(ValueError):
+    """A queue gauge that cannot be a queue length (NaN, infinite, negative or huge)."""
+
+
+class _TooLarge(httpx.HTTPError):
+    """The worker's answer is longer than MAX_PROBE_BYTES."""
+
+
+async def _get(client: httpx.AsyncClient, url: str, timeout_s: float) -> tuple[int, str]:
+    """GET `url`: its status and at most MAX_PROBE_BYTES of its body (more: _TooLarge)."""
+    async with client.stream("GET", url, timeout=timeout_s) as response:
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_PROBE_BYTES:
+                raise _TooLarge(f"{url} answered more than {MAX_PROBE_BYTES} bytes")
+        return response.status_code, body.decode(errors="replace")
 
 
 def _describe(err: BaseException) -> str:
@@ -27,12 +53,11 @@ async def check_health(client: httpx.AsyncClient, spec: WorkerSpec,
                        timeout_s: float) -> str | None:
     """None when GET /health answers 200, else why the worker is unusable."""
     try:
-        response = await client.get(f"{spec.url}/health", timeout=timeout_s)
+        status, text = await _get(client, f"{spec.url}/health", timeout_s)
     except httpx.HTTPError as err:
         return f"worker {spec.url} is unreachable: {_describe(err)}"
-    if response.status_code != 200:
-        return (f"worker {spec.url} is unhealthy: GET /health answered "
-                f"{response.status_code} {response.text[:200]!r}")
+    if status != 200:
+        return f"worker {spec.url} is unhealthy: GET /health answered {status} {text[:200]!r}"
     return None
 
 
@@ -40,9 +65,10 @@ async def check_model(client: httpx.AsyncClient, spec: WorkerSpec, model: str,
                       timeout_s: float) -> str | None:
     """None when GET /v1/models lists `model`, else why the worker cannot serve it."""
     try:
-        response = await client.get(f"{spec.url}/v1/models", timeout=timeout_s)
-        response.raise_for_status()
-        ids = [m["id"] for m in response.json()["data"]]
+        status, text = await _get(client, f"{spec.url}/v1/models", timeout_s)
+        if status != 200:
+            return f"worker {spec.url}: GET /v1/models answered {status}"
+        ids = [m["id"] for m in json.loads(text)["data"]]
     except httpx.HTTPError as err:
         return f"worker {spec.url}: GET /v1/models failed: {_describe(err)}"
     except (ValueError, KeyError, TypeError) as err:
@@ -62,28 +88,43 @@ async def check_worker(client: httpx.AsyncClient, spec: WorkerSpec, model: str,
 async def scrape_queue_stats(client: httpx.AsyncClient, spec: WorkerSpec,
                              timeout_s: float) -> EngineStats | None:
     """The worker's queue from its vLLM gauges; None when it does not export them (or
-    /metrics fails: the load term then counts only the gateways' own in-flight requests)."""
+    /metrics fails: the load term then counts only the gateways' own in-flight requests).
+
+    Raises GaugeError when a gauge is there but cannot be a queue length.
+    """
     try:
-        response = await client.get(f"{spec.url}/metrics", timeout=timeout_s)
+        status, text = await _get(client, f"{spec.url}/metrics", timeout_s)
     except httpx.HTTPError:
         return None
-    if response.status_code != 200:
+    if status != 200:
         return None
-    return queue_stats_from_metrics(response.text)
+    return queue_stats_from_metrics(text)
 
 
 def queue_stats_from_metrics(text: str) -> EngineStats | None:
-    """Running and waiting requests from Prometheus text; None without both gauges."""
+    """Running and waiting requests from Prometheus text; None without both gauges.
+
+    Raises GaugeError for a sample that is not a finite count in [0, MAX_QUEUED_REQUESTS]
+    (one lying worker's NaN must not become anyone's load).
+    """
     totals: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             if family.name in (RUNNING_GAUGE, WAITING_GAUGE):
-                totals[family.name] = sum(s.value for s in family.samples
-                                          if s.name == family.name)
+                values = [s.value for s in family.samples if s.name == family.name]
+                for value in values:
+                    if not (math.isfinite(value) and 0 <= value <= MAX_QUEUED_REQUESTS):
+                        raise GaugeError(f"{family.name} = {value!r} is not a queue length")
+                totals[family.name] = sum(values)
+    except GaugeError:
+        raise
     except ValueError:  # not Prometheus text
         return None
     if len(totals) != 2:
         return None
+    for name, total in totals.items():
+        if total > MAX_QUEUED_REQUESTS:
+            raise GaugeError(f"{name} sums to {total!r}, more than any queue")
     # Only the queue is known. The load tracker reads num_running and num_waiting (times
     # the mean decode length); the pool fields stay 0, as for a replica with no pool data.
     return EngineStats(num_running=int(totals[RUNNING_GAUGE]),

@@ -28,6 +28,7 @@ from router.cluster.actors import get_or_create_actor
 from router.cluster.worker_index_link import IndexActorLink, IndexLink
 from router.cluster.worker_probe import check_health, check_worker, scrape_queue_stats
 from router.cluster.worker_spec import WorkerChange, WorkerSetView, WorkerSpec, WorkerStatus
+from worker.api import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class WorkerSet:
         self._client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task] = []
         self._first_pass: asyncio.Future | None = None
+        self._warned_load: set[str] = set()  # workers whose rejected gauges were logged
 
     # ---- gateways ----
 
@@ -154,9 +156,11 @@ class WorkerSet:
         if self._first_pass is None:
             loop = asyncio.get_running_loop()
             self._first_pass = loop.create_future()
-            self._tasks.append(loop.create_task(self._health_loop()))
+            self._tasks.append(loop.create_task(
+                self._repeat("health", self._health_pass, self._config.health_period_s)))
             if self._config.load_period_s > 0:
-                self._tasks.append(loop.create_task(self._load_loop()))
+                self._tasks.append(loop.create_task(
+                    self._repeat("load", self.scrape_all, self._config.load_period_s)))
         await asyncio.shield(self._first_pass)
 
     async def aclose(self) -> None:
@@ -173,14 +177,25 @@ class WorkerSet:
             self._client = httpx.AsyncClient(trust_env=False)
         return self._client
 
-    async def _health_loop(self) -> None:
+    async def _repeat(self, what: str, one_pass, period_s: float) -> None:
+        """Runs `one_pass` every `period_s` for good: a pass that fails (whatever a worker
+        answered) is logged, and the next one runs on time."""
         while True:
+            try:
+                await one_pass()
+            except Exception:
+                log.exception("the worker set's %s pass failed; next in %.1f s", what,
+                              period_s)
+            await asyncio.sleep(period_s)
+
+    async def _health_pass(self) -> None:
+        try:
             await self.check_all()
             await self._index.refollow_if_restarted(
                 s.spec for s in self._workers.values() if s.state == "up")
+        finally:
             if not self._first_pass.done():
                 self._first_pass.set_result(None)
-            await asyncio.sleep(self._config.health_period_s)
 
     async def check_all(self) -> None:
         """One health pass over every worker, concurrently. A worker coming back up must
@@ -195,24 +210,36 @@ class WorkerSet:
             await self._set(status.spec.worker_id, "up" if problem is None else "down",
                             problem)
 
-    async def _load_loop(self) -> None:
-        while True:
-            await self.scrape_all()
-            await asyncio.sleep(self._config.load_period_s)
-
     async def scrape_all(self) -> None:
+        """One load pass: each up worker's queue gauges become its stats. A worker whose
+        gauges are not queue lengths (or whose scrape fails in any way) has no stats this
+        pass, and its sample is counted as rejected; the other workers are unaffected."""
         up = [s for s in self._workers.values() if s.state == "up"]
-        found = await asyncio.gather(*(
-            scrape_queue_stats(self._http(), s.spec, self._config.health_timeout_s)
-            for s in up))
+        found = await asyncio.gather(*(self._scrape(s.spec) for s in up))
         changed = False
-        for status, stats in zip(up, found):
+        for status, (stats, rejected) in zip(up, found):
             current = self._workers.get(status.spec.worker_id)
-            if current is not None and current.state == "up" and current.stats != stats:
-                self._workers[status.spec.worker_id] = replace(current, stats=stats)
+            if current is None or current.state != "up":
+                continue
+            num_rejected = current.num_rejected_load_samples + rejected
+            if (current.stats, current.num_rejected_load_samples) != (stats, num_rejected):
+                self._workers[status.spec.worker_id] = replace(
+                    current, stats=stats, num_rejected_load_samples=num_rejected)
                 changed = True
         if changed:
             self._bump()
+
+    async def _scrape(self, spec: WorkerSpec) -> tuple[EngineStats | None, int]:
+        """The worker's stats (None: none usable) and 1 when its sample was rejected."""
+        try:
+            return await scrape_queue_stats(self._http(), spec,
+                                            self._config.health_timeout_s), 0
+        except Exception as err:  # a lying or broken worker: its own sample only
+            if spec.worker_id not in self._warned_load:  # once per worker, not per pass
+                self._warned_load.add(spec.worker_id)
+                log.warning("worker %s: queue gauges rejected (%s); its load counts the "
+                            "gateways' own requests only", spec.worker_id, err)
+            return None, 1
 
     async def _set(self, worker_id: str, state: str, error: str | None) -> None:
         current = self._workers.get(worker_id)

@@ -111,6 +111,8 @@ class WorkerStatus:
     state: WorkerState  # up: routable; down: its last health check failed (drained)
     error: str | None = None  # why it is down
     stats: EngineStats | None = None  # from its vLLM queue gauges, when it exports them
+    # scrapes whose gauges were not queue lengths (NaN, infinite, negative, huge): dropped
+    num_rejected_load_samples: int = 0
 
 
 @dataclass(frozen=True)

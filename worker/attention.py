@@ -1,6 +1,7 @@
-"""Attention over the paged KV cache: fused QKV projection, RoPE, KV write, attention,
-row-parallel output projection. Each rank owns num_heads / tp query heads and
-num_kv_heads / tp KV heads (and their cache)."""
+"""Attention over the paged KV cache: fused QKV projection, per-head q/k RMSNorm (Qwen3),
+RoPE, KV write, attention, row-parallel output projection. Each rank owns num_heads / tp
+query heads and num_kv_heads / tp KV heads (and their cache); the q/k norm weights span one
+head and are the same for every head, so each rank holds them whole."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 import kernels
-from worker.layers import ColumnParallelLinear, RowParallelLinear
+from worker.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear
 from worker.model_config import ModelConfig
 from worker.rope import apply_rope
 from worker.tp import Communicator
@@ -65,6 +66,12 @@ class Attention(nn.Module):
         self.o_proj = RowParallelLinear(
             q_size, config.hidden_size, config.o_proj_bias, comm, dtype=dtype, device=device
         )
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm:
+            eps = config.rms_norm_eps
+            self.q_norm = RMSNorm(config.head_dim, eps, dtype=dtype, device=device)
+            self.k_norm = RMSNorm(config.head_dim, eps, dtype=dtype, device=device)
 
     def forward(
         self,
@@ -76,8 +83,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
-        q = apply_rope(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         kernels.write_kv(k, v, cache.k_cache, cache.v_cache, meta.slot_mapping)
         if meta.decode_only:

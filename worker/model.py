@@ -1,4 +1,5 @@
-"""The Llama family (Llama 2/3, Mistral, Qwen2) as transformers defines it, tensor-parallel.
+"""The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3 dense) as transformers defines it,
+tensor-parallel.
 
     token ids -> embed -> [ x + attn(norm(x)); x + mlp(norm(x)) ] * L -> rows to sample
               -> norm -> LM head -> fp32 logits over the full vocab

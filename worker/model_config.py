@@ -7,7 +7,14 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+# Qwen2 and Qwen3 configs may carry a sliding window that only some layers use.
+_QWEN_WINDOWED = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _SUPPORTED_ROPE_TYPES = ("default", "llama3")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -36,12 +43,15 @@ class ModelConfig:
     rope_theta: float
     rope_scaling: Llama3RopeScaling | None
     max_position_embeddings: int
-    # Longest sequence served exactly: a sliding window (Mistral, Qwen2) is not implemented,
+    # Longest sequence served exactly: a sliding window (Mistral, Qwen2/3) is not implemented,
     # so sequences are capped at the window, within which full attention is identical.
     max_model_len_tokens: int
     qkv_bias: bool
     o_proj_bias: bool
     mlp_bias: bool
+    # Qwen3: an RMSNorm over head_dim (one weight shared by every head) on each query and
+    # key head, after the projection and before RoPE.
+    qk_norm: bool
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
@@ -120,6 +130,7 @@ class ModelConfig:
             qkv_bias=is_qwen2 or attention_bias,
             o_proj_bias=(not is_qwen2) and attention_bias,
             mlp_bias=bool(hf.get("mlp_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=_eos_ids(hf, generation or {}),
@@ -133,6 +144,7 @@ _ARCH_BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
 
 
@@ -172,8 +184,8 @@ def _sliding_window(hf: dict[str, Any], arch: str) -> int | None:
     window = hf.get("sliding_window")
     if window is None:
         return None
-    if arch == "Qwen2ForCausalLM":
-        # Qwen2 slides only when use_sliding_window is set, and only on the layers from
+    if arch in _QWEN_WINDOWED:
+        # Qwen2/3 slide only when use_sliding_window is set, and only on the layers from
         # max_window_layers on (transformers 5 spells them out in layer_types).
         if "layer_types" in hf:
             slides = "sliding_attention" in (hf["layer_types"] or [])

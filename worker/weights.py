@@ -6,6 +6,8 @@ q/k/v_proj.weight|bias          -> qkv_proj rows [q | k | v]   rows of rank r's 
 gate/up_proj.weight|bias        -> gate_up_proj rows [g | u]   rows of rank r
 o_proj / down_proj .weight      -> [h, in/tp]                  columns of rank r
 norms, o_proj/down_proj .bias   -> same                        whole tensor
+
+q_norm / k_norm (Qwen3) are [head_dim], one weight for every head: whole on every rank.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from worker.model import LlamaForCausalLM
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
 _GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
+_QK_NORM = ("self_attn.q_norm", "self_attn.k_norm")
 # Tensors some checkpoints carry that the model recomputes.
 _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 
@@ -47,6 +50,8 @@ def expected_weight_names(model: LlamaForCausalLM) -> set[str]:
         per_layer.append("self_attn.o_proj.bias")
     if cfg.mlp_bias:
         per_layer += [f"{p}.bias" for p in (*_GATE_UP, "mlp.down_proj")]
+    if cfg.qk_norm:
+        per_layer += [f"{p}.weight" for p in _QK_NORM]
     names = {f"model.layers.{i}.{n}" for i in range(cfg.num_layers) for n in per_layer}
     names |= {"model.embed_tokens.weight", "model.norm.weight"}
     if not cfg.tie_word_embeddings:
@@ -101,4 +106,7 @@ def _find_target(model: LlamaForCausalLM, name: str) -> WeightTarget | None:
         return WeightTarget(row_parallel[prefix].bias, None, 0, 0, 0)
     if prefix in ("input_layernorm", "post_attention_layernorm") and kind == "weight":
         return WeightTarget(getattr(layer, prefix).weight, None, 0, 0, 0)
+    if prefix in _QK_NORM and kind == "weight":
+        norm = attn.q_norm if prefix == _QK_NORM[0] else attn.k_norm
+        return None if norm is None else WeightTarget(norm.weight, None, 0, 0, 0)
     return None

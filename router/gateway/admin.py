@@ -24,6 +24,9 @@ from router.cluster.worker_spec import (
 from worker.openai.errors import APIError
 
 ADMIN_KEY_ENV = "KVROUTE_ADMIN_KEY"
+# Set to 1 by the app builder (or the chart) when the app was built with an admin key: a
+# process that then finds none refuses to start (without keys, pins would be open).
+REQUIRE_ADMIN_KEY_ENV = "KVROUTE_REQUIRE_ADMIN_KEY"
 
 
 def load_admin_key(path: str | None, environ: Mapping[str, str] | None = None) -> str | None:
@@ -37,6 +40,10 @@ def load_admin_key(path: str | None, environ: Mapping[str, str] | None = None) -
         if not lines or not lines[0].strip():
             raise ValueError(f"admin key file {path} is empty")
         return lines[0].strip()
+    if environ.get(REQUIRE_ADMIN_KEY_ENV) == "1":
+        raise ValueError(f"an admin key is required ({REQUIRE_ADMIN_KEY_ENV}=1: the app was "
+                         f"built with one) but this process found none (${ADMIN_KEY_ENV} "
+                         f"unset or empty, no admin_key_file): refusing to start")
     return None
 
 

@@ -17,6 +17,9 @@ from pathlib import Path
 from worker.openai.errors import APIError
 
 API_KEYS_ENV = "KVROUTE_API_KEYS"
+# Set to 1 by the app builder (or the chart) when the app was built with keys: a process
+# that then finds none refuses to start rather than serve unauthenticated.
+REQUIRE_API_KEYS_ENV = "KVROUTE_REQUIRE_API_KEYS"
 ANONYMOUS_TENANT = ""
 
 
@@ -56,6 +59,11 @@ def load_api_keys(path: str | None, environ: Mapping[str, str] | None = None) ->
     environ = os.environ if environ is None else environ
     keys = parse_api_keys_text(Path(path).read_text()) if path else {}
     keys.update(parse_api_keys_env(environ.get(API_KEYS_ENV, "")))
+    if not keys and environ.get(REQUIRE_API_KEYS_ENV) == "1":
+        raise ValueError(f"API keys are required ({REQUIRE_API_KEYS_ENV}=1: the app was built "
+                         f"with keys) but this process found none (api_keys_file "
+                         f"{path or 'unset'}, ${API_KEYS_ENV} unset or empty): refusing to "
+                         f"serve unauthenticated")
     return keys
 
 

@@ -22,6 +22,7 @@ from router.gateway.http_server import HttpConfig
 from router.serve.engine_http import DirectEngineReplica, EngineHTTPConfig
 from router.serve.engine_replica import EngineReplica, ReplicaResources, engine_deployment_options
 from router.serve.ingress_router import IngressRouter, IngressRouterConfig
+from router.serve.serve_env import replica_env, with_env
 from router.serve.settings import LaunchSettings, ServeSettings, SettingsError, load_settings
 from worker.engine_config import EngineConfig
 
@@ -63,8 +64,11 @@ def serve_application(serve_args: ServeSettings) -> Application:
                                  gpus_per_rank=_gpus_per_rank(serve_args))
     options = engine_deployment_options(serve_args.replicas, serve_args.tp, resources,
                                         router_config)
+    # Keys and limits reach every replica from here, not from its node's environment.
+    env = replica_env(serve_args, os.environ)
+    options["ray_actor_options"] = with_env(options["ray_actor_options"], env)
     if serve_args.ingress == "direct":
-        return _direct_application(serve_args, engine_config, options)
+        return _direct_application(serve_args, engine_config, options, env)
     engine = EngineReplica.options(**options).bind(engine_config)
     gateway_config = GatewayConfig(
         model=serve_args.model, served_model_name=engine_config.served_model_name,
@@ -72,12 +76,12 @@ def serve_application(serve_args: ServeSettings) -> Application:
         api_keys_file=serve_args.api_keys_file)
     return Gateway.options(
         num_replicas=serve_args.gateways, max_ongoing_requests=1024,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options=with_env({"num_cpus": 0}, env),
     ).bind(engine, gateway_config)
 
 
 def _direct_application(serve_args: ServeSettings, engine_config: EngineConfig,
-                        engine_options: dict[str, Any]) -> Application:
+                        engine_options: dict[str, Any], env: dict[str, str]) -> Application:
     """Ingress direct: the engine replicas are the ingress, each answering HTTP itself, and
     HAProxy asks the ingress request routers (`gateways` of them) which one serves a POST."""
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
@@ -89,7 +93,9 @@ def _direct_application(serve_args: ServeSettings, engine_config: EngineConfig,
         engine_config, EngineHTTPConfig(model=serve_args.model,
                                         block_size=serve_args.block_size,
                                         api_keys_file=serve_args.api_keys_file))
-    router = IngressRouter.options(num_replicas=serve_args.gateways).bind(
+    router = IngressRouter.options(
+        num_replicas=serve_args.gateways,
+        ray_actor_options=with_env(IngressRouter.ray_actor_options, env)).bind(
         engine, IngressRouterConfig(model=serve_args.model,
                                     served_model_name=engine_config.served_model_name,
                                     block_size=serve_args.block_size,

@@ -18,12 +18,31 @@ the Ray containers.
   API key names the tenant, whose cache namespace the prompt is hashed in).
 - HAProxy's stats and metrics listeners are fixed ports by default (8404, 9101): a local
   instance gets free ones, so several instances can share a host.
+
+kvroute's own variables (`replica_env`): the replicas read the API keys, the admin key, the
+request limits and the pin quotas (`KVROUTE_API_KEYS`, `KVROUTE_MAX_*`, ...) from their own
+environment, and on a joined cluster a replica's environment is its node's, not the
+driver's. The app builder therefore reads them once, where it runs, and hands them to every
+deployment in its runtime_env; when the driver has keys it also sets
+`KVROUTE_REQUIRE_API_KEYS=1` (and `KVROUTE_REQUIRE_ADMIN_KEY=1`), so a replica that finds
+none refuses to start instead of serving unauthenticated.
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
+from typing import Any
+
+from router.gateway.admin import ADMIN_KEY_ENV, REQUIRE_ADMIN_KEY_ENV
+from router.gateway.tenants import API_KEYS_ENV, REQUIRE_API_KEYS_ENV
+from router.serve.settings import LaunchSettings, ServeSettings, env_name
+
+KVROUTE_ENV_PREFIX = "KVROUTE_"
+# The settings' own variables are resolved by the builder and travel in the deployments'
+# configs; the replicas never read them.
+_SETTINGS_ENV = frozenset(env_name(name) for cls in (ServeSettings, LaunchSettings)
+                          for name in cls.model_fields)
 
 
 def serve_env(ingress: str, local: bool, environ: Mapping[str, str]) -> dict[str, str]:
@@ -49,3 +68,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def replica_env(settings: ServeSettings, environ: Mapping[str, str]) -> dict[str, str]:
+    """The `KVROUTE_*` variables every replica of the app must see, from the builder's
+    `environ`: each one set there (but the settings' own), plus the fail-closed flags when
+    the app is built with API keys or an admin key."""
+    env = {name: value for name, value in environ.items()
+           if name.startswith(KVROUTE_ENV_PREFIX) and name not in _SETTINGS_ENV}
+    if settings.api_keys_file or environ.get(API_KEYS_ENV, "").strip():
+        env[REQUIRE_API_KEYS_ENV] = "1"
+    if settings.admin_key_file or environ.get(ADMIN_KEY_ENV, "").strip():
+        env[REQUIRE_ADMIN_KEY_ENV] = "1"
+    return env
+
+
+def with_env(actor_options: Mapping[str, Any] | None, env: Mapping[str, str]
+             ) -> dict[str, Any]:
+    """A deployment's `ray_actor_options` with `env` added to its runtime_env's env_vars
+    (Ray merges them over the job's; the actors a replica starts inherit them)."""
+    options = dict(actor_options or {})
+    if not env:
+        return options
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+    options["runtime_env"] = runtime_env
+    return options

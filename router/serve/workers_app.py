@@ -11,6 +11,7 @@ must answer its health check and serve the model.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 
 import httpx
@@ -25,6 +26,7 @@ from router.gateway.http_server import HttpConfig, HttpServer
 from router.gateway.worker_app import create_app
 from router.gateway.worker_gateway import WorkerGateway, WorkerGatewayConfig
 from router.serve.request_router import gateway_process_id
+from router.serve.serve_env import replica_env, with_env
 from router.serve.settings import ServeSettings
 
 
@@ -63,7 +65,8 @@ def worker_gateway_config(args: ServeSettings) -> WorkerGatewayConfig:
 
 def workers_application(args: ServeSettings, http: HttpConfig) -> Application:
     return WorkerGatewayReplica.options(
-        num_replicas=args.gateways, ray_actor_options={"num_cpus": 0},
+        num_replicas=args.gateways,
+        ray_actor_options=with_env({"num_cpus": 0}, replica_env(args, os.environ)),
         graceful_shutdown_timeout_s=http.graceful_shutdown_timeout_s + 10.0,
     ).bind(worker_gateway_config(args), http)
 

@@ -1,0 +1,116 @@
+"""On a joined cluster a replica's environment is its node's, not the driver's: the app
+builder hands every deployment the `KVROUTE_*` variables the replicas read (keys, limits,
+quotas) in its runtime_env, and a replica built expecting keys that finds none refuses to
+start. Built, not deployed: no Ray needed."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from router.gateway.admin import load_admin_key
+from router.gateway.tenants import load_api_keys
+from router.serve.app import build_app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# One value for each variable a replica reads (found in the source by the test below).
+REPLICA_VALUES = {
+    "KVROUTE_API_KEYS": "sk-driver-only=tenant-a",
+    "KVROUTE_ADMIN_KEY": "admin-driver-only",
+    "KVROUTE_MAX_BODY_BYTES": "4096",
+    "KVROUTE_MAX_PROMPT_CHARS": "1234",
+    "KVROUTE_MAX_SEQUENCES_PER_REQUEST": "7",
+    "KVROUTE_MAX_STREAMS_PER_TENANT": "3",
+    "KVROUTE_PIN_MAX_NAMES_PER_TENANT": "2",
+    "KVROUTE_PIN_MAX_BLOCKS_PER_TENANT": "64",
+    "KVROUTE_CACHE_DIR": "/var/cache/kvroute",
+}
+REQUIRED = {"KVROUTE_REQUIRE_API_KEYS": "1", "KVROUTE_REQUIRE_ADMIN_KEY": "1"}
+
+
+def _replica_read_variables() -> set[str]:
+    """Every `KVROUTE_*` name the replicas' code reads (the variables are named as string
+    constants in router/ and worker/; the settings' own, read by the builder, excluded)."""
+    names = set()
+    for path in [*ROOT.joinpath("router").rglob("*.py"), *ROOT.joinpath("worker").rglob("*.py")]:
+        if path.name in ("settings.py", "serve_env.py", "cli.py", "cli_flags.py"):
+            continue
+        names |= set(re.findall(r'"(KVROUTE_[A-Z_]+)"', path.read_text()))
+    return names - {"KVROUTE_NAMESPACE"} - set(REQUIRED)
+
+
+def _walk(app):
+    """Every deployment of a built application: the ingress, what it binds, and with
+    ingress direct the ingress request router attached to it."""
+    seen, todo = [], [app._bound_deployment]
+    router = getattr(app, "_ingress_request_router", None)
+    if router is not None:
+        todo.append(router._bound_deployment)
+    while todo:
+        bound = todo.pop()
+        if any(bound.name == other.name for other in seen):
+            continue  # the ingress request router binds the engine deployment too
+        seen.append(bound)
+        for arg in bound.init_args:
+            if hasattr(arg, "_bound_deployment"):
+                todo.append(arg._bound_deployment)
+    return seen
+
+
+def _env_vars(deployment) -> dict[str, str]:
+    return deployment.ray_actor_options.get("runtime_env", {}).get("env_vars", {})
+
+
+def test_every_variable_a_replica_reads_is_in_this_test():
+    assert _replica_read_variables() <= set(REPLICA_VALUES)
+
+
+@pytest.mark.parametrize("args", [
+    {"ingress": "direct", "engine": "sim", "replicas": 2},
+    {"ingress": "gateway", "engine": "sim", "replicas": 2},
+    {"workers": "http://10.0.0.5:8000", "model": "m", "tokenizer": "tiny"},
+], ids=["direct", "gateway", "workers"])
+def test_the_drivers_keys_and_limits_reach_every_deployment(monkeypatch, args):
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    for name, value in REPLICA_VALUES.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KVROUTE_REPLICAS", "2")  # a setting: resolved here, not forwarded
+    deployments = _walk(build_app(args))
+    assert len(deployments) == (1 if "workers" in args else 2)
+    for deployment in deployments:
+        assert _env_vars(deployment) == {**REPLICA_VALUES, **REQUIRED}, deployment.name
+        assert deployment.ray_actor_options["num_cpus"] >= 0  # the code's options kept
+
+
+def test_no_keys_in_the_driver_no_requirement(monkeypatch):
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    for name in [*REPLICA_VALUES, *REQUIRED]:
+        monkeypatch.delenv(name, raising=False)
+    for deployment in _walk(build_app({"ingress": "direct", "engine": "sim"})):
+        assert "runtime_env" not in deployment.ray_actor_options
+    monkeypatch.setenv("KVROUTE_MAX_BODY_BYTES", "4096")
+    for deployment in _walk(build_app({"ingress": "direct", "engine": "sim",
+                                       "api_keys_file": "/etc/kvroute/keys"})):
+        assert _env_vars(deployment) == {"KVROUTE_MAX_BODY_BYTES": "4096",
+                                         "KVROUTE_REQUIRE_API_KEYS": "1"}
+
+
+def test_a_replica_expecting_keys_that_finds_none_refuses_to_start(tmp_path):
+    empty = tmp_path / "keys"
+    empty.write_text("# the Secret was created empty\n")
+    require = {"KVROUTE_REQUIRE_API_KEYS": "1"}
+    with pytest.raises(ValueError, match="refusing to serve unauthenticated"):
+        load_api_keys(None, require)
+    with pytest.raises(ValueError, match="refusing to serve unauthenticated"):
+        load_api_keys(str(empty), {**require, "KVROUTE_API_KEYS": ""})
+    assert load_api_keys(None, {**require, "KVROUTE_API_KEYS": "k=t"}) == {"k": "t"}
+    assert load_api_keys(str(empty), {}) == {}  # not required: an open server, as before
+
+
+def test_a_replica_expecting_an_admin_key_that_finds_none_refuses_to_start():
+    with pytest.raises(ValueError, match="refusing to start"):
+        load_admin_key(None, {"KVROUTE_REQUIRE_ADMIN_KEY": "1", "KVROUTE_ADMIN_KEY": " "})
+    assert load_admin_key(None, {"KVROUTE_REQUIRE_ADMIN_KEY": "1",
+                                 "KVROUTE_ADMIN_KEY": "a"}) == "a"
+    assert load_admin_key(None, {}) is None

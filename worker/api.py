@@ -24,6 +24,10 @@ class EngineUnavailableError(RuntimeError):
 
 
 MAX_LOGPROBS = 20  # most likely alternatives a request may ask for per token (OpenAI's cap)
+# stop token ids one request may give: the sampler masks them and the scheduler looks each
+# sampled token up in them at every step, so a client-sized list would cost every step
+MAX_STOP_TOKEN_IDS = 256
+SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes
 
 
 @dataclass(frozen=True)
@@ -41,29 +45,43 @@ class SamplingParams:
     min_tokens: int = 0
     # None: no log-probabilities; k >= 0: the sampled token's and the k most likely ones'
     logprobs: int | None = None
+    # tokens less likely than min_p x the most likely one are not sampled (vLLM's); 0 = off
+    min_p: float = 0.0
 
     def __post_init__(self):
         def bad(what: str) -> EngineInputError:
             return EngineInputError(f"invalid sampling parameter: {what}")
 
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        def is_int(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_number(v: object) -> bool:
+            return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise bad(f"temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not is_number(self.temperature) or self.temperature < 0:
+            raise bad(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not is_int(self.top_k) or self.top_k < 0:
             raise bad(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if not (0 < self.top_p <= 1):
+        if not is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad(f"seed must be an integer, got {self.seed!r}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if not is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise bad(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.seed is not None and not (is_int(self.seed)
+                                          and SEED_RANGE[0] <= self.seed < SEED_RANGE[1]):
+            raise bad(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise bad(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids, got "
+                      f"{len(self.stop_token_ids)}")
+        if any(not is_int(t) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids must be non-negative integers")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be non-empty strings")
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise bad(f"min_tokens must be an integer in [0, max_tokens], got "
                       f"{self.min_tokens!r}")
-        if self.logprobs is not None and not (isinstance(self.logprobs, int)
+        if self.logprobs is not None and not (is_int(self.logprobs)
                                               and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise bad(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got "
                       f"{self.logprobs!r}")
@@ -85,6 +103,13 @@ class SampledToken(NamedTuple):
 
     token_id: int
     logprobs: TokenLogprobs | None = None
+
+
+class SampleFailure(NamedTuple):
+    """What an executor returns for a request whose own sampling failed (its logits row or
+    its parameters): that request ends with "error" and the step goes on for the others."""
+
+    error: str
 
 
 @dataclass(frozen=True)

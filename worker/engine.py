@@ -26,6 +26,7 @@ from worker.api import (
     EngineUnavailableError,
     EngineUnhealthyError,
     PinnedPrefix,
+    SampleFailure,
     SamplingParams,
     TokenDelta,
     TokenLogprobs,
@@ -200,6 +201,8 @@ class Engine:
         vocab = self.executor.vocab_size
         if any(not 0 <= t < vocab for t in request.prompt_token_ids):
             raise EngineInputError(f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in request.sampling.stop_token_ids):
+            raise EngineInputError(f"stop_token_ids must be in [0, {vocab})")
         if request.request_id in self.core.scheduler.requests:
             raise EngineInputError(f"duplicate request id {request.request_id!r}")
         self._check_fits_beside_pins(request)
@@ -283,7 +286,11 @@ class Engine:
             self._num_failed_steps = 0
             num_tokens = 0
             for req in self.core.update(plan.step, sampled):
-                self._on_token(req, sampled[req.request_id].logprobs)
+                out = sampled[req.request_id]
+                if isinstance(out, SampleFailure):  # its own sampling: it alone ends
+                    self._on_failed(req, out.error)
+                    continue
+                self._on_token(req, out.logprobs)
                 num_tokens += 1
             # once per step, not per token
             self.metrics.series(self.metrics.generation_tokens).inc(num_tokens)

@@ -8,6 +8,9 @@ thread, the simulator's replica (benchmarks/simlib/replica.py) on a virtual cloc
     sampled = executor.execute(plan.step, plan.sampling)
     core.update(plan.step, sampled)      # or core.fail_step(plan.step) if execute raised
 
+A request whose own sampling failed (a SampleFailure in `sampled`) ends alone, with
+"error"; the step is applied for every other request.
+
 The core never computes anything and never blocks; the driver owns time and the executor.
 """
 
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from kv.events import EventBatch, EventLog, Snapshot
 from kv.hashing import BlockHash
 from kv.manager import KVCacheConfig, KVCacheManager
-from worker.api import EngineStats, SampledToken, SamplingParams
+from worker.api import EngineStats, SampledToken, SampleFailure, SamplingParams
 from worker.request import Request
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.step import StepInput
@@ -72,9 +75,15 @@ class EngineCore:
             return StepPlan(out.step, sampling), unfit
         return None, unfit
 
-    def update(self, step: StepInput, sampled: Mapping[str, SampledToken]) -> list[Request]:
-        """Applies a computed step; returns the requests that got a token or finished."""
-        return self.scheduler.update(step, sampled)
+    def update(self, step: StepInput, sampled: Mapping[str, SampledToken | SampleFailure]
+               ) -> list[Request]:
+        """Applies a computed step; returns the requests that got a token or finished. A
+        request whose sampling failed is finished with "error" first (its blocks freed), so
+        the scheduler skips it like one aborted while the step ran."""
+        failed = [self.scheduler.finish(rid, "error") for rid, out in sampled.items()
+                  if isinstance(out, SampleFailure)]
+        tokens = {rid: out for rid, out in sampled.items() if isinstance(out, SampledToken)}
+        return [r for r in failed if r is not None] + self.scheduler.update(step, tokens)
 
     def fail_step(self, step: StepInput) -> list[Request]:
         """A step whose compute failed: finishes its requests with "error" and returns

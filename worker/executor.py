@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from worker.api import SampledToken, SamplingParams
+from worker.api import SampledToken, SampleFailure, SamplingParams
 from worker.step import StepInput
 
 
@@ -15,7 +15,8 @@ class Executor(Protocol):
     Contract:
     - `execute` runs the step's block copies (swap out, then swap in) before its forward;
       it returns `{request_id: SampledToken}` for exactly the seqs with `sample=True`,
-      with the token's log-probabilities when the request's `logprobs` is set.
+      with the token's log-probabilities when the request's `logprobs` is set, or a
+      `SampleFailure` for a request whose own sampling failed (only it ends, with "error").
     - a seq whose `num_output_tokens` is below its request's `min_tokens` never samples
       an EOS token or one of its `stop_token_ids`.
     - `sampling` has the params of every sampled request; an executor keeps per-request
@@ -29,7 +30,7 @@ class Executor(Protocol):
     eos_token_ids: tuple[int, ...]
 
     def execute(self, step: StepInput, sampling: Mapping[str, SamplingParams]
-                ) -> dict[str, SampledToken]: ...
+                ) -> dict[str, SampledToken | SampleFailure]: ...
 
     def release(self, request_id: str) -> None: ...
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from worker.api import SampledToken, SamplingParams
+from worker.api import SampledToken, SampleFailure, SamplingParams
 from worker.engine_config import EngineConfig
 from worker.model_executor import ModelExecutor
 from worker.model_executor_config import ModelExecutorConfig
@@ -38,7 +38,7 @@ class ModelStepExecutor:
         self.sampler = Sampler()
 
     def execute(self, step: StepInput, sampling: Mapping[str, SamplingParams]
-                ) -> dict[str, SampledToken]:
+                ) -> dict[str, SampledToken | SampleFailure]:
         logits = self._model.execute(step)
         seqs = [s for s in step.seqs if s.sample]
         if not seqs:
@@ -47,10 +47,7 @@ class ModelStepExecutor:
         params = [sampling[i] for i in ids]
         suppressed = [suppressed_token_ids(sp, s.num_output_tokens, self.eos_token_ids)
                       for sp, s in zip(params, seqs)]
-        logits = logits.float().cpu()
-        tokens = self.sampler.sample(logits, ids, params, suppressed)
-        logprobs = self.sampler.logprobs(logits, tokens, params)
-        return {rid: SampledToken(t, lp) for rid, t, lp in zip(ids, tokens, logprobs)}
+        return self.sampler.sample_step(logits.float().cpu(), ids, params, suppressed)
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)

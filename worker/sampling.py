@@ -1,5 +1,9 @@
-"""Token sampling on rank 0: greedy, temperature, top-k, top-p, per-request seeds, the
-min_tokens mask and log-probabilities."""
+"""Token sampling on rank 0: greedy, temperature, top-k, top-p, min-p, per-request seeds,
+the min_tokens mask and log-probabilities.
+
+Each request is sampled on its own row, so one whose sampling fails (a row of NaN logits,
+every token masked) ends alone with a `SampleFailure`: the step goes on for the others.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from worker.api import SamplingParams, TokenLogprobs
+from worker.api import SampledToken, SampleFailure, SamplingParams, TokenLogprobs
 
 
 class Sampler:
@@ -18,24 +22,52 @@ class Sampler:
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}
 
+    def sample_step(self, logits: torch.Tensor, request_ids: list[str],
+                    params: list[SamplingParams],
+                    suppressed_token_ids: Sequence[Sequence[int]] | None = None
+                    ) -> dict[str, SampledToken | SampleFailure]:
+        """A step's sampled tokens with their log-probabilities, by request id; a request
+        whose sampling failed gets a SampleFailure (see `sample`)."""
+        tokens = self.sample(logits, request_ids, params, suppressed_token_ids)
+        ok = [row for row, t in enumerate(tokens) if isinstance(t, int)]
+        logprobs = self.logprobs(logits[ok], [tokens[row] for row in ok],
+                                 [params[row] for row in ok])
+        out: dict[str, SampledToken | SampleFailure] = {
+            request_ids[row]: SampledToken(tokens[row], lp) for row, lp in zip(ok, logprobs)}
+        for row, token in enumerate(tokens):
+            if isinstance(token, SampleFailure):
+                out[request_ids[row]] = token
+        return out
+
     def sample(self, logits: torch.Tensor, request_ids: list[str],
                params: list[SamplingParams],
-               suppressed_token_ids: Sequence[Sequence[int]] | None = None) -> list[int]:
+               suppressed_token_ids: Sequence[Sequence[int]] | None = None
+               ) -> list[int | SampleFailure]:
         """logits: [N, vocab] fp32, one row per request, in `request_ids` order.
         `suppressed_token_ids[row]`: tokens that row must not sample (EOS and stop tokens
-        of a request short of its min_tokens)."""
-        if suppressed_token_ids is not None and any(suppressed_token_ids):
-            logits = logits.clone()
-            for row, token_ids in enumerate(suppressed_token_ids):
-                if token_ids:
-                    logits[row, list(token_ids)] = float("-inf")
-        out = logits.argmax(dim=-1).tolist()
+        of a request short of its min_tokens). A row that cannot be sampled gets a
+        SampleFailure naming why; the other rows are unaffected."""
+        out: list[int | SampleFailure] = []
         for row, (rid, sp) in enumerate(zip(request_ids, params)):
-            if sp.temperature == 0:
-                continue
-            probs = self._probs(logits[row], sp)
-            out[row] = int(torch.multinomial(probs, 1, generator=self._generator(rid, sp)))
+            banned = suppressed_token_ids[row] if suppressed_token_ids is not None else ()
+            try:
+                out.append(self._sample_row(logits[row], rid, sp, banned))
+            except (IndexError, RuntimeError, ValueError) as err:
+                out.append(SampleFailure(f"sampling failed: {err}"))
         return out
+
+    def _sample_row(self, row: torch.Tensor, request_id: str, sp: SamplingParams,
+                    banned: Sequence[int]) -> int:
+        row = row.float()  # [vocab]
+        if banned:
+            row = row.index_fill(0, torch.tensor(banned, dtype=torch.long), float("-inf"))
+        best = row.max()
+        if not torch.isfinite(best):
+            raise ValueError("no token can be sampled: every logit is masked or not finite")
+        if sp.temperature == 0:
+            return int(row.argmax())
+        probs = self._probs(row.cpu(), sp)
+        return int(torch.multinomial(probs, 1, generator=self._generator(request_id, sp)))
 
     @staticmethod
     def logprobs(logits: torch.Tensor, token_ids: list[int], params: list[SamplingParams]
@@ -70,7 +102,7 @@ class Sampler:
 
     @staticmethod
     def _probs(row: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
-        row = row.float().cpu() / sp.temperature  # [vocab]
+        row = row / sp.temperature  # [vocab]
         if 0 < sp.top_k < row.numel():
             kth = torch.topk(row, sp.top_k).values[-1]
             row = row.masked_fill(row < kth, float("-inf"))
@@ -79,7 +111,10 @@ class Sampler:
             cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
             drop = cum - torch.softmax(sorted_logits, dim=-1) >= sp.top_p  # keep the first
             row = row.scatter(0, order[drop], float("-inf"))
-        return torch.softmax(row, dim=-1)
+        probs = torch.softmax(row, dim=-1)
+        if sp.min_p > 0:  # the most likely token always stays: its ratio is 1
+            probs = probs.masked_fill(probs < sp.min_p * probs.max(), 0.0)
+        return probs
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)

@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.api import SampledToken, SamplingParams, TokenLogprobs
+from worker.api import SampledToken, SampleFailure, SamplingParams, TokenLogprobs
 from worker.step import StepInput
 
 
@@ -143,12 +143,12 @@ class SimExecutor:
         self.total_step_time_s = 0.0
 
     def execute(self, step: StepInput, sampling: Mapping[str, SamplingParams]
-                ) -> dict[str, SampledToken]:
+                ) -> dict[str, SampledToken | SampleFailure]:
         self.last_step_time_s = step_time_s(self.preset, step, self.block_size)
         self.total_step_time_s += self.last_step_time_s
         if self.realtime:
             time.sleep(self.last_step_time_s)  # the modelled compute, not synchronisation
-        out = {}
+        out: dict[str, SampledToken | SampleFailure] = {}
         for s in step.seqs:
             if not s.sample:
                 continue
@@ -156,6 +156,9 @@ class SimExecutor:
             banned = () if sp is None or s.num_output_tokens >= sp.min_tokens else (
                 sp.stop_token_ids)
             token = self._token(s.request_id, s.start_pos + len(s.token_ids), banned)
+            if token is None:
+                out[s.request_id] = SampleFailure("sampling failed: every token is masked")
+                continue
             logprobs = None
             if sp is not None and sp.logprobs is not None:
                 logprobs = sim_logprobs(token, sp.logprobs, self.first_token_id,
@@ -163,14 +166,19 @@ class SimExecutor:
             out[s.request_id] = SampledToken(token, logprobs)
         return out
 
-    def _token(self, request_id: str, position: int, banned: tuple[int, ...] = ()) -> int:
+    def _token(self, request_id: str, position: int, banned: tuple[int, ...] = ()
+               ) -> int | None:
+        """The token at `position`; None when every token is EOS or banned."""
         span = self.vocab_size - self.first_token_id
         token = self.first_token_id + zlib.crc32(f"{request_id}:{position}".encode()) % span
         # never stop early on EOS (outputs run to max_tokens), nor on a stop token before
-        # min_tokens
-        while token in self.eos_token_ids or token in banned:
+        # min_tokens; the next token up that is neither, at most once round the vocabulary
+        skip = set(self.eos_token_ids).union(banned)
+        for _ in range(span):
+            if token not in skip:
+                return token
             token = self.first_token_id + (token - self.first_token_id + 1) % span
-        return token
+        return None
 
     def release(self, request_id: str) -> None:
         pass

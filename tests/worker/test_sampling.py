@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from worker.api import EngineInputError, SamplingParams
+from worker.api import EngineInputError, SampledToken, SampleFailure, SamplingParams
 from worker.sampling import Sampler, suppressed_token_ids
 
 
@@ -90,3 +90,25 @@ def test_suppressed_tokens_are_never_sampled_and_only_below_min_tokens():
         assert s.sample(x, ["a"], [sp], [(3, 2)])[0] in (0, 1)
     assert s.sample(x, ["g"], [SamplingParams(temperature=0)], [(2,)]) == [0]
     assert s.sample(x, ["g"], [SamplingParams(temperature=0)], [()]) == [2]
+
+
+def test_a_row_that_cannot_be_sampled_fails_alone():
+    x = logits(4, 10, seed=5)
+    x[1] = float("nan")  # a row of NaN logits
+    greedy, seeded = SamplingParams(temperature=0), SamplingParams(temperature=1.0, seed=3)
+    out = Sampler().sample_step(x, ["a", "nan", "masked", "oov"], [greedy, seeded, seeded, greedy],
+                                [(), (), tuple(range(10)), (10,)])
+    assert out["a"] == SampledToken(int(x[0].argmax()))
+    assert [type(out[r]) for r in ("nan", "masked", "oov")] == [SampleFailure] * 3
+    assert out["masked"].error.startswith("sampling failed: no token can be sampled")
+    assert "out of" in out["oov"].error  # the index error names the bad id
+
+
+def test_min_p_drops_tokens_less_likely_than_its_share_of_the_best():
+    x = torch.tensor([[4.0, 3.9, 0.0, -1.0]])  # p ~ [0.52, 0.47, 0.01, 0.004]
+    s = Sampler()
+    drawn = {s.sample(x, ["m"], [SamplingParams(temperature=1.0, min_p=0.1, seed=1)])[0]
+             for _ in range(200)}
+    assert drawn == {0, 1}
+    with pytest.raises(EngineInputError, match="min_p"):
+        SamplingParams(min_p=1.5)

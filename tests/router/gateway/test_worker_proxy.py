@@ -70,8 +70,7 @@ async def test_when_every_attempt_fails_the_client_gets_a_503_naming_the_last_fa
     finally:
         await proxy.aclose()
     assert info.value.status_code == 503
-    assert "after 3 attempt(s)" in info.value.message and "ClientConnectorError" in (
-        info.value.message)
+    assert info.value.message == "no worker could serve the request after 3 attempt(s)"
     assert picks.released == [(w.worker_id, True) for w in DEAD]
 
 
@@ -129,5 +128,5 @@ async def test_a_worker_dying_mid_stream_ends_it_with_an_error_event():
         await proxy.aclose()
     last = rest.decode().strip().split("\n\n")[-1]
     error = json.loads(last.removeprefix("data: "))["error"]
-    assert error["code"] == "worker_lost" and spec.url in error["message"]
+    assert error["code"] == "worker_lost" and spec.url not in error["message"]
     assert picks.released == [(spec.worker_id, True)]

@@ -23,15 +23,18 @@ from .helm_chart import (
 # The OpenAI endpoint's Service is the RayService's own (KubeRay creates it), except in front
 # of external workers.
 EXPECTED_KINDS = {
-    "default": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
-    "pvc-tp4": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
-    "autoscaling": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
-    "sim-minimal": ["RayService"],
-    "gateway": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
-    "workers": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService", "Service"],
-    "huggingface": ["ConfigMap", "HTTPRoute", "Ingress", "PodMonitor", "PrometheusRule",
+    "default": ["ConfigMap", "NetworkPolicy", "PodMonitor", "PrometheusRule", "RayService"],
+    "pvc-tp4": ["ConfigMap", "NetworkPolicy", "PodMonitor", "PrometheusRule", "RayService"],
+    "autoscaling": ["ConfigMap", "NetworkPolicy", "PodMonitor", "PrometheusRule",
                     "RayService"],
-    "incremental": ["ConfigMap", "PodMonitor", "PrometheusRule", "RayService"],
+    "sim-minimal": ["RayService"],
+    "gateway": ["ConfigMap", "NetworkPolicy", "PodMonitor", "PrometheusRule", "RayService"],
+    "workers": ["ConfigMap", "NetworkPolicy", "PodMonitor", "PrometheusRule", "RayService",
+                "Service"],
+    "huggingface": ["ConfigMap", "HTTPRoute", "Ingress", "NetworkPolicy", "PodMonitor",
+                    "PrometheusRule", "RayService"],
+    "incremental": ["ConfigMap", "NetworkPolicy", "PodMonitor", "PrometheusRule",
+                    "RayService"],
 }
 
 

@@ -18,6 +18,11 @@ from tokenizers import Tokenizer
 from kv.hashing import BlockHash, block_hashes, namespace_root
 from worker.tokenizer_files import load_tokenizer_files
 
+# Text at least this long is encoded with the GIL released (the tokenizer's batch call
+# releases it, its single call does not), so a thread tokenizing a long prompt lets the
+# event loop's thread run; shorter text is faster through the single call.
+_RELEASE_GIL_CHARS = 2048
+
 
 class PromptError(ValueError):
     """A prompt the model cannot take (the gateway answers 400)."""
@@ -50,7 +55,7 @@ class PromptBuilder:
 
     def encode_text(self, text: str) -> list[int]:
         """A completion prompt: the tokenizer's own special tokens (BOS) included."""
-        return self.tokenizer.encode(text, add_special_tokens=True).ids
+        return self._encode(text, add_special_tokens=True)
 
     def render_chat(self, messages: Sequence[dict[str, Any]],
                     add_generation_prompt: bool = True) -> str:
@@ -66,8 +71,12 @@ class PromptBuilder:
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """Chat messages through the template; the template writes the special tokens."""
-        return self.tokenizer.encode(self.render_chat(messages),
-                                     add_special_tokens=False).ids
+        return self._encode(self.render_chat(messages), add_special_tokens=False)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) < _RELEASE_GIL_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def block_hashes(self, token_ids: Sequence[int], cache_salt: str = "") -> list[BlockHash]:
         """Protocol 1 hashes of the prompt's full blocks in the tenant's namespace."""

@@ -22,10 +22,11 @@ def test_workers_deploy_the_worker_gateway_and_no_engine(helm_bin):
     group = engine_group(docs)
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (0, 0, 0)
     (head,) = head_template(docs)["spec"]["containers"]
-    (env,) = [e for e in head["env"] if not e["name"].startswith("RAY_SERVE_")
-              and e not in DEFAULT_LIMITS_ENV]
-    assert env == {"name": "KVROUTE_ADMIN_KEY",
-                   "valueFrom": {"secretKeyRef": {"name": "kvroute-admin", "key": "key"}}}
+    env = [e for e in head["env"] if not e["name"].startswith("RAY_SERVE_")
+           and e not in DEFAULT_LIMITS_ENV]
+    assert env == [{"name": "KVROUTE_ADMIN_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": "kvroute-admin", "key": "key"}}},
+                   {"name": "KVROUTE_REQUIRE_ADMIN_KEY", "value": "1"}]
 
 
 def test_the_args_build_the_worker_gateway_app(helm_bin, monkeypatch):

@@ -12,6 +12,8 @@ from router.gateway.admin import load_admin_key
 from router.gateway.tenants import load_api_keys
 from router.serve.app import build_app
 
+from .helm_chart import engine_group, head_template, render
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # One value for each variable a replica reads (found in the source by the test below).
@@ -114,3 +116,17 @@ def test_a_replica_expecting_an_admin_key_that_finds_none_refuses_to_start():
     assert load_admin_key(None, {"KVROUTE_REQUIRE_ADMIN_KEY": "1",
                                  "KVROUTE_ADMIN_KEY": "a"}) == "a"
     assert load_admin_key(None, {}) is None
+
+
+def test_the_chart_tells_every_ray_container_that_keys_are_required(helm_bin):
+    def envs(docs):
+        return [{e["name"]: e.get("value") for e in t["spec"]["containers"][0]["env"]}
+                for t in (head_template(docs), engine_group(docs)["template"])]
+
+    for env in envs(render(helm_bin)):
+        assert not set(REQUIRED) & set(env)  # no keys: an open server, as before
+    on = render(helm_bin, set_values=["apiKeys.enabled=true", "adminKey.enabled=true"])
+    for env in envs(on):
+        assert {name: env[name] for name in REQUIRED} == REQUIRED
+        with pytest.raises(ValueError):  # the Secret's key file empty: refuses to start
+            load_api_keys(None, env)

@@ -66,8 +66,8 @@ builds for `engine.engine`, `cuda` for `real` (GPU engines), `cpu` for `sim`.
 
 {{/*
 The environment of every Ray container: the Ray Serve environment, where the Hugging Face
-cache is (and its token), the admin key, the request limits and pin quotas, then the
-operator's extraEnv (last, so it wins).
+cache is (and its token), the admin key, that keys are required when they are on, the
+request limits and pin quotas, then the operator's extraEnv (last, so it wins).
 */}}
 {{- define "kvroute.env" -}}
 {{- $hf := .Values.model.huggingface }}
@@ -87,12 +87,19 @@ operator's extraEnv (last, so it wins).
       key: {{ $hf.tokenSecretKey }}
 {{- end }}
 {{- end }}
+{{- /* keys on: a process that finds none (an empty Secret) refuses to start */}}
+{{- if .Values.apiKeys.enabled }}
+- name: KVROUTE_REQUIRE_API_KEYS
+  value: "1"
+{{- end }}
 {{- if .Values.adminKey.enabled }}
 - name: KVROUTE_ADMIN_KEY
   valueFrom:
     secretKeyRef:
       name: {{ .Values.adminKey.secretName }}
       key: {{ .Values.adminKey.secretKey }}
+- name: KVROUTE_REQUIRE_ADMIN_KEY
+  value: "1"
 {{- end }}
 {{- with .Values.limits }}
 - name: KVROUTE_MAX_BODY_BYTES

@@ -45,7 +45,7 @@ from benchmarks.simlib import servers  # noqa: E402
 from benchmarks.simlib.overhead_client import ClientConfig, OverheadClient  # noqa: E402
 from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 
-SIM_ARGS = ["--engine", "sim", "--sim-preset", "tiny"]
+SIM_ARGS = ["--model", "tiny", "--engine", "sim", "--sim-preset", "tiny"]
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # cmdline marker -> role; the first that matches names the process
 ROLES = (("floor:Ingress", "floor app"), ("FloorRouter", "ingress router"),

@@ -34,7 +34,7 @@ from benchmarks.simlib import servers  # noqa: E402
 from benchmarks.simlib.paired_rounds import PhaseConfig, paired_rounds  # noqa: E402
 from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 
-SIM_ARGS = ["--engine", "sim", "--sim-preset", "tiny"]
+SIM_ARGS = ["--model", "tiny", "--engine", "sim", "--sim-preset", "tiny"]
 FLOOR_MODES = ("1hop", "2hop", "direct")
 
 

@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     env = {"RAY_SERVE_HAPROXY_STATS_PORT": str(servers.free_port()),
            "RAY_SERVE_HAPROXY_METRICS_PORT": str(servers.free_port()), **env}
     server = servers.start(lambda: servers.kvroute_serve(
-        ["--engine", "sim", "--sim-preset", "tiny", *args.serve_arg], out_dir / "serve.log",
-        2, env, head.address), after_failure=head.reset_serve)
+        ["--model", "tiny", "--engine", "sim", "--sim-preset", "tiny", *args.serve_arg],
+        out_dir / "serve.log", 2, env, head.address), after_failure=head.reset_serve)
     try:
         client = OverheadClient(ClientConfig((server.base_url,), "tiny"))
         asyncio.run(client.warm_up(8))

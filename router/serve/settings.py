@@ -44,13 +44,15 @@ class ServeSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field(
-        "tiny", description="'tiny' (embedded random-weight Llama, generated on first use), a "
-                            "Hugging Face Llama-family checkpoint directory, or a Hugging Face "
-                            "repo id org/name[@revision] (fetched into the hub cache, "
-                            "$HF_HUB_CACHE, on first use)")
+        "smollm2", description="'smollm2' (SmolLM2-135M-Instruct, a packaged GGUF), 'tiny' "
+                               "(embedded random-weight Llama for tests, generated on first "
+                               "use), a Hugging Face Llama-family checkpoint directory, a "
+                               ".gguf file (converted once into the cache), or a Hugging Face "
+                               "repo id org/name[@revision] (fetched into the hub cache, "
+                               "$HF_HUB_CACHE, on first use)")
     served_model_name: str | None = Field(
         None, min_length=1, description="the model name the API serves, clients send and "
-                                        "prefixes are hashed under (unset: 'tiny', the repo "
+                                        "prefixes are hashed under (unset: 'smollm2', the repo "
                                         "id, or the checkpoint directory's name); with "
                                         "workers, model names it instead")
     replicas: PositiveInt = Field(2, description="engine replicas (data parallel)")
@@ -100,8 +102,9 @@ class ServeSettings(BaseModel):
         description="cache_aware: cost of a host-cached prompt token as a fraction of "
                     "recomputing it (0: as good as a device hit, 1: no better than a miss)")
     gateways: PositiveInt = Field(
-        1, description="gateway processes: the HTTP ingress (ingress gateway) or the ingress "
-                       "request routers (ingress direct)")
+        2, description="gateway processes: the HTTP ingress (ingress gateway), the ingress "
+                       "request routers (ingress direct) or the worker gateways; two by "
+                       "default, so one that fails or restarts leaves every POST served")
     ingress: Literal["gateway", "direct"] = Field(
         "direct", description="direct (the default; with workers: gateway): HAProxy "
                               "(bundled with ray[serve]) asks kvroute's router for a replica "

@@ -36,7 +36,7 @@ def server(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("direct")
     keys_file = workdir / "keys.json"
     keys_file.write_text(json.dumps(KEYS))
-    flags = ["--ingress", "direct", "--engine", "sim", "--sim-preset", "tiny",
+    flags = ["--model", "tiny", "--ingress", "direct", "--engine", "sim", "--sim-preset", "tiny",
              "--num-blocks", "256", "--api-keys-file", str(keys_file)]
     with kvroute_cli_server(flags, 2, workdir / "serve.log",
                             routed_probe={"Authorization": "Bearer key-a"}) as srv:

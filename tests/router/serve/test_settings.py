@@ -115,7 +115,7 @@ def test_served_model_name_reaches_the_engine_the_gateway_and_the_router():
     assert gateway.init_args[1].served_model_name == "llama-prod"
     assert engine._deployment_config.request_router_config.request_router_kwargs[
         "model"] == "llama-prod"
-    assert load_settings(ServeSettings, {}, env={}).engine_config().served_model_name == "tiny"
+    assert load_settings(ServeSettings, {}, env={}).engine_config().served_model_name == "smollm2"
 
 
 def test_served_model_name_is_refused_with_workers():

@@ -13,6 +13,10 @@ import torch
 
 from worker.api import SampledToken, SampleFailure, SamplingParams, TokenLogprobs
 
+# Below this temperature a row is sampled greedily (as vLLM does): dividing the logits by a
+# near-zero temperature overflows them to infinities and the softmax to NaN.
+MIN_TEMPERATURE = 1e-5
+
 
 class Sampler:
     """Samples one token per logits row. A seeded request gets its own generator, created
@@ -64,7 +68,7 @@ class Sampler:
         best = row.max()
         if not torch.isfinite(best):
             raise ValueError("no token can be sampled: every logit is masked or not finite")
-        if sp.temperature == 0:
+        if sp.temperature < MIN_TEMPERATURE:
             return int(row.argmax())
         probs = self._probs(row.cpu(), sp)
         return int(torch.multinomial(probs, 1, generator=self._generator(request_id, sp)))

@@ -72,3 +72,26 @@ def test_depth_check_counts_depth_not_openers():
     check_json_depth(b'[[1], [2], [3], {"a": [4]}]', limits)  # 6 openers, 3 deep
     with pytest.raises(APIError):
         check_json_depth(b'[1, [2, [3, [4]]]]', limits)  # 4 openers, 4 deep
+
+
+@pytest.mark.parametrize("path, fields", [
+    ("/v1/completions", b'"temperature": NaN'),
+    ("/v1/completions", b'"top_p": Infinity'),
+    ("/v1/completions", b'"max_tokens": 1e308'),
+    ("/v1/completions", b'"max_tokens": ' + b"9" * 400),
+    ("/v1/completions", b'"max_tokens": ' + b"9" * 5000),  # past Python's digit limit
+    ("/v1/completions", b'"seed": ' + str(2**64).encode()),
+    ("/v1/completions", b'"stop_token_ids": [' + b"1, " * 3_000 + b'1]'),
+    ("/v1/chat/completions", b'"min_tokens": 2, "stop_token_ids": [1000000]'),
+    ("/v1/chat/completions", b'"temperature": "0.5"'),
+])
+def test_extreme_sampling_values_are_a_400_and_the_engine_keeps_serving(worker, path,
+                                                                        fields):
+    head = (b'{"model": "tiny", "prompt": "hi", ' if path == "/v1/completions"
+            else b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], ')
+    resp = post(worker, path, head + fields + b"}")
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["message"]
+    ok = post(worker, path, head + b'"max_tokens": 2}')
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    assert httpx.get(worker.base_url.removesuffix("/v1") + "/health").status_code == 200

@@ -112,3 +112,10 @@ def test_min_p_drops_tokens_less_likely_than_its_share_of_the_best():
     assert drawn == {0, 1}
     with pytest.raises(EngineInputError, match="min_p"):
         SamplingParams(min_p=1.5)
+
+
+def test_a_near_zero_temperature_is_greedy_not_a_failure():
+    x = logits(2, 50, seed=9)
+    out = Sampler().sample(x, ["a", "b"], [SamplingParams(temperature=5e-321),
+                                           SamplingParams(temperature=1e-30, seed=1)])
+    assert out == x.argmax(-1).tolist()

@@ -39,7 +39,8 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest,
     """The engine's sampling parameters; APIError(400) when the engine refuses them."""
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
-                              top_k=body.top_k, top_p=body.top_p, seed=body.seed,
+                              top_k=max(body.top_k, 0), top_p=body.top_p, min_p=body.min_p,
+                              seed=body.seed,
                               stop=body.stop_strings(), ignore_eos=body.ignore_eos,
                               stop_token_ids=tuple(body.stop_token_ids or ()),
                               min_tokens=body.min_tokens,

@@ -4,11 +4,17 @@ Unknown fields are ignored (clients send extras); known fields are checked for t
 range, and a parameter kvroute cannot honour (penalties, response_format, logit_bias,
 tool_choice, best_of, echo, ...) is a 400 naming it rather than silently ignored. Every
 failure becomes `APIError` (worker/openai/errors.py).
+
+Every number is bounded and every list capped here, before anything is tokenized, routed or
+sampled: a number is finite and of its own type (no strings, no booleans, no NaN or
+Infinity, which Python's JSON parser accepts), and no field can carry a client-sized list
+into the engine's per-step work. docs/parameters.md lists each bound.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -23,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from worker.api import MAX_LOGPROBS
+from worker.api import MAX_LOGPROBS, MAX_STOP_TOKEN_IDS
 from worker.openai.errors import APIError
 from worker.openai.limits import (
     RequestLimits,
@@ -37,8 +43,16 @@ from worker.openai.limits import (
 DEFAULT_LIMITS = RequestLimits()
 
 DEFAULT_MAX_TOKENS = 16
+# Output tokens one choice may ask for, before the context check: a bound every integer
+# field downstream holds (the replica's context is the real limit; 400 over it).
+MAX_OUTPUT_TOKENS = 2**31 - 1
+MAX_STOP_STRINGS = 4  # OpenAI's cap; the detokenizer scans each at every token
+MAX_MESSAGES = 4096  # per chat request; 100,000 empty ones took 2 s to template
+INT64 = (-(2**63), 2**63 - 1)
 
-Number = Annotated[float, Field(allow_inf_nan=False)]
+# A finite JSON number (an integer is fine), never a string or a boolean.
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+TokenCount = Annotated[int, Field(strict=True, ge=1, le=MAX_OUTPUT_TOKENS)]
 
 
 class StreamOptions(BaseModel):
@@ -50,22 +64,27 @@ class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: TokenCount | None = None
     temperature: Number = Field(default=1.0, ge=0, le=2)
     top_p: Number = Field(default=1.0, gt=0, le=1)
-    top_k: StrictInt = Field(default=0, ge=0)  # extension (vLLM's): 0 = off
-    seed: StrictInt | None = None
+    # extensions (vLLM's): top_k 0 or -1 = off; min_p 0 = off
+    top_k: StrictInt = Field(default=0, ge=-1, le=MAX_OUTPUT_TOKENS)
+    min_p: Number = Field(default=0.0, ge=0, le=1)
+    seed: StrictInt | None = Field(default=None, ge=INT64[0], le=INT64[1])
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # choices per prompt; n x prompts is capped by RequestLimits.max_sequences
     n: StrictInt = Field(default=1, ge=1)
     ignore_eos: StrictBool = False  # extension
-    min_tokens: StrictInt = Field(default=0, ge=0)  # extension (vLLM's), <= max_tokens
+    # extension (vLLM's), <= max_tokens
+    min_tokens: StrictInt = Field(default=0, ge=0, le=MAX_OUTPUT_TOKENS)
     presence_penalty: Number = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: Number = Field(default=0.0, ge=-2, le=2)
+    repetition_penalty: Number = Field(default=1.0, gt=0, le=2)  # extension (vLLM's)
     user: StrictStr | None = None
-    stop_token_ids: list[StrictInt] | None = None  # extension (vLLM's)
+    # extension (vLLM's); each below the model's vocabulary size (the engine checks it)
+    stop_token_ids: Annotated[list[StrictInt], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     # OpenAI's and vLLM's parameters kvroute does not honour: a 400 naming the field unless
     # the value is the one that changes nothing (nothing is silently ignored).
     response_format: dict[str, Any] | None = None
@@ -93,11 +112,12 @@ class _SamplingFields(BaseModel):
             raise ValueError("token ids must be in [0, 2**32)")
         return v
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator("presence_penalty", "frequency_penalty", "repetition_penalty")
     @classmethod
     def _unsupported_values(cls, v: Any, info: Any) -> Any:
-        if v != 0:
-            raise ValueError(f"{info.field_name} is not supported (only 0)")
+        neutral = 1 if info.field_name == "repetition_penalty" else 0
+        if v != neutral:
+            raise ValueError(f"{info.field_name} is not supported (only {neutral})")
         return v
 
     @model_validator(mode="after")
@@ -116,12 +136,17 @@ class _SamplingFields(BaseModel):
         """Alternatives per token for the engine: None when no logprobs were asked for."""
         raise NotImplementedError
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_count(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:  # before its items are read
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 4:
-            raise ValueError("at most 4 stop sequences")
         if any(not s for s in stops):
             raise ValueError("stop sequences must be non-empty")
         return v
@@ -193,8 +218,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: TokenCount | None = None
     tools: list[Any] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
@@ -263,6 +288,16 @@ def _check_ids(ids: list[int], what: str) -> None:
         raise ValueError(f"{what}: token ids must be in [0, 2**32)")
 
 
+# pydantic names the member of a union an error came from ("stop.str"); the client's
+# parameter has no such part
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|list|dict)(\[.*\])?$")
+
+
+def _param_of(loc: tuple[str | int, ...]) -> str | None:
+    return ".".join(str(p) for p in loc
+                    if not (isinstance(p, str) and _UNION_MEMBER.match(p))) or None
+
+
 def parse_body(raw: bytes, model_cls: type[BaseModel],
                limits: RequestLimits = DEFAULT_LIMITS) -> Any:
     """The body as `model_cls`, or APIError (413 too large, else 400 naming the first bad
@@ -272,7 +307,8 @@ def parse_body(raw: bytes, model_cls: type[BaseModel],
     check_json_depth(raw, limits)
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+    # ValueError: also an integer of more than 4,300 digits (Python's conversion limit)
+    except (ValueError, RecursionError) as err:
         raise APIError(400, f"the request body is not valid JSON: {err}",
                        code="invalid_json") from None
     if not isinstance(data, dict):
@@ -281,7 +317,7 @@ def parse_body(raw: bytes, model_cls: type[BaseModel],
         body = model_cls.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
+        param = _param_of(first["loc"])
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, _FieldError):
             param = cause.param

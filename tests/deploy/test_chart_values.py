@@ -16,7 +16,7 @@ from .helm_chart import render as render_chart
 # A value other than the chart's default for every chart value.
 CHANGED = {"replicas": 3, "tp": 2, "engine": "sim", "block_size": 32, "num_blocks": 77,
            "num_host_blocks": 99, "cpus_per_rank": 0.5, "policy": "least_load",
-           "approximate": True, "load_weight": 0.3, "host_cost_fraction": 0.4, "gateways": 2,
+           "approximate": True, "load_weight": 0.3, "host_cost_fraction": 0.4, "gateways": 3,
            "ingress": "gateway",
            "workers": ["http://w0:8000", "http://w1:8000#kv_events=tcp://w1:5557"]}
 

@@ -230,14 +230,18 @@ class Gateway:
         shape = ResponseShape.new(kind, response_id, self.model)
         timer = self.metrics.latency.timer(arrival_s)  # each choice's deltas, observed
         timer.dispatched()
+        # every request, streamed or not: 429 + Retry-After over the tenant's limit
+        slot = StreamSlot(self.streams, tenant)
         if not body.stream:
             # each choice whole, retried from the start on a lost replica
             choices = Choices(requests, body.n, lambda request: replay(
                 lambda r: self.engine.complete(r, timer.watch), request))
-            await choices.start()
-            return JSONResponse(full_response(shape, await collect(choices), body.n,
-                                              self.logprobs))
-        slot = StreamSlot(self.streams, tenant)  # 429 + Retry-After over the tenant's limit
+            try:
+                await choices.start()
+                return JSONResponse(full_response(shape, await collect(choices), body.n,
+                                                  self.logprobs))
+            finally:
+                slot.release()
         choices = Choices(requests, body.n,
                           lambda request: timer.watch(self.engine.stream(request)))
         try:

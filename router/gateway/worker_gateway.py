@@ -202,8 +202,8 @@ class WorkerGateway:
         def release(worker_id: str, error: str | None) -> None:
             self.router.release(request_ids.pop(worker_id), error)
 
-        # 429 before any routing or worker work
-        slot = StreamSlot(self.stream_slots if routed.stream else None, tenant)
+        # every request, streamed or not: 429 before any routing or worker work
+        slot = StreamSlot(self.stream_slots, tenant)
         try:
             response = await self.proxy.forward(path, routed.body, pick, release)
         except BaseException:
@@ -213,7 +213,7 @@ class WorkerGateway:
             response.body_iterator = slot.hold(
                 relayed(latency, arrival_s, response.body_iterator))
             return response
-        slot.release()  # the worker answered an error, not a stream
+        slot.release()  # a JSON answer (not streamed, or an error), read whole: it is over
         if response.status_code < 400:
             latency.e2e.observe(latency.clock() - arrival_s)
         return response

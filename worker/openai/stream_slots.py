@@ -1,9 +1,15 @@
-"""Concurrent streams per tenant: one tenant cannot hold every connection of a gateway.
+"""Concurrent requests per tenant, streamed or not: one tenant cannot hold every seat of a
+gateway.
 
-Counted per process that answers the OpenAI API (a gateway, the external-workers gateway, or
-an engine replica with ingress direct: N of them allow N times the limit in all); a stream
-over the limit is refused with 429 and Retry-After before any engine work is done for it.
-Without API keys there are no tenants to keep apart: no limit unless the operator sets one.
+Every generation request holds a slot of its tenant until it ends: a stream until its last
+event (or its client leaves), a non-streamed request until its whole body is answered. The
+names keep "stream" (`KVROUTE_MAX_STREAMS_PER_TENANT`, the chart's `maxStreamsPerTenant`,
+the 429's code) from when only streams were counted; a tenant's `stream: false` requests
+took every seat then. Counted per process that answers the OpenAI API (a gateway, the
+external-workers gateway, or an engine replica with ingress direct: N of them allow N times
+the limit in all); a request over the limit is refused with 429 and Retry-After before any
+engine work is done for it. Without API keys there are no tenants to keep apart: no limit
+unless the operator sets one.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ DEFAULT_MAX_STREAMS_PER_TENANT = 64
 
 class TooManyStreams(APIError):
     def __init__(self, limit: int):
-        super().__init__(429, f"this API key already has {limit} open streams; retry when "
-                              "one ends", type_="rate_limit_error",
+        super().__init__(429, f"this API key already has {limit} requests in flight "
+                              "(streamed or not); retry when one ends", type_="rate_limit_error",
                          code="too_many_concurrent_streams")
         self.headers = {"Retry-After": str(RETRY_AFTER_S)}
 
@@ -79,9 +85,10 @@ class StreamSlots:
 
 
 class StreamSlot:
-    """One stream's slot of `tenant`, taken when made (429 over the limit; nothing to take
-    when `slots` is None: no limit). `release()` gives it back when the stream never starts;
-    `hold(body)` is the body that gives it back when the stream ends."""
+    """One request's slot of `tenant`, taken when made (429 over the limit; nothing to take
+    when `slots` is None: no limit). `release()` gives it back (a non-streamed request when
+    it is answered, a stream that never starts; a second call does nothing); `hold(body)`
+    is the stream body that gives it back when the stream ends."""
 
     __slots__ = ("_slots", "_tenant")
 
@@ -93,6 +100,8 @@ class StreamSlot:
     def release(self) -> None:
         if self._slots is not None:
             self._slots.release(self._tenant)
+            self._slots = None
 
     def hold(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        return body if self._slots is None else self._slots.hold(self._tenant, body)
+        slots, self._slots = self._slots, None  # the body gives it back now
+        return body if slots is None else slots.hold(self._tenant, body)

@@ -80,7 +80,8 @@ class OpenAIServing:
                  latency: LatencyMetrics | None = None,
                  limits: RequestLimits = DEFAULT_LIMITS, streams: StreamSlots | None = None):
         """`latency`: where to observe each request's latency (a front that has them);
-        `streams`: concurrent streams per tenant (the cache salt), 429 over the limit."""
+        `streams`: concurrent requests per tenant (the cache salt), streamed or not, 429
+        over the limit."""
         self.engine = engine
         self.prompts = prompts
         self.latency = latency
@@ -135,8 +136,8 @@ class OpenAIServing:
             await choices.start()
             return full_response(shape, await collect(choices), body.n, self.logprobs)
 
-        # 429 + Retry-After over the tenant's limit
-        slot = StreamSlot(self.streams if body.stream else None, cache_salt)
+        # every request, streamed or not: 429 + Retry-After over the tenant's limit
+        slot = StreamSlot(self.streams, cache_salt)
         try:
             if not body.stream:
                 return JSONResponse(await while_connected(request, whole))
@@ -147,6 +148,9 @@ class OpenAIServing:
                 await choices.aclose()
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             raise
+        finally:
+            if not body.stream:
+                slot.release()
         events = sse_events(shape, choices, body.include_usage(), self.logprobs)
         return StreamingResponse(slot.hold(events), media_type="text/event-stream")
 

@@ -8,6 +8,11 @@ prefill tokens plus running and waiting requests times the mean decode length se
 The load is the larger of the two views: the local view counts a burst before the replica
 reports it, the published one counts the other routers, and taking the max never counts
 this router's own requests twice.
+
+Every number that enters the load is bounded (`bounded_tokens`): a request's work and a
+replica's published counts are clamped to `MAX_WORK_TOKENS`, so the load is always finite
+and drops back when the request finishes or its recent work decays, whatever a client or a
+worker sent (the entry points refuse such numbers before; this holds even if one does not).
 """
 
 from __future__ import annotations
@@ -18,6 +23,17 @@ from collections.abc import Callable
 from worker.api import EngineStats
 
 _DECODE_MEAN_ALPHA = 0.05  # weight of the newest request in the mean decode length
+# The most work one request, or one count of a replica's stats, adds (2^26, 67M tokens: 128
+# sequences of a 512k-token context).
+MAX_WORK_TOKENS = float(1 << 26)
+
+
+def bounded_tokens(tokens: float) -> float:
+    """`tokens` clamped to [0, MAX_WORK_TOKENS]; NaN and negative counts are 0. Takes any
+    int too (an int too large for a float is clamped, not converted)."""
+    if not tokens > 0:
+        return 0.0
+    return MAX_WORK_TOKENS if tokens >= MAX_WORK_TOKENS else float(tokens)
 
 
 class LoadTracker:
@@ -43,7 +59,8 @@ class LoadTracker:
         self._requests: dict[str, tuple[str, float, float, float]] = {}
         self._local_tokens: dict[str, float] = {}  # replica -> sum of its requests' work
         self._num_local: dict[str, int] = {}  # replica -> outstanding request count
-        self._stats: dict[str, EngineStats] = {}
+        # replica -> its published (queued prefill tokens, running, waiting), bounded
+        self._stats: dict[str, tuple[float, float, float]] = {}
         self.mean_decode_tokens = 0.0
 
     def add(self, request_id: str, replica_id: str, work_tokens: float,
@@ -53,8 +70,11 @@ class LoadTracker:
         `first_token_tokens` of `work_tokens` end with its first token; `recent_tokens`
         (default: all of `work_tokens`) join the replica's recent work."""
         self.finish(request_id)
-        if recent_tokens is None:
-            recent_tokens = work_tokens
+        work_tokens = bounded_tokens(work_tokens)
+        first_token_tokens = min(bounded_tokens(first_token_tokens), work_tokens)
+        recent_tokens = (work_tokens if recent_tokens is None
+                         else bounded_tokens(recent_tokens))
+        decode_tokens = bounded_tokens(decode_tokens)
         self._requests[request_id] = (replica_id, work_tokens, first_token_tokens,
                                       recent_tokens)
         self._local_tokens[replica_id] = self._local_tokens.get(replica_id, 0.0) + work_tokens
@@ -101,7 +121,9 @@ class LoadTracker:
         self._local_tokens[replica_id] -= done
 
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
-        self._stats[replica_id] = stats
+        self._stats[replica_id] = (bounded_tokens(stats.num_queued_prefill_tokens),
+                                   bounded_tokens(stats.num_running),
+                                   bounded_tokens(stats.num_waiting))
         if self.recent_ends_when_idle and not (stats.num_running or stats.num_waiting):
             self._recent.pop(replica_id, None)
 
@@ -130,9 +152,9 @@ class LoadTracker:
         stats = self._stats.get(replica_id)
         if stats is None:
             return local
-        published = (stats.num_queued_prefill_tokens + self.decode_weight * (
-            self.running_decode_weight * stats.num_running + stats.num_waiting)
-            * self.mean_decode_tokens)
+        queued_tokens, num_running, num_waiting = stats
+        published = (queued_tokens + self.decode_weight * (
+            self.running_decode_weight * num_running + num_waiting) * self.mean_decode_tokens)
         return max(local, published)
 
     def num_outstanding(self, replica_id: str) -> int:

@@ -18,7 +18,7 @@ from kv.hashing import BlockHash
 from router.core.config import RouterConfig
 from router.core.history import RoutedHistory
 from router.core.index import PrefixIndex, PrefixMatch
-from router.core.load import LoadTracker
+from router.core.load import LoadTracker, bounded_tokens
 from router.core.policies import ReplicaView, RouteQuery, make_policy
 from worker.api import EngineStats
 
@@ -95,6 +95,9 @@ class Router:
         Routing an id that is still outstanding (a retry) first drops its earlier record,
         so its own pending marks and load do not count on its earlier replica.
 
+        `max_tokens` counts up to `MAX_WORK_TOKENS` (router.core.load): the entry points
+        bound it, and whatever reaches here cannot make a load infinite.
+
         Raises ValueError when there is no candidate or the hashes cannot be the prompt's.
         """
         if not replica_ids:
@@ -105,6 +108,7 @@ class Router:
                              f"{num_prompt_tokens} prompt tokens at block size {block_size}")
         if len(set(replica_ids)) != len(replica_ids):
             replica_ids = list(dict.fromkeys(replica_ids))
+        max_tokens = int(bounded_tokens(max_tokens))  # the policy's and the load's input
         if request_id in self._held:
             self._withdraw(request_id)  # a retry: its old marks and load are not a hit
         on_history = self._on_history(replica_ids)
@@ -232,6 +236,13 @@ class Router:
         (unknown ids are ignored)."""
         self.loads.finish(request_id)
         self._release_held(request_id)
+
+    def withdraw(self, request_id: str) -> None:
+        """The request never ran where it was routed (it did not get there, or that replica
+        refused it): its load goes at once, its recent work too, and the pending marks only
+        it held (unknown ids are ignored)."""
+        if request_id in self._held:
+            self._withdraw(request_id)
 
     def on_first_token(self, request_id: str) -> None:
         """The request's first token came: its prefill leaves its replica's load, and its

@@ -8,12 +8,49 @@ id, and each router's next poll takes its own. A router can route (and its reque
 before its first poll reaches the actor: ends for a router not yet polling are kept as for
 one that just polled. A router that stops polling (or never starts) for `router_timeout_s`
 loses its outbox (it is gone, or restarted under a new id: nothing would take them).
+
+A replica also reports each routed request when it arrives there (its claim: the route id
+marked by `claim_of`), through the same outboxes: a route no replica claims soon never
+reached one, and its router releases it then rather than at a long timeout. A request the
+replica answered with an error ends as a refusal (`refusal_of`): it ran nothing, so its
+router takes back all it charged, its recent work included.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+CLAIM_MARK = "+"  # before a route id: its request reached its replica (route ids are hex)
+REFUSAL_MARK = "-"  # before a route id: its replica answered it with an error, ran nothing
+
+
+def claim_of(route_id: str) -> str:
+    return CLAIM_MARK + route_id
+
+
+def refusal_of(route_id: str) -> str:
+    return REFUSAL_MARK + route_id
+
+
+class RouteReports(NamedTuple):
+    claimed: list[str]
+    ended: list[str]
+    refused: list[str]  # ended too, with no work done
+
+
+def split_reports(reported: Sequence[str]) -> RouteReports:
+    """A router's reported route ids, by kind."""
+    out = RouteReports([], [], [])
+    for route_id in reported:
+        if route_id.startswith(CLAIM_MARK):
+            out.claimed.append(route_id[len(CLAIM_MARK):])
+        elif route_id.startswith(REFUSAL_MARK):
+            out.refused.append(route_id[len(REFUSAL_MARK):])
+        else:
+            out.ended.append(route_id)
+    return out
 
 
 class RouteEnds:

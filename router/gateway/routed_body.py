@@ -2,16 +2,18 @@
 ids (to hash and route), the output length (the load term) and the sequences it starts (n x
 the prompts of a batch, capped as kvroute's own servers cap them). Before any of it is
 tokenized, the body's size, nesting and prompt text are checked against the gateway's
-limits (worker/openai/limits.py). Nothing else is checked here (the worker validates the
-rest: it may accept parameters kvroute's own engine does not), and the body goes out as it
-came, unless a tenant's cache salt must be set in it.
+limits (worker/openai/limits.py), and the numbers that set the router's load (n, the output
+length) are checked as the engine checks them (`output_tokens`, which the ingress router
+uses too): a bad one is a 400 before it reaches the router. Nothing else is checked here
+(the worker validates the rest: it may accept parameters kvroute's own engine does not),
+and the body goes out as it came, unless a tenant's cache salt must be set in it.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from worker.openai.errors import APIError
 from worker.openai.limits import (
@@ -51,17 +53,54 @@ def _load(raw: bytes, model: str, limits: RequestLimits) -> dict[str, Any]:
     return data
 
 
-def _max_tokens(data: dict[str, Any], limits: RequestLimits, num_prompts: int = 1) -> int:
-    """All the output tokens the request may make (400 over the sequence cap)."""
-    n = data.get("n", 1)
-    if type(n) is not int or n < 1:
-        n = 1  # the worker answers a bad n
+class OutputTokens(NamedTuple):
+    per_sequence: int  # max_completion_tokens, else max_tokens, else OpenAI's default
+    num_sequences: int  # n x the prompts of a batch
+
+    @property
+    def total(self) -> int:
+        """The most the request makes its replica generate: its load."""
+        return self.per_sequence * self.num_sequences
+
+
+def output_tokens(data: dict[str, Any], limits: RequestLimits, num_prompts: int = 1,
+                  max_model_len: int | None = None) -> OutputTokens:
+    """The output a body asks for, every number checked as kvroute's engine checks it, so
+    whatever the router charges for it is bounded: 400 when n or the output length is not
+    an integer (a bool, a float, a string) or is below 1, when the sequences are over the
+    cap, or when the output alone is longer than the context (`max_model_len` when known,
+    else `limits.max_output_tokens`). `max_completion_tokens` wins over `max_tokens`."""
+    n = data.get("n")
+    if n is None:
+        n = 1
+    elif not _is_int(n) or n < 1:
+        raise APIError(400, f"n must be an integer >= 1, got {_shown(n)}", param="n",
+                       code="invalid_value")
     check_sequences(num_prompts, n, limits)
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value * num_prompts * n
-    return DEFAULT_MAX_TOKENS * num_prompts * n
+    key = ("max_completion_tokens" if data.get("max_completion_tokens") is not None
+           else "max_tokens")
+    value = data.get(key)
+    if value is None:
+        return OutputTokens(DEFAULT_MAX_TOKENS, num_prompts * n)
+    if not _is_int(value) or value < 1:
+        raise APIError(400, f"{key} must be an integer >= 1, got {_shown(value)}", param=key,
+                       code="invalid_value")
+    cap = limits.max_output_tokens if max_model_len is None else max_model_len
+    if value > cap:
+        raise APIError(400, f"{key} is over the model's context of {cap} tokens",
+                       param=key, code="context_length_exceeded")
+    return OutputTokens(value, num_prompts * n)
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # JSON integers; leaves out bools and floats
+
+
+def _shown(value: Any) -> str:
+    if _is_int(value) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _out(data: dict[str, Any], raw: bytes, tenant: str) -> bytes:
@@ -85,6 +124,7 @@ def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
     else:
         num_chars = len(prompt) if isinstance(prompt, str) else 0
     check_text_length(num_chars, limits, "prompt")
+    output = output_tokens(data, limits, num_prompts)  # checked before any tokenizing
     if isinstance(prompt, str) and prompt:
         token_ids = prompts.encode_text(prompt)
     elif isinstance(prompt, list) and _token_ids(prompt):
@@ -92,8 +132,8 @@ def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
     else:
         raise APIError(400, "prompt must be a non-empty string or list of token ids "
                             "(or a list of them)", param="prompt", code="invalid_value")
-    return RoutedBody(token_ids, _max_tokens(data, limits, num_prompts),
-                      _out(data, raw, tenant), data.get("stream") is True)
+    return RoutedBody(token_ids, output.total, _out(data, raw, tenant),
+                      data.get("stream") is True)
 
 
 def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
@@ -112,11 +152,12 @@ def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
                            param=f"messages.{i}", code="invalid_value")
         rendered.append({"role": message["role"], "content": _text(message.get("content"))})
     check_text_length(sum(len(m["content"]) for m in rendered), limits, "messages")
+    output = output_tokens(data, limits)
     try:
         token_ids = prompts.encode_chat(rendered)
     except PromptError as err:
         raise APIError(400, str(err), param="messages") from None
-    return RoutedBody(token_ids, _max_tokens(data, limits), _out(data, raw, tenant),
+    return RoutedBody(token_ids, output.total, _out(data, raw, tenant),
                       data.get("stream") is True)
 
 

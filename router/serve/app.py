@@ -22,6 +22,7 @@ from router.gateway.http_server import HttpConfig
 from router.serve.engine_http import DirectEngineReplica, EngineHTTPConfig
 from router.serve.engine_replica import EngineReplica, ReplicaResources, engine_deployment_options
 from router.serve.ingress_router import IngressRouter, IngressRouterConfig
+from router.serve.route_header import new_route_key
 from router.serve.serve_env import replica_env, with_env
 from router.serve.settings import LaunchSettings, ServeSettings, SettingsError, load_settings
 from worker.engine_config import EngineConfig
@@ -89,15 +90,21 @@ def _direct_application(serve_args: ServeSettings, engine_config: EngineConfig,
             "ingress direct needs Ray Serve's HAProxy ingress: set the variables of "
             "router/serve/serve_env.py (RAY_SERVE_ENABLE_HA_PROXY=1, ...) in the environment "
             "of every Ray process; `kvroute serve` and the Helm chart set them")
+    route_key = new_route_key()  # signs route headers: made per app, never in the env
+    pool_tokens = engine_config.num_blocks * engine_config.block_size  # caps the context
     engine = DirectEngineReplica.options(**engine_options).bind(
         engine_config, EngineHTTPConfig(model=serve_args.model,
                                         block_size=serve_args.block_size,
-                                        api_keys_file=serve_args.api_keys_file))
+                                        api_keys_file=serve_args.api_keys_file,
+                                        route_key=route_key))
     router = IngressRouter.options(
         num_replicas=serve_args.gateways,
         ray_actor_options=with_env(IngressRouter.ray_actor_options, env)).bind(
         engine, IngressRouterConfig(model=serve_args.model,
                                     served_model_name=engine_config.served_model_name,
                                     block_size=serve_args.block_size,
-                                    api_keys_file=serve_args.api_keys_file))
+                                    max_model_len=min(engine_config.max_model_len
+                                                      or pool_tokens, pool_tokens),
+                                    api_keys_file=serve_args.api_keys_file,
+                                    route_key=route_key))
     return engine._with_ingress_request_router(router)  # Serve LLM's direct streaming hook

@@ -8,22 +8,23 @@ no Ray hop per request or per token. The generation endpoints are the standalone
 salt); `/ready`, `/metrics` and `/v1/prefixes` answer as the gateway's do (the index actor,
 the metrics hub, pins routed through the engine deployment's own request router).
 
-Each routed request carries `ROUTE_HEADER` (set by HAProxy from the router's answer, never by
-the client); when it ends (finished, failed, or the client left) the replica reports it to
-that router through its next publish to the index actor, so the router's load drops.
+Each routed request carries a signed route header (set by HAProxy from the router's answer);
+the replica reports its arrival and its end, whatever the path and the outcome, to that
+router through its next publish to the index actor (router/serve/route_tracking.py), so the
+router's load drops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter
 from ray import serve
 
 from router.cluster.index_actor import get_index_actor
@@ -39,7 +40,8 @@ from router.gateway.pin_admin import PinAdmin
 from router.gateway.prefixes import PrefixService
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.engine_replica import EngineReplicaBody
-from router.serve.ingress_router import ROUTE_HEADER, ROUTED_BY_HEADER
+from router.serve.route_header import RouteSigner
+from router.serve.route_tracking import RouteReports, RouteTracking
 from worker.openai.http_errors import install_error_handlers
 from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
@@ -58,39 +60,22 @@ class EngineHTTPConfig:
     api_keys_file: str | None = None
     retry: RetryConfig = field(default_factory=RetryConfig)  # pins, routed by Serve
     metrics: MetricsHubConfig = field(default_factory=MetricsHubConfig)
+    # verifies the ingress routers' route headers (router/serve/route_header.py)
+    route_key: bytes = field(kw_only=True, repr=False)
 
     def __post_init__(self):
         if self.block_size < 1:
             raise ValueError("EngineHTTPConfig: block_size >= 1 required")
-
-
-class RouteEnds:
-    """Route ids that ended here since the publisher last took them, by router id."""
-
-    def __init__(self) -> None:
-        self._ended: dict[str, list[str]] = {}
-
-    def add(self, header: str | None) -> None:
-        """Records the end of the request that carried `ROUTE_HEADER` (none: not routed by
-        an ingress router, e.g. a GET or a retried request, nothing to report)."""
-        if not header:
-            return
-        router_id, _, route_id = header.partition(" ")
-        if router_id and route_id:
-            self._ended.setdefault(router_id, []).append(route_id)
-
-    def take(self) -> dict[str, tuple[str, ...]]:
-        ended, self._ended = self._ended, {}
-        return {router_id: tuple(ids) for router_id, ids in ended.items()}
+        RouteSigner(self.route_key)  # raises on a short key
 
 
 class _DirectEngineReplica(EngineReplicaBody):
     async def __init__(self, engine_config, http_config: EngineHTTPConfig,
                        publisher_config=None, metrics_config=None):
-        self.route_ends = RouteEnds()
+        self.route_reports = RouteReports()
         self.http_config = http_config
         await super().__init__(engine_config, publisher_config, metrics_config,
-                               take_route_ends=self.route_ends.take)
+                               take_route_ends=self.route_reports.take)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_engine_app(self)
@@ -98,15 +83,6 @@ class _DirectEngineReplica(EngineReplicaBody):
 
 DirectEngineReplica = serve.deployment(name="EngineReplica")(
     serve.ingress()(_DirectEngineReplica))
-
-
-async def _then(body: AsyncIterator[bytes], done: Callable[[], None]) -> AsyncIterator[bytes]:
-    """`body`, then `done()`: also when the stream stops early (the client left)."""
-    try:
-        async for chunk in body:
-            yield chunk
-    finally:
-        done()
 
 
 def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
@@ -143,32 +119,23 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     install_error_handlers(app)
     app.state.gateway_metrics = metrics
     app.add_middleware(CountRequests)
+    # Outermost: every routed request is claimed and ended, whatever answers it (a 404 too).
+    forged = Counter("kvroute_gateway_route_header_rejected",
+                     "requests whose route header did not verify (not set by HAProxy from an "
+                     "ingress router's answer), served as not routed", registry=metrics.registry)
+    app.add_middleware(RouteTracking, signer=RouteSigner(config.route_key),
+                       reports=replica.route_reports, on_forged=forged.inc)
 
-    async def generate(request: Request,
-                       endpoint: Callable[[Request, str], Awaitable[Response]]) -> Response:
-        route = request.headers.get(ROUTE_HEADER)
-        try:
-            tenant = auth.tenant_of(request.headers.get("authorization"))
-            response = await endpoint(request, tenant)
-        except BaseException:
-            replica.route_ends.add(route)
-            raise
-        if route:  # which router routed it: clients and tests see the routing step worked
-            response.headers[ROUTED_BY_HEADER] = route.split(" ", 1)[0]
-        if isinstance(response, StreamingResponse):
-            response.body_iterator = _then(response.body_iterator,
-                                           lambda: replica.route_ends.add(route))
-        else:
-            replica.route_ends.add(route)
-        return response
+    def tenant_of(request: Request) -> str:
+        return auth.tenant_of(request.headers.get("authorization"))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await generate(request, serving.completions)
+        return await serving.completions(request, tenant_of(request))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, serving.chat_completions)
+        return await serving.chat_completions(request, tenant_of(request))
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
@@ -192,25 +159,17 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
         tenant = pin_admin.tenant_for_change(request.headers)
         return await prefixes.delete(name, tenant)
 
-    # A POST's body with a prompt is routed like a completion (HAProxy asks the router for
-    # every POST): its route ends here too, or the router would count it as load.
     @app.post("/tokenize")
     async def tokenize_endpoint(request: Request) -> dict:
-        try:
-            auth.tenant_of(request.headers.get("authorization"))
-            return tokenize(await read_body(request, limits), prompts,
-                            serving.check_model, engine.max_model_len, limits)
-        finally:
-            replica.route_ends.add(request.headers.get(ROUTE_HEADER))
+        auth.tenant_of(request.headers.get("authorization"))
+        return tokenize(await read_body(request, limits), prompts, serving.check_model,
+                        engine.max_model_len, limits)
 
     @app.post("/detokenize")
     async def detokenize_endpoint(request: Request) -> dict:
-        try:
-            auth.tenant_of(request.headers.get("authorization"))
-            return detokenize(await read_body(request, limits), prompts,
-                              serving.check_model, limits)
-        finally:
-            replica.route_ends.add(request.headers.get(ROUTE_HEADER))
+        auth.tenant_of(request.headers.get("authorization"))
+        return detokenize(await read_body(request, limits), prompts, serving.check_model,
+                          limits)
 
     @app.get("/version")
     async def version() -> dict:

@@ -6,55 +6,47 @@ streaming uses it) calls `POST /internal/route` with the client's body for every
 app. This deployment does the gateway's routing work once: the tenant from the API key
 (HAProxy forwards the client's `Authorization` as Serve's session header, which kvroute
 sets to `authorization` in this mode), the prompt's token ids (chat template included) and
-their Protocol 1 block hashes; then the engine deployment's own request router
+their Protocol 1 block hashes (router/serve/route_calls.py; a large body in a thread, off
+the loop that routes everyone); then the engine deployment's own request router
 (`KVRouteRequestRouter`, through `handle.choose_replica`) picks the replica. The answer names
-the replica and adds a trusted header (HAProxy strips client values of the `x-serve-router-`
-prefix) that tells the engine replica which router to report the request's end to, so the
-router's outstanding load drops when the request finishes.
+the replica and adds a header (HAProxy strips client values of the `x-serve-router-`
+prefix; its value is signed, router/serve/route_header.py) that tells the engine replica
+which router to report the request's start and end to, so the router's outstanding load
+drops when the request finishes, or soon when it never reaches the replica.
 
-A body it cannot route (not JSON, not a completion, a bad key) still gets a replica, by load:
+A body it cannot route (not JSON, not a completion, a bad key, a number or prompt the
+replica will refuse, over the size limit) still gets a replica, by load, and charges none:
 that replica's own API answers the client with the right 4xx.
 
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import uuid
-from dataclasses import dataclass
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from ray import serve
 from ray.serve.exceptions import DeploymentUnavailableError
 
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
-from worker.openai.engine_params import max_new_tokens
-from worker.openai.errors import APIError
-from worker.openai.limits import RequestLimits, check_body_size, check_json_depth
-from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.schema import (
-    DEFAULT_MAX_TOKENS,
-    ChatCompletionRequest,
-    parse_body,
-)
+from router.serve.route_calls import RouteCall, RouteCalls
+from router.serve.route_header import ROUTE_HEADER, Route, RouteSigner
+from worker.openai.limits import RequestLimits
+from worker.openai.prompt import PromptBuilder
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
 
-ROUTE_HEADER = "x-serve-router-kvroute-route"  # "<router id> <route id>"
-ROUTED_BY_HEADER = "x-kvroute-router"  # on the response: the router id of ROUTE_HEADER
-
-
-@dataclass(frozen=True)
-class RouteCall:
-    """What `KVRouteRequestRouter.choose_replicas` reads to route a direct request (the
-    same fields as an `EngineRequest`, plus the id its end is reported under)."""
-
-    route_id: str
-    prompt_token_ids: list[int]
-    block_hashes: list[bytes]
-    max_tokens: int
+# A body up to this size is read on the event loop (tokenizing it takes a few ms at most);
+# a larger one in a thread, so one long prompt does not hold up every other request's
+# routing (the tokenizer releases the GIL on long text: worker/openai/prompt.py).
+_INLINE_BODY_BYTES = 8 * 1024
+_TOKENIZER_THREADS = 2
+_CONTEXT_RETRY_S = 1.0  # between asks for the replicas' context limit while they start
 
 
 @dataclass(frozen=True)
@@ -62,72 +54,44 @@ class IngressRouterConfig:
     model: str  # "tiny" or a checkpoint directory (tokenizer and chat template)
     served_model_name: str  # the hash namespace
     block_size: int
+    # the most tokens a replica's context holds (its pool's when the model's is not known
+    # here): bounds max_tokens and the prompt's text before it is tokenized
+    max_model_len: int
     api_keys_file: str | None = None
+    route_key: bytes = field(kw_only=True, repr=False)  # signs the route header
 
     def __post_init__(self):
         if self.block_size < 1:
             raise ValueError("IngressRouterConfig: block_size >= 1 required")
+        if self.max_model_len < 1:
+            raise ValueError("IngressRouterConfig: max_model_len >= 1 required")
+        RouteSigner(self.route_key)  # raises on a short key
 
 
-class RouteCalls:
-    """Client bodies to `RouteCall`s (None when the body cannot be routed by its prompt)."""
-
-    def __init__(self, prompts: PromptBuilder, auth: TenantAuth,
-                 limits: RequestLimits | None = None):
-        self.prompts = prompts
-        self.auth = auth
-        self.limits = RequestLimits.from_env() if limits is None else limits
-
-    def of(self, body: bytes, authorization: str | None) -> RouteCall | None:
-        try:
-            tenant = self.auth.tenant_of(authorization)
-            check_body_size(len(body), self.limits)
-            check_json_depth(body, self.limits)
-            data = json.loads(body)
-            if not isinstance(data, dict):
-                return None
-            if "messages" in data:
-                chat = parse_body(body, ChatCompletionRequest, self.limits)
-                token_ids = self.prompts.encode_chat(
-                    [{"role": m.role, "content": m.text()} for m in chat.messages])
-                max_tokens = max_new_tokens(chat) * chat.n  # its choices' output
-            else:
-                # The prompt and max_tokens only, read as the schema reads them (no full
-                # validation: the replica validates the body and answers a bad one).
-                prompt, max_tokens = data.get("prompt"), data.get("max_tokens")
-                n, num_prompts = data.get("n", 1), 1
-                if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-                    num_prompts = len(prompt)
-                    prompt = prompt[0]  # a batch is routed on its first prompt
-                if isinstance(prompt, str) and prompt:
-                    token_ids = self.prompts.encode_text(prompt)
-                elif isinstance(prompt, list) and prompt and all(
-                        type(t) is int for t in prompt):
-                    token_ids = prompt
-                else:
-                    return None
-                if max_tokens is None:
-                    max_tokens = DEFAULT_MAX_TOKENS
-                elif type(max_tokens) is not int or max_tokens < 1:
-                    return None
-                if type(n) is not int or n < 1:
-                    return None
-                max_tokens *= n * num_prompts  # the output of all its choices: its load
-        except (APIError, PromptError, ValueError, RecursionError):
-            return None  # the replica's API answers the client with the 4xx
-        if not token_ids:
-            return None
-        return RouteCall(uuid.uuid4().hex, token_ids,
-                         self.prompts.block_hashes(token_ids, tenant), max_tokens)
+async def call_of(calls: RouteCalls, threads: Executor, body: bytes | None,
+                  authorization: str | None) -> RouteCall | None:
+    """The body's route call: read on the loop when small, else in one of `threads`."""
+    if body is None:
+        return None  # over the size limit: the replica answers 413
+    if len(body) <= _INLINE_BODY_BYTES:
+        return calls.of(body, authorization)
+    return await asyncio.get_running_loop().run_in_executor(threads, calls.of, body,
+                                                            authorization)
 
 
-async def _read_body(receive) -> bytes:
-    chunks = []
+async def _read_body(receive, max_bytes: int) -> bytes | None:
+    """The body, or None as soon as it is larger than `max_bytes` (not read further: HAProxy
+    sends at most its buffer, so only a caller that is not HAProxy gets here)."""
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] != "http.request":  # the client left
             return b""
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            return None
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
 
@@ -161,18 +125,37 @@ class IngressRouter:
     request, where FastAPI's routing, validation and response classes cost more than the
     routing itself (benchmarks/RESULTS.md, "Serving overhead")."""
 
-    def __init__(self, engine_handle, config: IngressRouterConfig):
+    async def __init__(self, engine_handle, config: IngressRouterConfig):
         self.router_id = gateway_process_id()
         prompts = PromptBuilder(tokenizer_dir(config.model), config.served_model_name,
                                 config.block_size)
-        self.calls = RouteCalls(prompts, TenantAuth(load_api_keys(config.api_keys_file)))
+        self.calls = RouteCalls(prompts, TenantAuth(load_api_keys(config.api_keys_file)),
+                                config.max_model_len, RequestLimits.from_env())
+        self.signer = RouteSigner(config.route_key)
         self.engine = engine_handle
+        self._tokenizers = ThreadPoolExecutor(_TOKENIZER_THREADS,
+                                              thread_name_prefix="kvroute-route-call")
+        self._context = asyncio.get_running_loop().create_task(self._learn_context())
+
+    async def _learn_context(self) -> None:
+        """Narrows the context bound to the replicas' own limit (the model's, when it is
+        below the pool's), so a request they will refuse as too long charges nothing."""
+        while True:
+            try:
+                info = await self.engine.replica_info.remote()
+            except Exception as err:  # the engine replicas are not up yet
+                log.info("no engine replica answered replica_info yet: %r", err)
+                await asyncio.sleep(_CONTEXT_RETRY_S)
+                continue
+            self.calls.max_model_len = min(self.calls.max_model_len,
+                                           int(info["max_model_len"]))
+            return
 
     def __serve_build_asgi_app__(self) -> _RouterApp:
         return _RouterApp(self)
 
-    async def route(self, body: bytes, authorization: str | None) -> tuple[int, dict]:
-        call = self.calls.of(body, authorization)
+    async def route(self, body: bytes | None, authorization: str | None) -> tuple[int, dict]:
+        call = await call_of(self.calls, self._tokenizers, body, authorization)
         try:
             async with self.engine.choose_replica(*((call,) if call else ()),
                                                   _reserve=False) as selection:
@@ -182,7 +165,8 @@ class IngressRouter:
         endpoint = replica.backend_http_endpoint
         if endpoint is None:
             return 503, {"detail": f"replica {selection.replica_id} has no HTTP port"}
-        headers = {ROUTE_HEADER: f"{self.router_id} {call.route_id}"} if call else {}
+        headers = ({ROUTE_HEADER: self.signer.header(Route(self.router_id, call.route_id))}
+                   if call else {})
         return 200, {"host": endpoint[0], "port": endpoint[1],
                      "replica_id": replica.replica_id.to_full_id_str(),
                      "request_headers": headers}
@@ -205,7 +189,8 @@ class _RouterApp:
             for name, value in scope["headers"]:
                 if name == b"authorization":
                     authorization = value.decode("latin-1")
-            status, body = await self.router.route(await _read_body(receive), authorization)
+            raw = await _read_body(receive, self.router.calls.limits.max_body_bytes)
+            status, body = await self.router.route(raw, authorization)
         elif path == "/health" and method == "GET":
             status, body = 200, {"status": "ok"}
         else:

@@ -34,6 +34,7 @@ from ray.serve.request_router import (
 )
 
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
+from router.cluster.route_ends import split_reports
 from router.core.router import Router, RouterConfig
 from router.serve.index_mirror import IndexMirror, MirrorConfig
 from router.serve.router_metrics import RouterMetrics
@@ -42,9 +43,14 @@ log = logging.getLogger(__name__)
 
 _SWEEP_AT_DECISIONS = 1024  # undispatched decisions kept before looking for abandoned ones
 _ABANDONED_AFTER_S = 60.0
+# A direct route its replica has not claimed this long after its decision never reached it
+# (HAProxy's client left before it was sent, HAProxy sent it elsewhere: its config lagged,
+# or its router call timed out; or nobody sent it: a call to /internal/route without a
+# request): released. A replica claims a route with its next publish (50 ms), so this is
+# many times the usual delay.
+_DIRECT_CLAIM_WINDOW_S = 5.0
 # A direct route still open this long after its decision, on a replica whose latest stats
-# show nothing running or waiting, was never used (HAProxy did not send the request to that
-# replica: its config lagged, its router call timed out) or its end was lost: released.
+# show nothing running or waiting, has ended and its end was lost: released.
 _DIRECT_IDLE_GRACE_S = 5.0
 _DIRECT_LOST_AFTER_S = 600.0  # a direct route whose end never came back (longer than any
 # request runs here): its load is released
@@ -86,6 +92,7 @@ class KVRouteRequestRouter(RequestRouter):
         self._decisions: dict[str, tuple[Any, int, float, float]] = {}
         self._routed: dict[str, str] = {}  # internal request id or route id -> replica id
         self._direct_at: dict[str, float] = {}  # direct route id -> routed at (monotonic s)
+        self._unclaimed: dict[str, float] = {}  # the direct routes no replica claimed yet
         self._next_sweep_s = time.monotonic() + _ABANDONED_AFTER_S
         self._started = False
 
@@ -123,7 +130,7 @@ class KVRouteRequestRouter(RequestRouter):
         if route_id is not None:
             self.metrics.observe_decision(decision, len(token_ids), elapsed_s)
             self._routed[route_id] = decision.replica_id
-            self._direct_at[route_id] = time.monotonic()
+            self._direct_at[route_id] = self._unclaimed[route_id] = time.monotonic()
             self._update_outstanding(decision.replica_id)
         else:
             self._decisions[request_id] = (decision, len(token_ids), elapsed_s,
@@ -162,21 +169,43 @@ class KVRouteRequestRouter(RequestRouter):
             self.router.on_finished(internal_request_id)
         self._update_outstanding(replica_id.unique_id)
 
-    def routes_finished(self, route_ids: Sequence[str]) -> None:
-        """Direct-streaming requests that ended on their replica (from the index actor)."""
+    def routes_finished(self, reported: Sequence[str]) -> None:
+        """Direct-streaming requests that reached (claims) or ended on their replica, as the
+        index actor relays them (router/cluster/route_ends.py)."""
+        reports = split_reports(reported)
+        for route_id in reports.claimed:
+            self._unclaimed.pop(route_id, None)
+        self._release_routes(reports.ended)
+        self._release_routes(reports.refused, ran=False)
+
+    def _release_routes(self, route_ids: Sequence[str], ran: bool = True) -> None:
+        """Ends the routes' records; `ran=False`: they did no work where they were routed
+        (never got there, or refused), so their recent work goes too."""
         for route_id in route_ids:
             self._direct_at.pop(route_id, None)
+            self._unclaimed.pop(route_id, None)
             replica_id = self._routed.pop(route_id, None)
             if replica_id is None:
                 continue
             with self._lock:
-                self.router.on_finished(route_id)
+                if ran:
+                    self.router.on_finished(route_id)
+                else:
+                    self.router.withdraw(route_id)
             self._update_outstanding(replica_id)
 
     def _reconcile(self, reply: Any) -> None:
-        """After each index poll: releases the direct routes the replicas' own stats say are
-        not there (above), and sweeps abandoned decisions when due, also on an idle router."""
+        """After each index poll (at least one a second): releases the direct routes no
+        replica claimed in time and those the replicas' own stats say are not there
+        (above), and sweeps abandoned decisions when due, also on an idle router. Only on a
+        poll that came back: claims and ends travel that way, so while the index actor is
+        unreachable nothing is released for want of them."""
         now = time.monotonic()
+        if self._unclaimed:
+            cutoff = now - _DIRECT_CLAIM_WINDOW_S
+            unclaimed = [r for r, t in self._unclaimed.items() if t < cutoff]
+            if unclaimed:
+                self._release_routes(unclaimed, ran=False)
         if self._direct_at:
             idle = {rid for rid, stats in reply.stats.items()
                     if stats.num_running + stats.num_waiting == 0}
@@ -184,7 +213,7 @@ class KVRouteRequestRouter(RequestRouter):
             gone = [r for r, t in self._direct_at.items()
                     if t < cutoff and self._routed.get(r) in idle]
             if gone:
-                self.routes_finished(gone)
+                self._release_routes(gone)
         if now >= self._next_sweep_s:
             self._sweep_abandoned()
 
@@ -225,7 +254,7 @@ class KVRouteRequestRouter(RequestRouter):
             with self._lock:
                 self.router.on_finished(request_id)
         cutoff = now - _DIRECT_LOST_AFTER_S
-        self.routes_finished([r for r, t in self._direct_at.items() if t < cutoff])
+        self._release_routes([r for r, t in self._direct_at.items() if t < cutoff])
 
     def _drop_replica(self, replica_id: str, dead: bool) -> None:
         self.mirror.forget_replica(replica_id)
@@ -233,6 +262,7 @@ class KVRouteRequestRouter(RequestRouter):
         for request_id in [r for r, rep in self._routed.items() if rep == replica_id]:
             del self._routed[request_id]
             self._direct_at.pop(request_id, None)
+            self._unclaimed.pop(request_id, None)
         if dead:  # tell the index now rather than after the replica's lease runs out
             self._event_loop.create_task(self.mirror.report_dead(replica_id))
 

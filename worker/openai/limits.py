@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from worker.openai.errors import APIError
@@ -28,10 +29,14 @@ class RequestLimits:
     # engine sequences one request may start: n x the prompts of a batch (OpenAI caps n
     # at 128); each is an engine request with its own KV blocks and output
     max_sequences: int = 128
+    # output tokens per sequence where the model's context is not known (a gateway in front
+    # of external workers: each worker answers its own limit; this only bounds the load the
+    # router charges); more than any model's context
+    max_output_tokens: int = 1 << 24
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_json_depth", "max_prompt_chars",
-                     "max_stop_chars", "max_sequences"):
+                     "max_stop_chars", "max_sequences", "max_output_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RequestLimits: {name} must be >= 1, got "
                                  f"{getattr(self, name)}")
@@ -83,6 +88,25 @@ def check_text_length(num_chars: int, limits: RequestLimits, param: str) -> None
     if num_chars > limits.max_prompt_chars:
         raise APIError(400, f"{param} has {num_chars} characters; the limit is "
                             f"{limits.max_prompt_chars}", param=param, code="prompt_too_long")
+
+
+def longest_token_chars(vocab: Iterable[str]) -> int:
+    """The most characters of text one token of this vocabulary can stand for: its longest
+    piece (a byte-level piece has a character per byte, and a text character takes at least
+    one byte; a SentencePiece piece has the text's own characters; byte-fallback and special
+    pieces are longer than what they stand for)."""
+    return max(1, max(map(len, vocab), default=1))
+
+
+def check_text_fits(num_chars: int, max_model_len: int, max_token_chars: int,
+                    param: str) -> None:
+    """400 when text of `num_chars` characters cannot fit the context whatever it tokenizes
+    to (no token stands for more than `max_token_chars` of them): refused before the
+    tokenizer spends time on it."""
+    if num_chars > max_model_len * max_token_chars:
+        raise APIError(400, f"{param} has {num_chars} characters: more than the "
+                            f"{max_model_len}-token context can hold", param=param,
+                       code="context_length_exceeded")
 
 
 def check_sequences(num_prompts: int, n: int, limits: RequestLimits) -> None:

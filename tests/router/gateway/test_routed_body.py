@@ -100,3 +100,30 @@ def test_a_streamed_request_is_marked_to_hold_a_stream_slot(prompts):
     assert not completion_body(body(prompt="x"), prompts, "tiny", "").stream
     assert chat_body(body(messages=[{"role": "user", "content": "x"}], stream=True), prompts,
                      "tiny", "").stream
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"max_tokens": 10**309}, "max_tokens"),  # over any context: bounded before the router
+    ({"max_tokens": 1e308}, "max_tokens"), ({"max_tokens": 1.0}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"), ({"max_tokens": "16"}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": 10**309, "max_tokens": 4}, "max_completion_tokens"),
+    ({"n": 1.5}, "n"), ({"n": True}, "n"), ({"n": 0}, "n"), ({"n": "2"}, "n"),
+])
+def test_a_bad_or_unbounded_number_is_a_400_not_a_load(prompts, fields, param):
+    for route in (lambda: completion_body(body(prompt="x", **fields), prompts, "tiny", ""),
+                  lambda: chat_body(body(messages=[{"role": "user", "content": "x"}],
+                                         **fields), prompts, "tiny", "")):
+        with pytest.raises(APIError) as info:
+            route()
+        assert (info.value.status_code, info.value.param) == (400, param)
+
+
+def test_max_completion_tokens_wins_and_the_output_is_bounded(prompts):
+    raw = body(prompt="x", max_tokens=100, max_completion_tokens=3)
+    assert completion_body(raw, prompts, "tiny", "").max_tokens == 3
+    limits = RequestLimits(max_output_tokens=64)
+    assert completion_body(body(prompt="x", max_tokens=64), prompts, "tiny", "",
+                           limits).max_tokens == 64
+    with pytest.raises(APIError):
+        completion_body(body(prompt="x", max_tokens=65), prompts, "tiny", "", limits)

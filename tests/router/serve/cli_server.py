@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from router.cli import APP_NAME
-from router.serve.ingress_router import ROUTED_BY_HEADER
+from router.serve.route_tracking import ROUTED_BY_HEADER
 from tests.router.serve.serve_helpers import Server, free_port, wait_until
 
 KVROUTE = str(Path(sys.executable).with_name("kvroute"))

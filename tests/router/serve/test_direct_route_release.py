@@ -1,12 +1,19 @@
 """Direct routes whose request never reached (or never ended on) the replica the router
-picked: released once that replica's own stats show it idle, so an idle router's outstanding
-load returns to zero (HAProxy may not use a router's answer: its config lagged behind the
-replicas, or its call to the router timed out)."""
+picked: released when no replica claims them within the claim window (HAProxy's client
+left, HAProxy sent the request elsewhere, or nobody sent one), or once that replica's own
+stats show it idle (their end was lost), so the router's load returns to its baseline."""
 
 from types import SimpleNamespace
 
+import pytest
+from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
+from ray.serve._private.request_router.common import PendingRequest
+
+from kv.hashing import block_hashes, namespace_root
+from router.cluster.route_ends import claim_of, refusal_of
 from router.serve import request_router as rr
 from router.serve.request_router import KVRouteRequestRouter
+from router.serve.route_calls import RouteCall
 from worker.api import EngineStats
 
 
@@ -27,6 +34,7 @@ def _route(router: KVRouteRequestRouter, route_id: str, replica_id: str, at: flo
     router.router.route(route_id, [], 8, [replica_id])
     router._routed[route_id] = replica_id
     router._direct_at[route_id] = at
+    router.routes_finished([claim_of(route_id)])  # it reached its replica
 
 
 def test_stale_routes_on_an_idle_replica_are_released(monkeypatch):
@@ -51,3 +59,53 @@ def test_nothing_is_released_without_stats_saying_idle(monkeypatch):
     router._reconcile(SimpleNamespace(stats={}))
     router._reconcile(SimpleNamespace(stats={"r1": _stats(0, 1)}))
     assert set(router._direct_at) == {"old"}
+
+
+DEPLOYMENT = DeploymentID(name="EngineReplica", app_name="kvroute")
+CANDIDATES = [SimpleNamespace(replica_id=ReplicaID(name, DEPLOYMENT)) for name in ("a", "b")]
+BUSY = SimpleNamespace(stats={"a": _stats(3, 1), "b": _stats(3, 1)})
+
+
+async def _route_direct(router: KVRouteRequestRouter, route_id: str, max_tokens: int) -> str:
+    tokens = list(range(3, 67))
+    call = RouteCall(route_id, tokens, block_hashes(tokens, 4, namespace_root("tiny")),
+                     max_tokens)
+    ranks = await router.choose_replicas(
+        CANDIDATES, PendingRequest([call], {}, RequestMetadata(route_id, route_id)))
+    return ranks[0][0].replica_id.unique_id
+
+
+def _load(router: KVRouteRequestRouter) -> float:
+    return sum(router.router.loads.load(r) for r in ("a", "b"))
+
+
+async def test_a_route_no_replica_claims_is_withdrawn_after_the_claim_window(monkeypatch):
+    """HAProxy's client left before the request was sent, or nobody sent it (a call to
+    /internal/route alone): on a busy replica too, its load goes within seconds."""
+    router = _router()
+    router._started, router.mirror.num_polls = True, 1  # no index actor here
+    now = [1000.0]
+    monkeypatch.setattr(rr.time, "monotonic", lambda: now[0])
+    await _route_direct(router, "running", max_tokens=8)
+    router.routes_finished([claim_of("running")])
+    load_of_running = _load(router)
+    await _route_direct(router, "never-sent", max_tokens=2000)
+    now[0] += rr._DIRECT_CLAIM_WINDOW_S - 0.5
+    router._reconcile(BUSY)
+    assert set(router._direct_at) == {"never-sent", "running"}
+    now[0] += 1.0
+    router._reconcile(BUSY)
+    assert set(router._direct_at) == {"running"}
+    assert router.router.loads._requests.keys() == {"running"}
+    # nothing of "never-sent" stayed, its recent work included (the load's clock is real:
+    # "running"'s own recent work decays by a hair meanwhile)
+    assert _load(router) == pytest.approx(load_of_running, rel=1e-3)
+
+
+async def test_a_refused_route_takes_back_all_it_charged(monkeypatch):
+    router = _router()
+    router._started, router.mirror.num_polls = True, 1
+    await _route_direct(router, "refused", max_tokens=2000)
+    assert _load(router) > 2000
+    router.routes_finished([claim_of("refused"), refusal_of("refused")])
+    assert _load(router) == 0.0 and not router._direct_at and not router._unclaimed

@@ -1,0 +1,104 @@
+"""An engine replica's side of direct routing: every request that carries a verified route
+header is reported to the router that routed it, when it arrives (its claim) and when it
+ends, whatever the path and the outcome (a 404, an error, the client leaving mid-stream);
+an error status or a path that generates nothing ends it as refused (it ran nothing).
+
+The router charges a replica's load when it routes a request there; with direct streaming
+it sees neither the request arrive nor end. The claim tells it the request got here (a route
+no replica claims within a few seconds never will: HAProxy's client left, or the request went
+elsewhere, router/serve/request_router.py); the end releases the load, and a refusal all
+the router charged for it. They leave with the replica's next publish to the index actor
+(router/cluster/route_ends.py).
+
+A request whose route header does not verify (sent to the replica's port by anyone but
+HAProxy) is served as one no router routed, and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from router.cluster.route_ends import claim_of, refusal_of
+from router.serve.route_header import ROUTE_HEADER, Route, RouteSigner
+
+log = logging.getLogger(__name__)
+
+ROUTED_BY_HEADER = "x-kvroute-router"  # on the response: the router id of the route header
+_ROUTE_HEADER_BYTES = ROUTE_HEADER.encode()
+# A routed request on any other path runs nothing on the engine (a 404, /tokenize,
+# /v1/prefixes, whose pin is routed on its own): it ends as refused.
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+_ROUTED_BY_HEADER_BYTES = ROUTED_BY_HEADER.encode()
+
+
+class RouteReports:
+    """Claims and ends of routed requests since the publisher last took them, by router id
+    (a claim is its route id marked by `claim_of`)."""
+
+    def __init__(self) -> None:
+        self._reports: dict[str, list[str]] = {}
+
+    def claim(self, route: Route) -> None:
+        self._reports.setdefault(route.router_id, []).append(claim_of(route.route_id))
+
+    def end(self, route: Route, refused: bool = False) -> None:
+        """`refused`: nothing was generated (an error status, or not a generation path)."""
+        route_id = refusal_of(route.route_id) if refused else route.route_id
+        self._reports.setdefault(route.router_id, []).append(route_id)
+
+    def take(self) -> dict[str, tuple[str, ...]]:
+        reports, self._reports = self._reports, {}
+        return {router_id: tuple(ids) for router_id, ids in reports.items()}
+
+
+class RouteTracking:
+    """ASGI middleware: claims and ends each routed request, and names its router on the
+    response (clients and tests see the routing step worked)."""
+
+    def __init__(self, app, signer: RouteSigner, reports: RouteReports,
+                 on_forged: Callable[[], None] | None = None):
+        self.app = app
+        self.signer = signer
+        self.reports = reports
+        self.on_forged = on_forged
+        self.num_forged = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        route = self._route(scope) if scope["type"] == "http" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        routed_by = (_ROUTED_BY_HEADER_BYTES, route.router_id.encode())
+        status = [500]  # until the response starts: an exception is an error
+
+        async def send_routed(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), routed_by]}
+            await send(message)
+
+        self.reports.claim(route)
+        try:
+            await self.app(scope, receive, send_routed)
+        finally:
+            self.reports.end(route, refused=(status[0] >= 400
+                                             or scope["path"] not in GENERATION_PATHS))
+
+    def _route(self, scope) -> Route | None:
+        for name, value in scope["headers"]:
+            if name == _ROUTE_HEADER_BYTES:
+                route = self.signer.verify(value.decode("latin-1"))
+                if route is None:
+                    self._forged()
+                return route
+        return None
+
+    def _forged(self) -> None:
+        self.num_forged += 1
+        if self.num_forged == 1:
+            log.warning("a request carried a route header that does not verify (not set by "
+                        "HAProxy from an ingress router's answer): served as not routed; "
+                        "further ones are counted, not logged")
+        if self.on_forged is not None:
+            self.on_forged()

@@ -36,6 +36,7 @@ from router.cluster.actors import get_or_create_actor
 from router.cluster.external_worker_spec import ExternalWorkerSpec, SubscriberConfig
 from router.cluster.external_workers import ExternalWorkers, ExternalWorkerStatus
 from router.cluster.metrics_hub import MetricsPusher
+from router.cluster.pin_quota import PinQuota, PinRefusal
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds
@@ -207,6 +208,13 @@ class KVIndex:
         return {rid: view for rid, (_, view) in self._router_views.items()}
 
     # ---- pinned prefixes (router/cluster/prefix_registry.py) ----
+
+    def reserve_prefix(self, tenant: str, name: str, num_blocks: int, block_size: int,
+                       quota: PinQuota) -> PinRefusal | None:
+        return self.prefixes.reserve(tenant, name, num_blocks, block_size, quota)
+
+    def release_prefix(self, tenant: str, name: str) -> None:
+        self.prefixes.release(tenant, name)
 
     def put_prefix(self, record: PrefixRecord) -> PrefixRecord | None:
         return self.prefixes.put(record)

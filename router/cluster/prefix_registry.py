@@ -4,6 +4,11 @@ Kept by the KV index actor. A prefix whose replica is gone becomes an orphan: it
 to one gateway at a time (a claim with a lease) to be warmed again on another replica. A
 restarted actor has no records: each replica reports the prefixes it holds pinned with its
 first snapshot to the new actor, and the records are rebuilt from those (`adopt`).
+
+The registry owns each tenant's pin quota (router/cluster/pin_quota.py): a registration
+reserves its share before it pins anything (`reserve`), and `put` turns the reservation
+into the record, so concurrent registrations (from any number of gateways) cannot pass the
+quota together.
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from router.cluster.pin_quota import PinQuota, PinRefusal
 from worker.api import PinnedPrefix
+
+# A reservation whose gateway never ends it (the gateway died mid-pin) stops counting after
+# this long; a pin is one prefill, done in seconds.
+RESERVATION_LEASE_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -55,12 +65,42 @@ class PrefixRegistry:
         # orphaned prefixes handed to a gateway to warm again: key -> claim expiry
         self._claims: dict[tuple[str, str], float] = {}
         self._orphans = asyncio.Event()  # set while some record has no replica
+        # registrations being pinned: key -> (blocks held of the quota, expiry)
+        self._reserved: dict[tuple[str, str], tuple[int, float]] = {}
+
+    def reserve(self, tenant: str, name: str, num_blocks: int, block_size: int,
+                quota: PinQuota) -> PinRefusal | None:
+        """Checks the tenant's quota for one more name of `num_blocks` blocks and holds them
+        until `put` stores its record or `release` gives them back (or the lease runs out);
+        None when reserved. A stored record of the same name is replaced, so it does not
+        count; another registration of the same name still running is a refusal."""
+        now = time.monotonic()
+        for key in [k for k, (_, expiry) in self._reserved.items() if expiry <= now]:
+            del self._reserved[key]
+        key = (tenant, name)
+        if key in self._reserved:
+            return PinRefusal("prefix_being_registered",
+                              f"prefix {name!r} is being registered by another request; "
+                              "retry when it is done")
+        others = [r.num_prompt_tokens // block_size for k, r in self._prefixes.items()
+                  if r.tenant == tenant and k != key]
+        others += [blocks for (t, _), (blocks, _) in self._reserved.items() if t == tenant]
+        refusal = quota.refusal(tenant, num_blocks, others)
+        if refusal is None:
+            self._reserved[key] = (num_blocks, now + RESERVATION_LEASE_S)
+        return refusal
+
+    def release(self, tenant: str, name: str) -> None:
+        """A reserved registration failed: its share of the quota is free again."""
+        self._reserved.pop((tenant, name), None)
 
     def put(self, record: PrefixRecord) -> PrefixRecord | None:
-        """Stores a record; returns the one it replaces (to unpin), if any."""
+        """Stores a record (ending its reservation); returns the one it replaces (to
+        unpin), if any."""
         old = self._prefixes.get(record.key)
         self._prefixes[record.key] = record
         self._claims.pop(record.key, None)
+        self._reserved.pop(record.key, None)
         return old
 
     def adopt(self, record: PrefixRecord) -> bool:

@@ -6,58 +6,19 @@ need `Authorization: Bearer ADMIN_KEY` ($KVROUTE_ADMIN_KEY, router/gateway/admin
 name the tenant in `X-Kvroute-Tenant` (absent: the anonymous tenant ""). With neither API
 keys nor an admin key configured (a single-user setup) pins stay open, as before.
 
-Each tenant has a quota of names and of blocks; every name is charged its full blocks,
-even when it pins the same prefix as another name (duplicates are not free).
+Each tenant has a quota of names and of blocks (router/cluster/pin_quota.py), checked by
+the registry in the index actor as it reserves a registration's share.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from router.cluster.pin_quota import PinQuota
 from router.gateway.admin import AdminAuth, load_admin_key
 from router.gateway.tenants import TenantAuth
-from worker.openai.errors import APIError
 
 TENANT_HEADER = "x-kvroute-tenant"
-MAX_NAMES_ENV = "KVROUTE_PIN_MAX_NAMES_PER_TENANT"
-MAX_BLOCKS_ENV = "KVROUTE_PIN_MAX_BLOCKS_PER_TENANT"
-
-
-@dataclass(frozen=True)
-class PinQuota:
-    max_names_per_tenant: int = 16
-    max_blocks_per_tenant: int = 1024
-
-    def __post_init__(self):
-        if self.max_names_per_tenant < 1 or self.max_blocks_per_tenant < 1:
-            raise ValueError("PinQuota: both limits must be >= 1")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> PinQuota:
-        environ = os.environ if environ is None else environ
-        kw = {}
-        for env, name in ((MAX_NAMES_ENV, "max_names_per_tenant"),
-                          (MAX_BLOCKS_ENV, "max_blocks_per_tenant")):
-            if environ.get(env):
-                kw[name] = int(environ[env])
-        return cls(**kw)
-
-    def check(self, tenant: str, name: str, num_blocks: int,
-              existing: list[tuple[str, int]]) -> None:
-        """429 when pinning `name` (`num_blocks` blocks) would pass the tenant's quota;
-        `existing` is the tenant's (name, blocks) now (a re-pin of a name replaces it)."""
-        others = [(n, b) for n, b in existing if n != name]
-        if len(others) + 1 > self.max_names_per_tenant:
-            raise APIError(429, f"tenant {tenant!r} already pins {len(others)} prefixes "
-                                f"(quota {self.max_names_per_tenant} names)",
-                           type_="rate_limit_error", code="pin_quota_exceeded")
-        used = sum(b for _, b in others)
-        if used + num_blocks > self.max_blocks_per_tenant:
-            raise APIError(429, f"tenant {tenant!r} pins {used} blocks; {num_blocks} more "
-                                f"pass its quota of {self.max_blocks_per_tenant}",
-                           type_="rate_limit_error", code="pin_quota_exceeded")
 
 
 class PinAdmin:

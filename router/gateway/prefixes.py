@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
+from router.cluster.pin_quota import PinQuota
 from router.cluster.prefix_registry import PrefixRecord, engine_pin_name
 from router.gateway.engine_client import EngineClient
-from router.gateway.pin_admin import PinQuota
 from worker.api import PinRequest, PinResult, UnpinRequest
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder, PromptError
@@ -87,12 +87,20 @@ class PrefixService:
             token_ids = self._prompts.encode_text(body.prompt)
         else:
             token_ids = list(body.prompt)
-        # Checked before any engine work; two gateways racing may both pass (by one name).
-        existing = await self._index.list_prefixes.remote(tenant)
-        self._quota.check(tenant, body.name, len(token_ids) // self._prompts.block_size,
-                          [(r.name, r.num_pinned_blocks or r.num_prompt_tokens
-                            // self._prompts.block_size) for r in existing])
-        record = await self._pin(body.name, tenant, token_ids)
+        # The quota is checked and this prefix's share held in one call to the registry,
+        # before any engine work: concurrent registers cannot pass it together.
+        block_size = self._prompts.block_size
+        refusal = await self._index.reserve_prefix.remote(
+            tenant, body.name, len(token_ids) // block_size, block_size, self._quota)
+        if refusal is not None:
+            status = 409 if refusal.code == "prefix_being_registered" else 429
+            raise APIError(status, refusal.message, code=refusal.code,
+                           type_="rate_limit_error" if status == 429 else "invalid_request_error")
+        try:
+            record = await self._pin(body.name, tenant, token_ids)
+        except BaseException:
+            await self._index.release_prefix.remote(tenant, body.name)
+            raise
         old = await self._index.put_prefix.remote(record)
         if old is not None and old.replica_id and old.replica_id != record.replica_id:
             await self._unpin(old)

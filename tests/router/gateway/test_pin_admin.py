@@ -30,6 +30,8 @@ class FakeIndex:
         self.registry = PrefixRegistry()
         self.put_prefix = Remote(self.registry.put)
         self.list_prefixes = Remote(self.registry.of_tenant)
+        self.reserve_prefix = Remote(self.registry.reserve)
+        self.release_prefix = Remote(self.registry.release)
 
 
 class FakeEngine:

@@ -10,6 +10,7 @@ import pytest
 
 from worker.api import MAX_STOP_TOKEN_IDS
 from worker.openai.errors import APIError
+from worker.openai.limits import RequestLimits
 from worker.openai.schema import (
     MAX_MESSAGES,
     ChatCompletionRequest,
@@ -136,3 +137,23 @@ def test_chat_messages_are_capped():
         parse_body(json.dumps({**body, "messages": [message] * (MAX_MESSAGES + 1)}).encode(),
                    ChatCompletionRequest)
     assert (err.value.status_code, err.value.param) == (400, "messages")
+
+
+def test_tokenize_and_detokenize_bodies_are_capped():
+    from worker.openai.prompt import PromptBuilder
+    from worker.openai.tokenize import MAX_DETOKENIZE_TOKENS, detokenize, tokenize
+    from worker.tokenizer_files import tokenizer_dir
+
+    prompts = PromptBuilder(tokenizer_dir("tiny"), "tiny", 16)
+    limits = RequestLimits()
+    messages = [{"role": "user", "content": ""}] * (MAX_MESSAGES + 1)
+    with pytest.raises(APIError) as err:
+        tokenize(json.dumps({"messages": messages}).encode(), prompts, lambda m: None,
+                 4096, limits)
+    assert (err.value.status_code, err.value.param) == (400, "messages")
+    raw = b'{"tokens": [' + b"65," * MAX_DETOKENIZE_TOKENS + b"65]}"
+    with pytest.raises(APIError) as err:
+        detokenize(raw, prompts, lambda m: None, limits)
+    assert (err.value.status_code, err.value.param) == (400, "tokens")
+    assert detokenize(b'{"tokens": [72, 105]}', prompts, lambda m: None, limits) == {
+        "prompt": "Hi"}

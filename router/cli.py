@@ -91,6 +91,8 @@ def run_serve(ns: argparse.Namespace) -> int:
             return 2
         model, source = settings.model, f"{len(settings.workers)} external worker(s)"
     else:
+        if not _model_usable(settings, local=not launch.address):
+            return 2
         model = settings.engine_config().served_model_name
         source = f"{settings.replicas} replica(s) x TP {settings.tp}"
     start_ray(launch.address, num_cpus, env)
@@ -124,6 +126,21 @@ def run_serve(ns: argparse.Namespace) -> int:
     if not launch.address:
         serve.shutdown()
     return 0
+
+
+def _model_usable(settings: ServeSettings, local: bool) -> bool:
+    """Finds the model before anything starts, converting a GGUF file (or the built-in
+    smollm2) here once rather than in every replica; prints what is wrong."""
+    from worker.tokenizer_files import TINY_NAME, checkpoint_dir
+
+    if settings.model == TINY_NAME:
+        return True
+    try:  # the weights only when the replicas run here and run the model
+        checkpoint_dir(settings.model, weights=local and settings.engine == "real")
+    except (OSError, ValueError) as err:
+        print(f"kvroute serve: {err}", file=sys.stderr)
+        return False
+    return True
 
 
 def _workers_usable(settings: ServeSettings) -> bool:

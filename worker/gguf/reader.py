@@ -18,7 +18,7 @@ ARCHITECTURES = {
 }
 # The tensor types dequantized at load (gguf.quants covers them all; tested one by one).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+                   "Q4_K", "Q5_K", "Q6_K")
 
 # Per-layer tensor names: GGUF `blk.N.<key>` -> HF `model.layers.N.<value>`.
 _LAYER_NAMES = {

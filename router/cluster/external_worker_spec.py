@@ -33,15 +33,43 @@ class ExternalWorkerSpec:
 
 @dataclass(frozen=True)
 class SubscriberConfig:
+    """How one worker's stream is followed, and the bounds on what it may cost the index
+    actor's event loop (which answers every router). A vLLM engine step publishes one
+    batch of tens to a few thousand blocks; kvroute's publisher answers a snapshot with
+    one batch of every block it holds."""
+
     stale_after_s: float = 5.0  # silence this long: probe, then approximate
     replay_timeout_s: float = 2.0  # for a whole replay answer
     num_remembered_batches: int = 4096  # payload digests, to tell duplicates from restarts
+    max_message_bytes: int = 8 << 20  # one ZMQ frame (MAXMSGSIZE: larger drops the link)
+    max_event_bytes: int = 1 << 20  # one event in a batch (~16,000 blocks of 16 tokens)
+    max_replay_bytes: int = 64 << 20  # one whole replay answer
+    max_blocks_per_batch: int = 65_536  # a snapshot included
+    # A worker's sustained rate (blocks stored and removed per second), with bursts of
+    # max_blocks_per_batch. A live batch over it cuts the worker off for flood_pause_s:
+    # its view is dropped (approximate) and its messages are dropped undecoded.
+    max_blocks_per_s: float = 16_384.0
+    flood_pause_s: float = 5.0
+    # Payloads up to this are decoded on the loop; larger ones in a thread (the loop goes
+    # on answering routers meanwhile), and their events reach the index in pieces of
+    # emit_piece_blocks blocks, the loop answering between pieces.
+    inline_decode_bytes: int = 64 << 10
+    emit_piece_blocks: int = 4096
 
     def __post_init__(self):
         if not (self.stale_after_s > 0 and self.replay_timeout_s > 0):
             raise ValueError("SubscriberConfig: stale_after_s and replay_timeout_s must be > 0")
         if self.num_remembered_batches < 1:
             raise ValueError("SubscriberConfig: num_remembered_batches must be >= 1")
+        for name in ("max_message_bytes", "max_event_bytes", "max_replay_bytes",
+                     "max_blocks_per_batch", "emit_piece_blocks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SubscriberConfig: {name} must be >= 1, got "
+                                 f"{getattr(self, name)}")
+        if not (self.max_blocks_per_s > 0 and self.flood_pause_s > 0):
+            raise ValueError("SubscriberConfig: max_blocks_per_s and flood_pause_s must be > 0")
+        if self.inline_decode_bytes < 0:
+            raise ValueError("SubscriberConfig: inline_decode_bytes must be >= 0")
 
 
 class EventSink(Protocol):
@@ -61,3 +89,12 @@ class SubscriberStats:
     num_gaps_lost: int = 0  # gaps replay could not fill (buffer too short, no answer)
     num_restarts: int = 0  # the worker's seq went back: it restarted
     num_snapshots: int = 0  # resyncs from a publisher snapshot
+    num_reconnects: int = 0  # links to its PUB socket lost (or cut at MAXMSGSIZE) and redone
+    # batches refused, by why: more blocks than max_blocks_per_batch or an event over
+    # max_event_bytes (oversized); a replay or snapshot the block budget could not pay
+    # (over_budget); a live batch it could not pay (floods: the worker was cut off), and
+    # the messages dropped undecoded while it was (dropped_cut_off)
+    num_oversized: int = 0
+    num_over_budget: int = 0
+    num_floods: int = 0
+    num_dropped_cut_off: int = 0

@@ -146,6 +146,9 @@ class ExternalWorkers:
                  ("replica",)),
                 ("gaps", "sequence gaps, by outcome: replayed or lost", ("replica", "outcome")),
                 ("resyncs", "views rebuilt: a publisher snapshot or a worker restart",
+                 ("replica", "reason")),
+                ("refused", "batches refused, by reason: oversized, over_budget (a replay or "
+                 "snapshot), flood (the worker was cut off), cut_off (dropped undecoded)",
                  ("replica", "reason")))}
         for wid, status in self.status().items():
             for m in (EVENTS, APPROXIMATE):
@@ -159,6 +162,11 @@ class ExternalWorkers:
             counters["gaps"].add_metric([wid, "lost"], s.num_gaps_lost)
             counters["resyncs"].add_metric([wid, "snapshot"], s.num_snapshots)
             counters["resyncs"].add_metric([wid, "restart"], s.num_restarts)
+            for reason, value in (("oversized", s.num_oversized),
+                                  ("over_budget", s.num_over_budget),
+                                  ("flood", s.num_floods),
+                                  ("cut_off", s.num_dropped_cut_off)):
+                counters["refused"].add_metric([wid, reason], value)
         unknown = CounterMetricFamily("kvroute_external_worker_kv_unknown_worker_batches",
                                       "mapped batches for a worker not in the set (ignored)")
         unknown.add_metric([], self.num_unknown_worker_batches)

@@ -6,6 +6,8 @@ large batch reaches the index in pieces with the loop running other work between
 import asyncio
 from contextlib import asynccontextmanager
 
+import zmq.asyncio
+
 from router.cluster.external_worker_spec import (
     APPROXIMATE,
     EVENTS,
@@ -17,8 +19,8 @@ from router.cluster.zmq_replay import request_replay
 from router.core.engine_hash_map import EngineHashConfig
 from tests.router.cluster.mock_vllm_worker import MockVllmWorker
 from tests.router.cluster.test_vllm_subscriber import (
-    B,
     MODEL,
+    B,
     LogSink,
     router_hashes,
     started,
@@ -183,7 +185,7 @@ async def test_a_replay_answer_over_its_byte_cap_is_no_answer():
     for seed in range(4):
         events, _ = chain(seed, 2)
         worker.publish(events)
-    ctx = __import__("zmq.asyncio").asyncio.Context.instance()
+    ctx = zmq.asyncio.Context.instance()
     whole = await request_replay(ctx, worker.replay_endpoint, 0, 2.0)
     assert [f.seq for f in whole] == [0, 1, 2, 3]
     size = sum(len(f.payload) for f in whole)

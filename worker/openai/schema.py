@@ -84,7 +84,7 @@ class _SamplingFields(BaseModel):
     repetition_penalty: Number = Field(default=1.0, gt=0, le=2)  # extension (vLLM's)
     user: StrictStr | None = None
     # extension (vLLM's); each below the model's vocabulary size (the engine checks it)
-    stop_token_ids: Annotated[list[StrictInt], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    stop_token_ids: list[StrictInt] | None = None
     # OpenAI's and vLLM's parameters kvroute does not honour: a 400 naming the field unless
     # the value is the one that changes nothing (nothing is silently ignored).
     response_format: dict[str, Any] | None = None
@@ -104,6 +104,11 @@ class _SamplingFields(BaseModel):
         if v is not None and v not in harmless:
             raise ValueError(f"{info.field_name} is not supported")
         return v
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _token_id_count(cls, v: Any) -> Any:
+        return check_list_length(v, MAX_STOP_TOKEN_IDS, "stop_token_ids")
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -139,9 +144,7 @@ class _SamplingFields(BaseModel):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_count(cls, v: Any) -> Any:
-        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:  # before its items are read
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
-        return v
+        return check_list_length(v, MAX_STOP_STRINGS, "stop sequences")
 
     @field_validator("stop")
     @classmethod
@@ -218,11 +221,16 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenCount | None = None
     tools: list[Any] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _message_count(cls, v: Any) -> Any:
+        return check_list_length(v, MAX_MESSAGES, "messages")
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
@@ -253,6 +261,15 @@ class _FieldError(ValueError):
     def __init__(self, param: str, message: str):
         super().__init__(message)
         self.param = param
+
+
+def check_list_length(v: Any, cap: int, what: str) -> Any:
+    """`v`, or ValueError when it is a list of more than `cap` items: checked before its
+    items are validated (pydantic's max_length is checked after validating them all, and
+    3.9M stop token ids took a second)."""
+    if isinstance(v, list) and len(v) > cap:
+        raise ValueError(f"at most {cap} {what}, got {len(v)}")
+    return v
 
 
 def check_prompt(v: Any) -> None:

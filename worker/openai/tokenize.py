@@ -15,12 +15,20 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits, check_text_length
 from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.schema import MAX_MESSAGES, ChatMessage, parse_body
+from worker.openai.schema import MAX_MESSAGES, ChatMessage, check_list_length, parse_body
 
 MAX_DETOKENIZE_TOKENS = 1 << 20
 
@@ -36,10 +44,15 @@ class TokenizeCompletionRequest(BaseModel):
 class TokenizeChatRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: StrictBool = True
     add_special_tokens: StrictBool = False
     return_token_strs: StrictBool = False
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _count(cls, v: Any) -> Any:
+        return check_list_length(v, MAX_MESSAGES, "messages")
 
 
 class _AnyBody(BaseModel):
@@ -50,7 +63,12 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     # a context's worth at most: 4M ids (what fits the body limit) took 2.4 s to decode
-    tokens: list[StrictInt] = Field(max_length=MAX_DETOKENIZE_TOKENS)
+    tokens: list[StrictInt]
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _count(cls, v: Any) -> Any:
+        return check_list_length(v, MAX_DETOKENIZE_TOKENS, "token ids")
 
 
 def kvroute_version() -> str:

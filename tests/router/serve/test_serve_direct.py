@@ -142,6 +142,25 @@ def test_the_routers_load_drops_when_requests_end(server, oai):
                "every routed request's end to reach its router")
 
 
+def test_requests_that_run_nothing_leave_no_load(server):
+    """A POST to an unknown path or a tokenizer route with a routable body, and bodies with
+    unbounded numbers: the replica answers, and the router holds nothing for them (the
+    replica reports every routed request's end, an unbounded one is never charged)."""
+    prompt = "nothing runs " * 8
+    with httpx.Client(base_url=server.base_url, timeout=30,
+                      headers={"Authorization": "Bearer key-a"}) as http:
+        for path, fields, status in (
+                ("/v1/nothing", {"prompt": prompt}, 404),
+                ("/tokenize", {"prompt": prompt}, 200),
+                ("/v1/completions", {"prompt": prompt, "max_tokens": 10**309}, 400),
+                ("/v1/completions", {"prompt": prompt, "max_tokens": 1e308}, 400),
+                ("/v1/completions", {"prompt": prompt, "n": 10**9}, 400)):
+            resp = http.post(path, content=json.dumps({"model": "tiny", **fields}),
+                             headers={"content-type": "application/json"})
+            assert resp.status_code == status, (path, fields, resp.text)
+    wait_until(lambda: _outstanding(server) == 0, 30, "the routers to hold no request")
+
+
 def test_choices_batches_logprobs_and_tokenizer_routes(server, oai):
     batch = oai.completions.create(model="tiny", prompt=["one prompt", "and another"], n=2,
                                    max_tokens=3, logprobs=1, extra_body={"min_tokens": 2})

@@ -26,6 +26,7 @@ class MockVllmWorker:
                  replay_endpoint: str = "tcp://127.0.0.1:0", replay_shape: str = "0.33.0"):
         ctx = zmq.Context.instance()
         self._pub = ctx.socket(zmq.XPUB)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscribe, a reconnect's too
         self._pub.bind(endpoint)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay = None

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 import zmq.asyncio
 
+from router.cluster.event_bounds import BlockBudget
 from router.cluster.external_worker_spec import (
     APPROXIMATE,
     EVENTS,
@@ -18,6 +19,7 @@ from router.cluster.vllm_subscriber import VllmEventSubscriber
 from router.cluster.zmq_replay import request_replay
 from router.core.engine_hash_map import EngineHashConfig
 from tests.router.cluster.mock_vllm_worker import MockVllmWorker
+from tests.router.cluster.test_event_bounds import Clock
 from tests.router.cluster.test_vllm_subscriber import (
     MODEL,
     B,
@@ -131,14 +133,17 @@ async def test_a_flooding_worker_is_cut_off_and_another_is_still_followed():
 
 async def test_a_cut_off_worker_is_followed_again_after_the_pause():
     worker = MockVllmWorker()
-    async with following(worker, max_blocks_per_s=2.0, max_blocks_per_batch=4,
+    budget_clock = Clock()
+    async with following(worker, max_blocks_per_s=1.0, max_blocks_per_batch=4,
                          flood_pause_s=0.05) as (sub, sink):
+        sub._budget = BlockBudget(1.0, 4, clock=budget_clock)  # time stands still
         await started(sub, worker)
         events, _ = chain(1, 4)
         worker.publish(events)
         worker.publish(events)  # over the budget: cut off
         await until(lambda: sub.stats.num_floods == 1, what="the cut-off")
-        await asyncio.sleep(1.0)  # time itself: the pause ends, the budget refills 2 blocks
+        budget_clock.now_s = 10.0  # the budget refills
+        await asyncio.sleep(0.1)  # time itself: the 0.05 s pause ends
         after, after_hashes = chain(2, 1)
         worker.publish(after)
         await until(lambda: sub.stats.num_batches == 2, what="a batch after the pause")

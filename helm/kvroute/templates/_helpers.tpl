@@ -55,9 +55,9 @@ builds for `engine.engine`, `cuda` for `real` (GPU engines), `cpu` for `sim`.
 {{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}
 
-{{/* The --model argument: `tiny`, the checkpoint directory inside the pods, or a repo id. */}}
+{{/* The --model argument: a builtin name, the checkpoint directory in the pods, or a repo id. */}}
 {{- define "kvroute.modelArg" -}}
-{{- if eq .Values.model.source "builtin" }}tiny
+{{- if eq .Values.model.source "builtin" }}{{ .Values.model.builtin }}
 {{- else if eq .Values.model.source "image" }}{{ .Values.model.imagePath }}
 {{- else if eq .Values.model.source "huggingface" }}{{ .Values.model.huggingface.repoId }}
 {{- else }}{{ printf "%s/%s" (trimSuffix "/" .Values.model.pvc.mountPath) .Values.model.pvc.path }}

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from kv.manager import CopyPlan
-from worker.api import SampledToken, SamplingParams
+from worker.api import SampledToken, SampleFailure, SamplingParams
 from worker.sim import PRESETS, SimExecutor, step_time_s
 from worker.step import ScheduledSeq, StepInput
 
@@ -81,3 +81,13 @@ def test_sim_logprobs_are_consistent_and_min_tokens_keeps_stop_tokens_out():
     assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
     assert sum(math.exp(v) for _, v in lp.top) < 1
     assert ex.execute(s, {"a": SamplingParams()})["a"].logprobs is None
+
+
+def test_a_request_that_bans_every_token_fails_alone_instead_of_looping_forever():
+    ex = SimExecutor("tiny", realtime=False, vocab_size=10, first_token_id=2,
+                     eos_token_ids=(2,))
+    s = step(seq("a", 1, 0), seq("b", 1, 0))
+    banned = SamplingParams(stop_token_ids=tuple(range(3, 10)), min_tokens=1)
+    out = ex.execute(s, {"a": banned, "b": SamplingParams()})
+    assert out["a"] == SampleFailure("sampling failed: every token is masked")
+    assert out["b"] == SampledToken(ex._token("b", 1))

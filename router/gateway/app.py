@@ -12,10 +12,7 @@ elsewhere.
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -40,15 +37,11 @@ from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
 from worker.openai.latency import arrival_of
-from worker.openai.limits import (
-    RequestLimits,
-    check_text_fits,
-    longest_token_chars,
-    read_body,
-)
+from worker.openai.limits import RequestLimits, read_body
 from worker.openai.logprobs import LogprobsFormatter
 from worker.openai.openapi_body import request_body
-from worker.openai.prompt import PromptBuilder, PromptError
+from worker.openai.prompt import PromptBuilder
+from worker.openai.prompt_encoder import PromptEncoder
 from worker.openai.responses import ResponseShape
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
 from worker.openai.stream_slots import StreamSlot, StreamSlots
@@ -63,12 +56,6 @@ from worker.openai.tokenize import (
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-# A body up to this size is tokenized on the event loop (a few ms at most); a larger one
-# in a thread (the tokenizer releases the GIL on long text: worker/openai/prompt.py).
-_INLINE_BODY_BYTES = 8 * 1024
-_TOKENIZER_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -103,10 +90,7 @@ class Gateway:
         self.gateway_id = gateway_process_id()
         self.limits = RequestLimits.from_env()
         self.prompts = PromptBuilder(tokenizer_dir(config.model), self.model, config.block_size)
-        self._max_token_chars = longest_token_chars(
-            self.prompts.tokenizer.get_vocab(with_added_tokens=True))
-        self._tokenizers = ThreadPoolExecutor(_TOKENIZER_THREADS,
-                                              thread_name_prefix="kvroute-tokenize")
+        self.encoder = PromptEncoder(self.prompts)  # long prompts off the event loop
         self.logprobs = LogprobsFormatter(self.prompts.tokenizer)
         self.auth = TenantAuth(load_api_keys(config.api_keys_file))
         self.streams = StreamSlots.for_tenants(self.auth.enabled)
@@ -134,33 +118,21 @@ class Gateway:
     @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        raw = await read_body(request, self.limits)
-        body = parse_body(raw, CompletionRequest, self.limits)
+        body = parse_body(await read_body(request, self.limits), CompletionRequest,
+                          self.limits)
         self._check_model(body.model)
-        max_model_len = await self._context_limit()
-        for p in body.prompts():  # text that cannot fit is refused before tokenizing
-            if isinstance(p, str):
-                check_text_fits(len(p), max_model_len, self._max_token_chars, "prompt")
-        prompts = await self._off_loop(len(raw), lambda: [
-            self.prompts.encode_text(p) if isinstance(p, str) else list(p)
-            for p in body.prompts()])
+        prompts = await self.encoder.completion(body.prompts(), await self._context_limit())
         return await self._generate("completion", "cmpl", body, prompts, tenant,
                                     arrival_of(request.scope))
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        raw = await read_body(request, self.limits)
-        body = parse_body(raw, ChatCompletionRequest, self.limits)
+        body = parse_body(await read_body(request, self.limits), ChatCompletionRequest,
+                          self.limits)
         self._check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        check_text_fits(sum(len(m["content"]) for m in messages), await self._context_limit(),
-                        self._max_token_chars, "messages")
-        try:
-            token_ids = await self._off_loop(len(raw),
-                                             lambda: self.prompts.encode_chat(messages))
-        except PromptError as err:
-            raise APIError(400, str(err), param="messages") from None
+        token_ids = await self.encoder.chat(messages, await self._context_limit())
         return await self._generate("chat", "chatcmpl", body, [token_ids], tenant,
                                     arrival_of(request.scope))
 
@@ -225,13 +197,6 @@ class Gateway:
                         media_type=CONTENT_TYPE_LATEST)
 
     # ---- internals ----
-
-    async def _off_loop(self, num_body_bytes: int, work: Callable[[], T]) -> T:
-        """Tokenizing: on the loop for a small body, else in a thread, so one long prompt
-        does not hold up every other request this gateway serves."""
-        if num_body_bytes <= _INLINE_BODY_BYTES:
-            return work()
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizers, work)
 
     async def _warm_up(self, engine_handle) -> None:
         try:

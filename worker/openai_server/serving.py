@@ -1,7 +1,8 @@
 """Completions and chat completions on one in-process engine.
 
-Per request: validate the body, tokenize (chat template for chat), check the context, and
-stream the engine's deltas as OpenAI bodies or SSE. Errors before the first token are plain
+Per request: validate the body, tokenize (chat template for chat; text that cannot fit the
+context refused first, a long prompt off the event loop: worker/openai/prompt_encoder.py),
+check the context, and stream the engine's deltas as OpenAI bodies or SSE. Errors before the first token are plain
 HTTP errors (400 bad input, 404 unknown model, 503 shutting down); after it, an error event
 ends the stream. A client that leaves aborts its engine request: a stream when Starlette
 cancels it, a non-streaming request (or one still waiting for its first token) when the
@@ -29,7 +30,8 @@ from worker.openai.errors import APIError, engine_input_error
 from worker.openai.latency import LatencyMetrics, arrival_of
 from worker.openai.limits import RequestLimits, read_body
 from worker.openai.logprobs import LogprobsFormatter
-from worker.openai.prompt import PromptBuilder, PromptError
+from worker.openai.prompt import PromptBuilder
+from worker.openai.prompt_encoder import PromptEncoder
 from worker.openai.responses import ResponseShape
 from worker.openai.schema import (
     DEFAULT_LIMITS,
@@ -84,6 +86,7 @@ class OpenAIServing:
         over the limit."""
         self.engine = engine
         self.prompts = prompts
+        self.encoder = PromptEncoder(prompts)  # long prompts off the event loop
         self.latency = latency
         self.limits = limits
         self.streams = streams
@@ -99,8 +102,7 @@ class OpenAIServing:
         """`cache_salt`: the tenant's hash namespace (a router in front authenticated it)."""
         body = parse_body(await read_body(request, self.limits), CompletionRequest, self.limits)
         self.check_model(body.model)
-        prompts = [self.prompts.encode_text(p) if isinstance(p, str) else list(p)
-                   for p in body.prompts()]
+        prompts = await self.encoder.completion(body.prompts(), self.engine.max_model_len)
         return await self._generate(request, "completion", "cmpl", body, prompts,
                                     cache_salt)
 
@@ -108,10 +110,7 @@ class OpenAIServing:
         body = parse_body(await read_body(request, self.limits), ChatCompletionRequest, self.limits)
         self.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            token_ids = self.prompts.encode_chat(messages)
-        except PromptError as err:
-            raise APIError(400, str(err), param="messages") from None
+        token_ids = await self.encoder.chat(messages, self.engine.max_model_len)
         return await self._generate(request, "chat", "chatcmpl", body, [token_ids],
                                     cache_salt)
 

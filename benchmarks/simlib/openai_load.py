@@ -62,6 +62,7 @@ class HttpRecord:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    prompt: list[int] | str | None = None  # as sent (for a bound over the same prompts)
 
     @property
     def ttft_s(self) -> float | None:
@@ -95,6 +96,11 @@ class LoadGenerator:
             await asyncio.gather(*(self._session(it, None) for it in roots))
         return self.records
 
+    @property
+    def t0(self) -> float:
+        """The run's start (a time.perf_counter() value): record times count from it."""
+        return self._t0
+
     def _now(self) -> float:
         return time.perf_counter() - self._t0
 
@@ -124,7 +130,7 @@ class LoadGenerator:
         return (history or []) + ids  # type: ignore[operator]
 
     async def _send(self, item: WorkItem, prompt: list[int] | str) -> str:
-        rec = HttpRecord(item.request_id, self._now())
+        rec = HttpRecord(item.request_id, self._now(), prompt=prompt)
         self.records.append(rec)
         body = {"model": self.config.model, "prompt": prompt, "max_tokens": item.max_tokens,
                 "stream": True, "stream_options": {"include_usage": True},

@@ -1,0 +1,130 @@
+"""The simulator's prediction of a live kvroute run, request for request.
+
+    python benchmarks/sim_vs_live.py RUN.jsonl [RUN.jsonl ...]
+
+Each RUN.jsonl is one run bench_peers.py wrote (its summary, then every request: the
+prompt exactly as sent, when it was sent, the tokens it got cached). The simulator
+(benchmarks/simlib/cluster.py: the production router, scheduler and KV manager on a virtual
+clock) replays the same prompts, each at the time it was sent live, against the same
+number of replicas with the same pools and step budgets, with the live event timings:
+the engine publishes every --publish-interval-s (kvroute engine's pump: 10 ms) and a batch
+reaches the router --event-delay-s later (ZMQ, the index actor, the mirror's long poll).
+Approximate runs get no events, as live. It prints predicted against live hit rates; the
+error is predicted minus live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.peers.measure import prompt_token_ids  # noqa: E402
+from benchmarks.simlib.cluster import ClusterConfig, ClusterSim, RunResult  # noqa: E402
+from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
+from benchmarks.simlib.workloads import Segment, WorkItem, Workload  # noqa: E402
+from kv.hashing import BlockHash, block_hashes  # noqa: E402
+from router.core.router import RouterConfig  # noqa: E402
+
+PUBLISH_INTERVAL_S = 0.01  # worker/openai_server/main.py: ServerConfig.kv_events_interval_s
+EVENT_DELAY_S = 0.02
+
+
+class ReplayPrompts:
+    """Stands in for the simulator's PromptBuilder: a request's one segment is keyed by
+    its id, and its tokens are the ones sent live."""
+
+    def __init__(self, prompts: dict[str, list[int]], block_size: int, root: BlockHash):
+        self._prompts = prompts
+        self._block_size = block_size
+        self._root = root
+
+    def build(self, segments: Sequence[Segment], history_token_ids: Sequence[int] = (),
+              history_hashes: Sequence[BlockHash] = ()) -> tuple[list[int], list[BlockHash]]:
+        assert not history_token_ids, "a replay has no multi-turn parents"
+        ids = self._prompts[segments[0].key]
+        return ids, block_hashes(ids, self._block_size, self._root)
+
+
+def load_run(path: Path) -> tuple[dict, list[dict]]:
+    with open(path) as f:
+        summary = json.loads(f.readline())
+        return summary, [json.loads(line) for line in f]
+
+
+def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLISH_INTERVAL_S,
+           event_delay_s: float = EVENT_DELAY_S) -> RunResult:
+    """The live run's requests in the simulator, as `summary['router']` routed them."""
+    records = sorted(records, key=lambda r: r["sent_s"])
+    prompts = {r["request_id"]: prompt_token_ids(r["prompt"]) for r in records}
+    items = tuple(WorkItem(r["request_id"], r["sent_s"],
+                           (Segment(r["request_id"], len(prompts[r["request_id"]])),),
+                           max(1, r["completion_tokens"])) for r in records)
+    replica = ReplicaConfig(num_blocks=summary["num_blocks"],
+                            max_num_seqs=summary["max_num_seqs"],
+                            max_num_batched_tokens=summary["max_num_batched_tokens"],
+                            preset=summary["sim_preset"])
+    approximate = summary["router"] == "kvroute_approximate"
+    router = RouterConfig(approximate=approximate, approx_capacity_blocks=summary["num_blocks"])
+    config = ClusterConfig(summary["num_workers"], replica, router,
+                           event_delay_s=event_delay_s, publish_interval_s=publish_interval_s,
+                           model_name="tiny")
+    sim = ClusterSim(config, Workload(summary["workload"], items))
+    sim.prompts = ReplayPrompts(prompts, replica.block_size, sim.root)
+    return sim.run()
+
+
+def hit_rate(run: RunResult) -> float:
+    prompt = sum(r.num_prompt_tokens for r in run.records)
+    cached = sum(r.cached_device_tokens + r.cached_host_tokens for r in run.records)
+    return cached / prompt if prompt else 0.0
+
+
+def predict(path: Path, **timings) -> dict:
+    summary, records = load_run(path)
+    run = replay(summary, records, **timings)
+    predicted = hit_rate(run)
+    return {"workload": summary["workload"], "router": summary["router"],
+            "seed": summary["seed"], "live_hit_rate": summary["cached_token_rate"],
+            "sim_hit_rate": predicted, "error": predicted - summary["cached_token_rate"],
+            "live_bound": summary["bound_hit_rate"], "sim_bound": run.pooled.hit_rate}
+
+
+def predict_runs(runs: list[dict], lines: list[str], **timings) -> list[float]:
+    """Predicts each run (bench_peers.py's summaries, with their raw file); appends a
+    line per run to `lines`; the errors."""
+    errors = []
+    lines.append(f"{'simulator vs live':<36}{'live hit':>9}{'sim hit':>9}{'error':>8}"
+                 f"{'live bnd':>9}{'sim bnd':>9}")
+    for r in runs:
+        p = predict(Path(r["raw"]), **timings)
+        errors.append(p["error"])
+        lines.append(f"{p['workload'] + ' ' + p['router'] + ' s' + str(p['seed']):<36}"
+                     f"{p['live_hit_rate']:>9.4f}{p['sim_hit_rate']:>9.4f}{p['error']:>+8.4f}"
+                     f"{p['live_bound']:>9.4f}{p['sim_bound']:>9.4f}")
+    return errors
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("--publish-interval-s", type=float, default=PUBLISH_INTERVAL_S)
+    p.add_argument("--event-delay-s", type=float, default=EVENT_DELAY_S)
+    args = p.parse_args(argv)
+    lines: list[str] = []
+    runs = [{"raw": str(path)} for path in args.runs]
+    errors = predict_runs(runs, lines, publish_interval_s=args.publish_interval_s,
+                          event_delay_s=args.event_delay_s)
+    print("\n".join(lines))
+    out = {"sim_vs_live_abs_err_max": round(max(abs(e) for e in errors), 4)}
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()

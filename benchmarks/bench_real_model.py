@@ -220,8 +220,21 @@ def measure_e2e(args: argparse.Namespace, workdir: Path) -> dict:
             "e2e_round_robin_hit_rate": round(rr["cached_token_rate"], 3)}
 
 
+def private_ingress_ports() -> None:
+    """The ingress replicas' own HTTP and gRPC ports from a random range, inherited by every
+    server started here: Ray Serve hands out 30000+ and 40000+ by default, and a second
+    instance on the host (another run's) can be handed the same ones and answer for ours."""
+    import random
+
+    base = random.Random().randrange(0, 80) * 100
+    for kind, start in (("HTTP", 31000), ("GRPC", 41000)):
+        os.environ[f"RAY_SERVE_DIRECT_INGRESS_MIN_{kind}_PORT"] = str(start + base)
+        os.environ[f"RAY_SERVE_DIRECT_INGRESS_MAX_{kind}_PORT"] = str(start + base + 100)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    private_ingress_ports()
     skip = set(filter(None, args.skip.split(",")))
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="kvroute-bench-real-") as tmp:

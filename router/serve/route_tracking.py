@@ -52,6 +52,12 @@ class RouteReports:
         return {router_id: tuple(ids) for router_id, ids in reports.items()}
 
 
+def _path(scope) -> str:
+    """The request's path within the app (Starlette's path includes its root path)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
 class RouteTracking:
     """ASGI middleware: claims and ends each routed request, and names its router on the
     response (clients and tests see the routing step worked)."""
@@ -70,20 +76,24 @@ class RouteTracking:
             await self.app(scope, receive, send)
             return
         routed_by = (_ROUTED_BY_HEADER_BYTES, route.router_id.encode())
-        status = [500]  # until the response starts: an exception is an error
+        # it ran nothing: a path that generates nothing, an error status, an exception (a
+        # client that leaves cancels it: that one may have run)
+        refused = [_path(scope) not in GENERATION_PATHS]
 
         async def send_routed(message) -> None:
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                refused[0] = refused[0] or message["status"] >= 400
                 message = {**message, "headers": [*message.get("headers", ()), routed_by]}
             await send(message)
 
         self.reports.claim(route)
         try:
             await self.app(scope, receive, send_routed)
+        except Exception:
+            refused[0] = True
+            raise
         finally:
-            self.reports.end(route, refused=(status[0] >= 400
-                                             or scope["path"] not in GENERATION_PATHS))
+            self.reports.end(route, refused=refused[0])
 
     def _route(self, scope) -> Route | None:
         for name, value in scope["headers"]:

@@ -1,6 +1,8 @@
 """An engine replica's side of direct routing: a signed route header is claimed and ended
 whatever answers the request; a forged one is served as not routed, and counted."""
 
+import asyncio
+
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
@@ -76,3 +78,17 @@ def test_a_forged_route_header_is_served_as_not_routed_and_counted():
         assert response.status_code == 200 and ROUTED_BY_HEADER not in response.headers
     assert client.post("/v1/completions").status_code == 200  # no header: not routed
     assert reports.take() == {} and forged == [1, 1]
+
+
+async def test_a_request_its_client_left_ends_as_run_under_any_root_path():
+    async def cancelled(scope, receive, send) -> None:
+        raise asyncio.CancelledError  # what Starlette does to a handler whose client left
+
+    reports = RouteReports()
+    tracking = RouteTracking(cancelled, SIGNER, reports)
+    header = (ROUTE_HEADER.encode(), SIGNER.header(ROUTE).encode())
+    scope = {"type": "http", "path": "/app/v1/completions", "root_path": "/app",
+             "headers": [header]}
+    with pytest.raises(asyncio.CancelledError):
+        await tracking(scope, None, None)
+    assert reports.take() == {"router-a": (claim_of(ROUTE.route_id), ROUTE.route_id)}

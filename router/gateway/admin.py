@@ -43,7 +43,8 @@ def load_admin_key(path: str | None, environ: Mapping[str, str] | None = None) -
     if environ.get(REQUIRE_ADMIN_KEY_ENV) == "1":
         raise ValueError(f"an admin key is required ({REQUIRE_ADMIN_KEY_ENV}=1: the app was "
                          f"built with one) but this process found none (${ADMIN_KEY_ENV} "
-                         f"unset or empty, no admin_key_file): refusing to start")
+                         f"unset or empty, no admin_key_file; on a joined cluster, set it on "
+                         f"the nodes): refusing to start")
     return None
 
 

@@ -62,8 +62,9 @@ def load_api_keys(path: str | None, environ: Mapping[str, str] | None = None) ->
     if not keys and environ.get(REQUIRE_API_KEYS_ENV) == "1":
         raise ValueError(f"API keys are required ({REQUIRE_API_KEYS_ENV}=1: the app was built "
                          f"with keys) but this process found none (api_keys_file "
-                         f"{path or 'unset'}, ${API_KEYS_ENV} unset or empty): refusing to "
-                         f"serve unauthenticated")
+                         f"{path or 'unset'}, ${API_KEYS_ENV} unset or empty; on a joined "
+                         f"cluster, give a keys file every node has or set the variable on "
+                         f"the nodes): refusing to serve unauthenticated")
     return keys
 
 

@@ -19,13 +19,15 @@ the Ray containers.
 - HAProxy's stats and metrics listeners are fixed ports by default (8404, 9101): a local
   instance gets free ones, so several instances can share a host.
 
-kvroute's own variables (`replica_env`): the replicas read the API keys, the admin key, the
-request limits and the pin quotas (`KVROUTE_API_KEYS`, `KVROUTE_MAX_*`, ...) from their own
-environment, and on a joined cluster a replica's environment is its node's, not the
-driver's. The app builder therefore reads them once, where it runs, and hands them to every
-deployment in its runtime_env; when the driver has keys it also sets
-`KVROUTE_REQUIRE_API_KEYS=1` (and `KVROUTE_REQUIRE_ADMIN_KEY=1`), so a replica that finds
-none refuses to start instead of serving unauthenticated.
+kvroute's own variables (`replica_env`): the replicas read the request limits, the pin
+quotas and the keys (`KVROUTE_MAX_*`, `KVROUTE_API_KEYS`, ...) from their own environment,
+and on a joined cluster a replica's environment is its node's, not the driver's. The app
+builder therefore reads them once, where it runs, and hands them to every deployment in its
+runtime_env, all but the key values: Ray writes every runtime_env it creates to each node's
+runtime_env_agent.log, and shows it in the dashboard. For keys it sets
+`KVROUTE_REQUIRE_API_KEYS=1` (and `KVROUTE_REQUIRE_ADMIN_KEY=1`) when it has them, so a
+replica that finds none (a joined cluster whose nodes lack the keys file or the variable)
+refuses to start instead of serving unauthenticated.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ from router.serve.settings import LaunchSettings, ServeSettings, env_name
 
 KVROUTE_ENV_PREFIX = "KVROUTE_"
 # The settings' own variables are resolved by the builder and travel in the deployments'
-# configs; the replicas never read them.
-_SETTINGS_ENV = frozenset(env_name(name) for cls in (ServeSettings, LaunchSettings)
-                          for name in cls.model_fields)
+# configs; the replicas never read them. Key values never travel in a runtime_env (Ray logs
+# it): the replicas read them from a keys file or their nodes' environment.
+_NOT_FORWARDED = frozenset(
+    [API_KEYS_ENV, ADMIN_KEY_ENV, *(env_name(name) for cls in (ServeSettings, LaunchSettings)
+                                    for name in cls.model_fields)])
 
 
 def serve_env(ingress: str, local: bool, environ: Mapping[str, str]) -> dict[str, str]:
@@ -72,10 +76,10 @@ def free_port() -> int:
 
 def replica_env(settings: ServeSettings, environ: Mapping[str, str]) -> dict[str, str]:
     """The `KVROUTE_*` variables every replica of the app must see, from the builder's
-    `environ`: each one set there (but the settings' own), plus the fail-closed flags when
-    the app is built with API keys or an admin key."""
+    `environ`: each one set there (but the settings' own and the key values), plus the
+    fail-closed flags when the app is built with API keys or an admin key."""
     env = {name: value for name, value in environ.items()
-           if name.startswith(KVROUTE_ENV_PREFIX) and name not in _SETTINGS_ENV}
+           if name.startswith(KVROUTE_ENV_PREFIX) and name not in _NOT_FORWARDED}
     if settings.api_keys_file or environ.get(API_KEYS_ENV, "").strip():
         env[REQUIRE_API_KEYS_ENV] = "1"
     if settings.admin_key_file or environ.get(ADMIN_KEY_ENV, "").strip():

@@ -1,7 +1,7 @@
 """On a joined cluster a replica's environment is its node's, not the driver's: the app
-builder hands every deployment the `KVROUTE_*` variables the replicas read (keys, limits,
-quotas) in its runtime_env, and a replica built expecting keys that finds none refuses to
-start. Built, not deployed: no Ray needed."""
+builder hands every deployment the `KVROUTE_*` variables the replicas read (limits, quotas)
+in its runtime_env, but not key values (Ray logs every runtime_env), and a replica built
+expecting keys that finds none refuses to start. Built, not deployed: no Ray needed."""
 
 import re
 from pathlib import Path
@@ -29,6 +29,8 @@ REPLICA_VALUES = {
     "KVROUTE_CACHE_DIR": "/var/cache/kvroute",
 }
 REQUIRED = {"KVROUTE_REQUIRE_API_KEYS": "1", "KVROUTE_REQUIRE_ADMIN_KEY": "1"}
+SECRETS = {"KVROUTE_API_KEYS", "KVROUTE_ADMIN_KEY"}
+FORWARDED = {k: v for k, v in REPLICA_VALUES.items() if k not in SECRETS}
 
 
 def _replica_read_variables() -> set[str]:
@@ -73,7 +75,7 @@ def test_every_variable_a_replica_reads_is_in_this_test():
     {"ingress": "gateway", "engine": "sim", "replicas": 2},
     {"workers": "http://10.0.0.5:8000", "model": "m", "tokenizer": "tiny"},
 ], ids=["direct", "gateway", "workers"])
-def test_the_drivers_keys_and_limits_reach_every_deployment(monkeypatch, args):
+def test_the_drivers_limits_and_key_requirement_reach_every_deployment(monkeypatch, args):
     monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
     for name, value in REPLICA_VALUES.items():
         monkeypatch.setenv(name, value)
@@ -81,7 +83,8 @@ def test_the_drivers_keys_and_limits_reach_every_deployment(monkeypatch, args):
     deployments = _walk(build_app(args))
     assert len(deployments) == (1 if "workers" in args else 2)
     for deployment in deployments:
-        assert _env_vars(deployment) == {**REPLICA_VALUES, **REQUIRED}, deployment.name
+        assert _env_vars(deployment) == {**FORWARDED, **REQUIRED}, deployment.name
+        assert "driver-only" not in repr(deployment.ray_actor_options)  # no key value
         assert deployment.ray_actor_options["num_cpus"] >= 0  # the code's options kept
 
 

@@ -3,18 +3,22 @@
 Per request: authenticate (API key -> tenant -> cache salt), read the prompt, tokenize and
 hash it once (Protocol 1), let the Router core pick a worker (router/serve/worker_router.py)
 and forward the body there over HTTP, relaying the worker's answer byte for byte
-(router/gateway/worker_proxy.py). Besides the OpenAI routes (and vLLM's /tokenize and
+(router/gateway/worker_proxy.py). Only OpenAI's fields and kvroute's documented extensions
+reach a worker (router/gateway/worker_fields.py), and a client that leaves cancels its
+request on the worker, streamed or not. Besides the OpenAI routes (and vLLM's /tokenize and
 /detokenize, which a worker answers, and /version): `/v1/workers` (the admin API
-of the worker set), `/health`, `/ready` (503, naming the workers that are down, while none
-is up) and `/metrics` (the cluster's series). router/gateway/worker_app.py makes it an
-HTTP app, which the gateway process serves itself: one HTTP hop, no Ray call in the token
-path.
+of the worker set), `/health`, `/ready` (503 while no worker is up; the workers' URLs,
+event sockets and errors only with the admin key) and `/metrics` (the cluster's series).
+router/gateway/worker_app.py makes it an HTTP app, which the gateway process serves
+itself: one HTTP hop, no Ray call in the token path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -34,6 +38,7 @@ from router.gateway.admin import AdminAuth, change_body, load_admin_key, spec_fr
 from router.gateway.metrics import GatewayMetrics
 from router.gateway.routed_body import RoutedBody, chat_body, completion_body
 from router.gateway.tenants import TenantAuth, load_api_keys
+from router.gateway.worker_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
 from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
 from worker.openai.errors import APIError
@@ -43,6 +48,8 @@ from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlot, StreamSlots
 from worker.openai.tokenize import version_body
 from worker.tokenizer_files import tokenizer_dir
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,15 +108,17 @@ class WorkerGateway:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
         raw = await read_body(request, self.limits)
         routed = completion_body(raw, self.prompts, self.model, tenant, self.limits)
-        return await self._forward("/v1/completions", routed, tenant,
-                                   arrival_of(request.scope))
+        body = allowed_body(routed.body, COMPLETION_FIELDS, tenant)
+        return await until_disconnected(request, self._forward(
+            "/v1/completions", routed, body, tenant, arrival_of(request.scope)))
 
     async def chat_completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
         raw = await read_body(request, self.limits)
         routed = chat_body(raw, self.prompts, self.model, tenant, self.limits)
-        return await self._forward("/v1/chat/completions", routed, tenant,
-                                   arrival_of(request.scope))
+        body = allowed_body(routed.body, CHAT_FIELDS, tenant)
+        return await until_disconnected(request, self._forward(
+            "/v1/chat/completions", routed, body, tenant, arrival_of(request.scope)))
 
     async def models(self, request: Request) -> JSONResponse:
         self.auth.tenant_of(request.headers.get("authorization"))
@@ -130,7 +139,8 @@ class WorkerGateway:
             raise APIError(503, "no worker is up", type_="service_unavailable_error",
                            code="worker_unavailable")
 
-        return await self.proxy.forward(request.url.path, raw, pick, lambda *_: None)
+        return await until_disconnected(request, self.proxy.forward(
+            request.url.path, raw, pick, lambda *_: None))
 
     async def version(self, request: Request) -> JSONResponse:
         return JSONResponse(version_body())
@@ -164,11 +174,23 @@ class WorkerGateway:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> JSONResponse:
-        """200 while a worker is up; the body lists every worker, and why a down one is."""
+        """200 while a worker is up. The body counts the workers; with the admin key it
+        lists each (URL, event sockets, state, and why a down one is): those name internal
+        addresses and quote the workers' errors, which are not everyone's to read."""
         view = self.router.view
         ready = bool(view.up())
-        body = {"ready": ready, "workers": [worker_body(w) for w in view.workers]}
+        body: dict = {"ready": ready, "num_workers": len(view.workers),
+                      "num_workers_up": len(view.up())}
+        if self._is_admin(request):
+            body["workers"] = [worker_body(w) for w in view.workers]
         return JSONResponse(body, status_code=200 if ready else 503)
+
+    def _is_admin(self, request: Request) -> bool:
+        try:
+            self.admin.check(request.headers.get("authorization"))
+        except APIError:
+            return False
+        return True
 
     async def metrics_endpoint(self, request: Request) -> Response:
         """Every process's series, or with `?node=IP` those on that Ray node (per pod)."""
@@ -178,7 +200,7 @@ class WorkerGateway:
 
     # ---- internals ----
 
-    async def _forward(self, path: str, routed: RoutedBody, tenant: str,
+    async def _forward(self, path: str, routed: RoutedBody, body: bytes, tenant: str,
                        arrival_s: float) -> Response:
         hashes = self.prompts.block_hashes(routed.token_ids, tenant)
         latency = self.metrics.latency
@@ -191,7 +213,8 @@ class WorkerGateway:
                 worker, _ = self.router.route(request_id, hashes, len(routed.token_ids),
                                               routed.max_tokens, tried)
             except NoWorkerAvailable as err:
-                raise APIError(503, f"no worker can take the request: {err}",
+                log.warning("no worker can take request %s: %s", request_id, err)
+                raise APIError(503, "no worker can take the request",
                                type_="service_unavailable_error",
                                code="worker_unavailable") from None
             request_ids[worker.worker_id] = request_id
@@ -205,7 +228,7 @@ class WorkerGateway:
         # every request, streamed or not: 429 before any routing or worker work
         slot = StreamSlot(self.stream_slots, tenant)
         try:
-            response = await self.proxy.forward(path, routed.body, pick, release)
+            response = await self.proxy.forward(path, body, pick, release)
         except BaseException:
             slot.release()
             raise
@@ -217,3 +240,34 @@ class WorkerGateway:
         if response.status_code < 400:
             latency.e2e.observe(latency.clock() - arrival_s)
         return response
+
+
+CLIENT_GONE = 499  # nginx's "client closed request": counted, sent to no one
+
+
+async def until_disconnected(request: Request, work: Awaitable[Response]) -> Response:
+    """`work`'s response, or, when the client disconnects first, `work` cancelled (the
+    proxy closes its connection to the worker, which then aborts the request: vLLM and
+    `kvroute engine` do) and a 499. Once a stream has begun, Starlette's StreamingResponse
+    watches the client itself; this covers the wait before it (a non-streamed request's
+    whole life, a stream's queueing)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return Response(status_code=CLIENT_GONE)
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client disconnects (its body was read whole already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

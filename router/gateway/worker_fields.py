@@ -1,0 +1,54 @@
+"""What of a client's body the worker gateway forwards to a worker: an allowlist.
+
+A worker (vLLM, SGLang) honours many extensions of its own that one tenant must not reach
+through kvroute: `kv_transfer_params` (KV transfer to or from any address), `chat_template`
+(templates run on the worker), media URLs in messages (fetched by the worker), sampling
+knobs that cost every tenant. The gateway forwards OpenAI's documented fields plus the
+vLLM sampling extensions kvroute documents (docs/parameters.md):
+
+- any other top-level field is dropped (as kvroute's own servers ignore a field they do not
+  know), and `cache_salt` is the gateway's (the tenant's) or none;
+- a chat content part other than text (an image, audio or file part: a URL or data the
+  worker would fetch or decode) is refused with a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from worker.openai.errors import APIError
+
+_OPENAI_COMMON = frozenset({
+    "model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+    "presence_penalty", "seed", "stop", "stream", "stream_options", "temperature", "top_p",
+    "user"})
+# vLLM's sampling extensions that kvroute's own engine honours too (docs/parameters.md)
+_EXTENSIONS = frozenset({"top_k", "ignore_eos", "min_tokens", "stop_token_ids"})
+COMPLETION_FIELDS = _OPENAI_COMMON | _EXTENSIONS | {"prompt", "best_of", "echo", "suffix"}
+CHAT_FIELDS = _OPENAI_COMMON | _EXTENSIONS | {
+    "messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls",
+    "response_format", "tool_choice", "tools", "metadata", "store", "service_tier",
+    "reasoning_effort"}
+
+
+def allowed_body(body: bytes, fields: frozenset[str], tenant: str) -> bytes:
+    """`body` (a JSON object the gateway already read) with only `fields` (and, with a
+    tenant, its `cache_salt`). Unchanged bytes when nothing is dropped.
+
+    Raises APIError(400) for a chat content part that is not text.
+    """
+    data: dict[str, Any] = json.loads(body)
+    for i, message in enumerate(data.get("messages") or ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise APIError(400, f"only text content parts are forwarded to workers, "
+                                    f"got {kind!r}", param=f"messages.{i}.content.{j}",
+                               code="invalid_value")
+    keep = fields | {"cache_salt"} if tenant else fields
+    if keep.issuperset(data):
+        return body
+    return json.dumps({k: v for k, v in data.items() if k in keep},
+                      separators=(",", ":")).encode()

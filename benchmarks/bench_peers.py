@@ -71,6 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--sim-preset", default="h100-llama3-8b")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--round-offset", type=int, default=0,
+                   help="number the rounds from this one (a later invocation's rounds: "
+                        "seeds and the order's alternation go on)")
+    p.add_argument("--report-from", type=Path, nargs="+",
+                   help="run nothing: report the runs saved in these --raw-dir folders")
     p.add_argument("--lock", default="/tmp/kvroute-heavy.lock",
                    help="held during each run ('' for none)")
     p.add_argument("--lock-scope", choices=("run", "workload"), default="run",
@@ -168,15 +173,20 @@ def save_raw(args, summary: dict, records: list, stamp: str) -> None:
     out = args.raw_dir / stamp
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{summary['workload']}-{summary['router']}-s{summary['seed']}.jsonl"
+    summary["raw"] = str(path)
     with open(path, "w") as f:
         f.write(json.dumps(summary) + "\n")
         for r in records:
             f.write(json.dumps(r.__dict__) + "\n")
-    summary["raw"] = str(path)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    from benchmarks.peers.report import report
+    if args.report_from:
+        runs = [json.loads(path.open().readline()) for d in args.report_from
+                for path in sorted(d.glob("*.jsonl"))]
+        return report(args, runs, {}, 0.0)
     workloads = args.workload or list(WORKLOADS)
     routers = args.router or list(ROUTERS)
     versions = ensure_peers() if set(routers) & set(PEERS) else {}
@@ -186,16 +196,21 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="kvroute-bench-peers-") as tmp:
         head = RayHead(Path(tmp)) if set(routers) & set(KVROUTE) else None
         try:
-            for round_index in range(args.rounds):
+            for round_index in range(args.round_offset, args.round_offset + args.rounds):
                 order = routers if round_index % 2 == 0 else routers[::-1]
                 for wname in workloads:
                     spec = peer_workload(wname, args)
                     per_workload = args.lock_scope == "workload"
                     with heavy_lock(args.lock if per_workload else ""):
                         for router in order:
-                            with heavy_lock("" if per_workload else args.lock):
-                                summary, records = run_cell(args, spec, router,
-                                                            round_index + 1, Path(tmp), head)
+                            try:
+                                with heavy_lock("" if per_workload else args.lock):
+                                    summary, records = run_cell(args, spec, router,
+                                                                round_index + 1, Path(tmp), head)
+                            except RuntimeError as err:  # the other runs still count
+                                print(f"{wname} {router} round {round_index + 1} failed: "
+                                      f"{str(err)[-1500:]}", flush=True)
+                                continue
                             save_raw(args, summary, records, stamp)
                             runs.append(summary)
                             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
@@ -203,7 +218,6 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             if head is not None:
                 head.stop()
-    from benchmarks.peers.report import report
     return report(args, runs, versions, time.monotonic() - t_start)
 
 

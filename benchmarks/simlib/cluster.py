@@ -19,13 +19,16 @@ from __future__ import annotations
 import heapq
 import math
 import time
+import zlib
 from dataclasses import dataclass
+
+import numpy as np
 
 from benchmarks.simlib.pooled import PooledLRU
 from benchmarks.simlib.prompts import PromptBuilder, TokenSource
 from benchmarks.simlib.replica import ReplicaConfig, SimReplica
 from benchmarks.simlib.workloads import WorkItem, Workload
-from kv.hashing import namespace_root
+from kv.hashing import block_hashes, namespace_root
 from router.core.router import Router, RouterConfig
 from worker.api import SamplingParams
 from worker.request import Request
@@ -44,6 +47,11 @@ class ClusterConfig:
     seed: int = 0  # token ids of the workload's segments
     # The gateway tells the router each request's first token (Router.on_first_token).
     first_token_signal: bool = False
+    # False: a multi-turn round's history holds other tokens than the answer the engine
+    # generated (as when a client sends the answer back as text that does not re-encode to
+    # the same ids: the live benches' byte-level sim answers), so the engine's cached
+    # answer blocks are never reused and the answer is recomputed as prompt.
+    answers_reencode: bool = True
 
     def __post_init__(self):
         if not 1 <= self.num_replicas <= 1024:
@@ -201,8 +209,22 @@ class ClusterSim:
         rec.finish_reason = reason
         child = self._children.pop(rec.request_id, None)
         if child is not None:
+            if not self.config.answers_reencode:
+                token_ids, hashes = self._other_answer(rec, token_ids, hashes)
             self._histories[rec.request_id] = (token_ids, hashes)
             self._push(max(child.arrival_s, self.now + child.think_s), _ARRIVAL, child)
+
+    def _other_answer(self, rec: RequestRecord, token_ids: list[int], hashes: list[bytes]
+                      ) -> tuple[list[int], list[bytes]]:
+        """The history with the answer's tokens replaced by others of the same length."""
+        n, B = rec.num_prompt_tokens, self.config.replica.block_size
+        seed = zlib.crc32(rec.request_id.encode())
+        other = np.random.default_rng([self.config.seed, seed]).integers(
+            3, self.config.replica.vocab_size, len(token_ids) - n).tolist()
+        ids = list(token_ids[:n]) + other
+        start = n // B
+        return ids, list(hashes[:start]) + block_hashes(ids, B, self.root, start,
+                                                        hashes[start - 1] if start else None)
 
     # -- the index feed --------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 Batches from a replica may arrive lost, duplicated or reordered; `kv.events`' tracker (the
 one Protocol 2 consumer) applies them in sequence order, holds early ones and asks for a
 snapshot after a gap or a new epoch. On top of it, `ReplicaLog` keeps the last
-`max_logged_events` applied events so that a router whose cursor is recent gets a delta;
-any other router gets a snapshot of the contents held here (no call to the replica).
+`max_logged_events` applied events (and at most `max_logged_blocks` blocks in them: one
+event may carry thousands) so that a router whose cursor is recent gets a delta; any other
+router gets a snapshot of the contents held here (no call to the replica).
 
     seq:   log_start_seq ........................ next_seq
     log:   [ batch | batch | ... | batch ]        (contiguous, applied)
@@ -17,6 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from kv.events import (
+    AllBlocksCleared,
     ContentsDigest,
     Cursor,
     EventBatch,
@@ -30,9 +32,11 @@ class ReplicaLog:
     """One replica's contents and recent events, as received by the index actor."""
 
     def __init__(self, replica_id: str, max_logged_events: int = 8192,
-                 max_held_batches: int = 64):
+                 max_held_batches: int = 64, max_logged_blocks: int = 1 << 18):
         if max_logged_events < 1:
             raise ValueError(f"max_logged_events must be >= 1, got {max_logged_events}")
+        if max_logged_blocks < 1:
+            raise ValueError(f"max_logged_blocks must be >= 1, got {max_logged_blocks}")
         self.replica_id = replica_id
         self._sets = ReplicaSets(max_held_batches)
         self._tracker = self._sets.tracker
@@ -40,6 +44,8 @@ class ReplicaLog:
         self._log: deque[EventBatch] = deque()
         self._num_logged_events = 0
         self._max_logged_events = max_logged_events
+        self._num_logged_blocks = 0
+        self._max_logged_blocks = max_logged_blocks
 
     @property
     def synced(self) -> bool:
@@ -68,7 +74,7 @@ class ReplicaLog:
         if result is None:
             return  # older than what we have applied
         self._log.clear()  # the log restarts at the snapshot
-        self._num_logged_events = 0
+        self._num_logged_events = self._num_logged_blocks = 0
         self._append(result.batches)
 
     def snapshot(self) -> Snapshot | None:
@@ -105,11 +111,21 @@ class ReplicaLog:
             seq = batch.next_seq
         assert seq == self.next_seq, "log does not end at next_seq"
         assert self._num_logged_events == sum(len(b.events) for b in self._log)
+        assert self._num_logged_blocks == sum(_num_blocks(b) for b in self._log)
 
     def _append(self, batches: Iterable[EventBatch]) -> None:
         for batch in batches:
             if batch.events:
                 self._log.append(batch)
                 self._num_logged_events += len(batch.events)
-        while self._num_logged_events > self._max_logged_events:
-            self._num_logged_events -= len(self._log.popleft().events)
+                self._num_logged_blocks += _num_blocks(batch)
+        while (self._num_logged_events > self._max_logged_events
+               or self._num_logged_blocks > self._max_logged_blocks):
+            oldest = self._log.popleft()
+            self._num_logged_events -= len(oldest.events)
+            self._num_logged_blocks -= _num_blocks(oldest)
+
+
+def _num_blocks(batch: EventBatch) -> int:
+    return sum(0 if isinstance(e, AllBlocksCleared) else len(e.block_hashes)
+               for e in batch.events)

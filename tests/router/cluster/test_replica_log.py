@@ -81,6 +81,21 @@ def test_a_trimmed_log_sends_old_cursors_to_snapshots():
     assert rep.delta_since(Cursor(batches[0].epoch, 2)) == batches[2:]
 
 
+def test_the_log_is_bounded_in_blocks_too():
+    src, rep = Source(), ReplicaLog("r0", max_logged_blocks=10)
+    rep.apply_snapshot(src.snapshot())
+    batches = []
+    for i in range(3):  # one event of 4 blocks each: 12 blocks in 3 events
+        src.store(*range(4 * i, 4 * i + 4))
+        batches.append(src.log.drain())
+        rep.publish(batches[-1])
+    rep.check_invariants()
+    assert rep.log_start_seq == batches[1].first_seq  # the oldest 4 blocks left the log
+    assert rep.delta_since(Cursor(batches[0].epoch, batches[0].first_seq)) is None
+    assert rep.delta_since(Cursor(batches[0].epoch, batches[1].first_seq)) == batches[1:]
+    assert rep.contents["device"] == src.device  # the contents are all there
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["store", "remove", "batch", "restart"]),
                           st.lists(st.integers(0, 12), min_size=1, max_size=4)),

@@ -6,7 +6,8 @@ Each RUN.jsonl is one run bench_peers.py wrote (its summary, then every request:
 prompt exactly as sent, when it was sent, the tokens it got cached). The simulator
 (benchmarks/simlib/cluster.py: the production router, scheduler and KV manager on a virtual
 clock) replays the same prompts, each at the time it was sent live, against the same
-number of replicas with the same pools and step budgets, with the live event timings:
+number of replicas with the same pools and step budgets (each step stretched so that the
+simulated time per output token is the live one), with the live event timings:
 the engine publishes every --publish-interval-s (kvroute engine's pump: 10 ms) and a batch
 reaches the router --event-delay-s later (ZMQ, the index actor, the mirror's long poll).
 Approximate runs get no events, as live. It prints predicted against live hit rates; the
@@ -26,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.peers.measure import prompt_token_ids  # noqa: E402
 from benchmarks.simlib.cluster import ClusterConfig, ClusterSim, RunResult  # noqa: E402
+from benchmarks.simlib.miss_classes import run_with_miss_classes  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
 from benchmarks.simlib.workloads import Segment, WorkItem, Workload  # noqa: E402
 from kv.hashing import BlockHash, block_hashes  # noqa: E402
@@ -58,7 +60,8 @@ def load_run(path: Path) -> tuple[dict, list[dict]]:
 
 
 def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLISH_INTERVAL_S,
-           event_delay_s: float = EVENT_DELAY_S) -> RunResult:
+           event_delay_s: float = EVENT_DELAY_S, step_time_scale: float = 1.0,
+           classes: dict | None = None) -> RunResult:
     """The live run's requests in the simulator, as `summary['router']` routed them."""
     records = sorted(records, key=lambda r: r["sent_s"])
     prompts = {r["request_id"]: prompt_token_ids(r["prompt"]) for r in records}
@@ -68,7 +71,7 @@ def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLI
     replica = ReplicaConfig(num_blocks=summary["num_blocks"],
                             max_num_seqs=summary["max_num_seqs"],
                             max_num_batched_tokens=summary["max_num_batched_tokens"],
-                            preset=summary["sim_preset"])
+                            preset=summary["sim_preset"], step_time_scale=step_time_scale)
     approximate = summary["router"] == "kvroute_approximate"
     router = RouterConfig(approximate=approximate, approx_capacity_blocks=summary["num_blocks"])
     config = ClusterConfig(summary["num_workers"], replica, router,
@@ -76,7 +79,11 @@ def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLI
                            model_name="tiny")
     sim = ClusterSim(config, Workload(summary["workload"], items))
     sim.prompts = ReplayPrompts(prompts, replica.block_size, sim.root)
-    return sim.run()
+    if classes is None:
+        return sim.run()
+    run, shares = run_with_miss_classes(sim)
+    classes.update(shares)
+    return run
 
 
 def hit_rate(run: RunResult) -> float:
@@ -85,28 +92,48 @@ def hit_rate(run: RunResult) -> float:
     return cached / prompt if prompt else 0.0
 
 
+def tpot_mean_s(run: RunResult) -> float:
+    tpots = [(r.finish_s - r.first_token_s) / (r.num_output_tokens - 1) for r in run.records
+             if r.num_output_tokens > 1 and r.finish_s is not None
+             and r.first_token_s is not None]
+    return sum(tpots) / len(tpots)
+
+
 def predict(path: Path, **timings) -> dict:
+    """The prediction at the modelled step times, then with every step stretched so the
+    simulated time per output token is the live one (the live engines share a busy CPU)."""
     summary, records = load_run(path)
     run = replay(summary, records, **timings)
-    predicted = hit_rate(run)
+    scale = summary["tpot_mean_s"] / tpot_mean_s(run)
+    classes: dict[str, float] = {}
+    fitted = replay(summary, records, step_time_scale=scale, classes=classes, **timings)
+    predicted = hit_rate(fitted)
     return {"workload": summary["workload"], "router": summary["router"],
             "seed": summary["seed"], "live_hit_rate": summary["cached_token_rate"],
+            "sim_hit_rate_unfitted": hit_rate(run), "step_time_scale": scale,
             "sim_hit_rate": predicted, "error": predicted - summary["cached_token_rate"],
-            "live_bound": summary["bound_hit_rate"], "sim_bound": run.pooled.hit_rate}
+            "live_bound": summary["bound_hit_rate"], "sim_bound": fitted.pooled.hit_rate,
+            "sim_miss_classes": classes, "live_miss_classes": summary.get("live_miss_classes")}
 
 
 def predict_runs(runs: list[dict], lines: list[str], **timings) -> list[float]:
     """Predicts each run (bench_peers.py's summaries, with their raw file); appends a
     line per run to `lines`; the errors."""
     errors = []
-    lines.append(f"{'simulator vs live':<36}{'live hit':>9}{'sim hit':>9}{'error':>8}"
-                 f"{'live bnd':>9}{'sim bnd':>9}")
+    lines.append(f"{'simulator vs live':<36}{'live hit':>9}{'sim x1':>9}{'scale':>7}"
+                 f"{'sim hit':>9}{'error':>8}{'live bnd':>9}{'sim bnd':>9}")
     for r in runs:
         p = predict(Path(r["raw"]), **timings)
         errors.append(p["error"])
         lines.append(f"{p['workload'] + ' ' + p['router'] + ' s' + str(p['seed']):<36}"
-                     f"{p['live_hit_rate']:>9.4f}{p['sim_hit_rate']:>9.4f}{p['error']:>+8.4f}"
+                     f"{p['live_hit_rate']:>9.4f}{p['sim_hit_rate_unfitted']:>9.4f}"
+                     f"{p['step_time_scale']:>7.2f}{p['sim_hit_rate']:>9.4f}{p['error']:>+8.4f}"
                      f"{p['live_bound']:>9.4f}{p['sim_bound']:>9.4f}")
+        for side in ("live", "sim"):
+            shares = p[f"{side}_miss_classes"]
+            if shares:
+                lines.append(f"    {side} misses: " + ", ".join(
+                    f"{k} {v:.4f}" for k, v in shares.items()))
     return errors
 
 

@@ -28,6 +28,9 @@ class ReplicaConfig:
     max_num_batched_tokens: int = 8192
     preset: str = "h100-llama3-8b"  # worker.sim.PRESETS
     vocab_size: int = 32000
+    # Every modelled step takes this many times the preset's time (a live engine on a busy
+    # CPU runs slower than the hardware it models; sim_vs_live.py fits it to a live run).
+    step_time_scale: float = 1.0
 
     def __post_init__(self):
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -39,6 +42,9 @@ class ReplicaConfig:
             raise ValueError(f"ReplicaConfig: num_host_blocks must be >= 0, got "
                              f"{self.num_host_blocks}")
         get_preset(self.preset)  # raises on an unknown preset
+        if not self.step_time_scale > 0:
+            raise ValueError(f"ReplicaConfig: step_time_scale must be > 0, got "
+                             f"{self.step_time_scale!r}")
 
     @property
     def max_model_len(self) -> int:
@@ -84,7 +90,7 @@ class SimReplica:
             return None
         self._sampled = self.executor.execute(plan.step, plan.sampling)
         self._plan = plan
-        duration_s = self.executor.last_step_time_s
+        duration_s = self.executor.last_step_time_s * self.config.step_time_scale
         self.num_steps += 1
         self.num_tokens_computed += plan.step.num_tokens
         self.busy_s += duration_s

@@ -220,6 +220,7 @@ class VllmEventSubscriber:
         the block budget: its effect is lost. Raises _Flooding for a live batch over the
         budget."""
         self._next_seq = seq + 1
+        await asyncio.sleep(0)  # a replay of thousands of batches lets the loop answer
         decoded = await self._decode(payload)
         if decoded is None:
             return False

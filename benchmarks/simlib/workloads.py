@@ -185,25 +185,38 @@ def burst(num_prompts: int = 400, prompt_len: int = 2048, tail_len: int = 8,
     return Workload("burst", same + near)
 
 
-def mooncake(path: str | Path, time_scale: float = 1.0, max_requests: int | None = None
-             ) -> Workload:
+def mooncake(path: str | Path, time_scale: float = 1.0, max_requests: int | None = None,
+             family_modulus: int = 1, family_residue: int = 0) -> Workload:
     """A Mooncake-format trace. Hash id h becomes segment `mooncake/h` (512 tokens); the
-    last one is cut to the input length. Arrivals are `timestamp / 1000 / time_scale` s."""
+    last one is cut to the input length. Arrivals are `timestamp / 1000 / time_scale` s.
+
+    `family_modulus` > 1 keeps only the requests whose first hash id is `family_residue`
+    modulo it: whole prefix families (every request that can share a prefix with a kept
+    one is kept), so a fraction of the trace keeps its sharing; arrivals then count from
+    the first kept request."""
     if not time_scale > 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
+    if not 0 <= family_residue < family_modulus:
+        raise ValueError(f"family_residue must be in [0, family_modulus), got "
+                         f"{family_residue}, {family_modulus}")
     items = []
+    t0_ms: float | None = None
     with open(path) as f:
         for n, line in enumerate(f):
-            if max_requests is not None and n >= max_requests:
+            if max_requests is not None and len(items) >= max_requests:
                 break
             row = json.loads(line)
+            if row["hash_ids"] and row["hash_ids"][0] % family_modulus != family_residue:
+                continue
+            if t0_ms is None:
+                t0_ms = row["timestamp"] if family_modulus > 1 else 0.0
             ids, num_tokens = row["hash_ids"], int(row["input_length"])
             if len(ids) != -(-num_tokens // MOONCAKE_BLOCK_TOKENS):
                 raise ValueError(f"{path}:{n + 1}: {len(ids)} hash ids for {num_tokens} "
                                  f"tokens at {MOONCAKE_BLOCK_TOKENS} tokens an id")
             last = num_tokens - MOONCAKE_BLOCK_TOKENS * (len(ids) - 1)
             segs = tuple(Segment(f"mooncake/{h}", MOONCAKE_BLOCK_TOKENS) for h in ids[:-1])
-            items.append(WorkItem(f"mc-{n}", row["timestamp"] / 1000.0 / time_scale,
+            items.append(WorkItem(f"mc-{n}", (row["timestamp"] - t0_ms) / 1000.0 / time_scale,
                                   segs + (Segment(f"mooncake/{ids[-1]}", last),),
                                   max(1, int(row["output_length"]))))
     return Workload("mooncake", tuple(items))

@@ -74,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--round-offset", type=int, default=0,
                    help="number the rounds from this one (a later invocation's rounds: "
                         "seeds and the order's alternation go on)")
+    p.add_argument("--results", type=Path, help="also write the table and JSON line here")
     p.add_argument("--report-from", type=Path, nargs="+",
                    help="run nothing: report the runs saved in these --raw-dir folders")
     p.add_argument("--lock", default="/tmp/kvroute-heavy.lock",

@@ -82,4 +82,6 @@ def report(args, runs: list[dict], versions: dict[str, str], wall_s: float) -> d
                  f"{os.getloadavg()}")
     print("\n".join(lines))
     print(json.dumps(out))
+    if getattr(args, "results", None):
+        args.results.write_text("\n".join(lines) + "\n" + json.dumps(out) + "\n")
     return out

@@ -221,15 +221,18 @@ def measure_e2e(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def private_ingress_ports() -> None:
-    """The ingress replicas' own HTTP and gRPC ports from a random range, inherited by every
-    server started here: Ray Serve hands out 30000+ and 40000+ by default, and a second
-    instance on the host (another run's) can be handed the same ones and answer for ours."""
+    """Ports of our own for every server started here: Ray Serve's defaults are fixed (the
+    replicas' own HTTP and gRPC ports from 30000 and 40000, HAProxy's fallback proxy on 8500),
+    and another instance on this host holding them answers our requests (HAProxy sends a
+    request to the fallback until its health checks mark the replicas up)."""
     import random
 
     base = random.Random().randrange(0, 80) * 100
     for kind, start in (("HTTP", 31000), ("GRPC", 41000)):
         os.environ[f"RAY_SERVE_DIRECT_INGRESS_MIN_{kind}_PORT"] = str(start + base)
         os.environ[f"RAY_SERVE_DIRECT_INGRESS_MAX_{kind}_PORT"] = str(start + base + 100)
+    os.environ["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] = str(free_port())
+    os.environ["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] = str(free_port())
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -238,12 +241,18 @@ def main(argv: list[str] | None = None) -> dict:
     skip = set(filter(None, args.skip.split(",")))
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="kvroute-bench-real-") as tmp:
-        if "serve" not in skip:
-            out.update(measure_serve(Path(tmp)))
-        if "engine" not in skip:
-            out.update(measure_engine(args))
-        if "e2e" not in skip:
-            out.update(measure_e2e(args, Path(tmp)))
+        try:
+            if "serve" not in skip:
+                out.update(measure_serve(Path(tmp)))
+            if "engine" not in skip:
+                out.update(measure_engine(args))
+            if "e2e" not in skip:
+                out.update(measure_e2e(args, Path(tmp)))
+        except Exception:
+            for log in sorted(Path(tmp).glob("*.log")):  # the servers' side of a failure
+                print(f"--- {log.name} (last lines)\n" + "\n".join(
+                    log.read_text(errors="replace").splitlines()[-40:]), file=sys.stderr)
+            raise
     out["load_avg_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out))
     return out

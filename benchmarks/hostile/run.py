@@ -1,0 +1,167 @@
+"""One front under a hostile tenant: the victim's baseline alone, then every attack while
+the victim streams, then how long the router's state takes to come back.
+
+Measured about the victim and the router, not about the hostile tenant's status codes:
+the victim's failures, its TTFT p50 under attack over its own baseline, its requests that
+missed its cached prefix; non-finite load values seen in the router's series; seconds until
+the router's outstanding requests and load are back to their idle values; engine steps
+that failed. Each attack's window is kept, so a victim request that failed or was slow is
+laid at the attacks that overlapped it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from benchmarks.hostile.attacks import Attack
+from benchmarks.hostile.fronts import Front, nonfinite
+from benchmarks.hostile.fuzz import fuzz_front
+from benchmarks.hostile.phases import lying_worker, quota_race
+from benchmarks.hostile.victim import Victim
+
+SLOW_OVER_BASELINE = 2.0  # a victim TTFT this many times its baseline p50 is "slow"
+# The recent-work part of a replica's load halves every 30 s by design (router/core/config.py
+# recent_work_half_life_s): the load is back when nothing is outstanding and what is left
+# decays at least that fast from the attack's end.
+RECENT_HALF_LIFE_S = 30.0
+
+
+@dataclass(frozen=True)
+class HostileConfig:
+    baseline_s: float = 8.0
+    fuzz_cases: int = 1000  # on this front
+    settle_timeout_s: float = 60.0
+    attacks: tuple[Attack, ...] = ()  # the single hostile requests, sent in turn
+    multi_request: bool = True  # the quota race (direct) and the lying worker (workers)
+
+    def __post_init__(self):
+        if self.baseline_s <= 0 or self.fuzz_cases < 0 or self.settle_timeout_s <= 0:
+            raise ValueError(f"HostileConfig: bad values {self}")
+
+
+class LoadWatch:
+    """Polls the router's load series in a thread: non-finite values seen, the peak."""
+
+    def __init__(self, front: Front, interval_s: float = 0.5):
+        self.front, self.interval_s = front, interval_s
+        self.nonfinite = 0
+        self.peak_tokens = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> dict[tuple[str, str], float]:
+        try:
+            loads = self.front.loads()
+        except Exception:  # a scrape that failed is not a load value
+            return {}
+        self.nonfinite += nonfinite(loads)
+        finite = [v for v in loads.values() if v == v and abs(v) != float("inf")]
+        self.peak_tokens = max([self.peak_tokens, *finite])
+        return loads
+
+    def __enter__(self) -> LoadWatch:
+        if self.front.routed:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float) -> float | None:
+    """Seconds from the attack's end until no request is outstanding and every replica's
+    load is finite and at most its idle value plus its load at the attack's end decayed by
+    the recent-work half-life (a load that stays up is a leak); None past the timeout."""
+    start = time.monotonic()
+    at_end = watch.sample()
+    while time.monotonic() - start < timeout_s:
+        loads = watch.sample()
+        decay = 0.5 ** ((time.monotonic() - start) / RECENT_HALF_LIFE_S)
+        bound = {k: idle.get(k, 0.0) + 1.05 * decay * at_end.get(k, 0.0) + 1.0 for k in loads}
+        if (front.outstanding() == 0 and loads and not nonfinite(loads)
+                and all(v <= bound[k] for k, v in loads.items())):
+            return round(time.monotonic() - start, 2)
+        time.sleep(0.25)  # polling a series that converges asynchronously
+    return None
+
+
+def run_front(front: Front, config: HostileConfig) -> dict:
+    victim = Victim(front.base_url, front.victim_headers)
+    victim.results.append(victim.request())  # computes the shared prefix once
+    steps_before, errors_before = front.step_failures(), front.engine_errors()
+    victim.phase = "baseline"
+    victim.start()
+    time.sleep(config.baseline_s)  # the victim alone, for its baseline
+    victim.stop()
+    idle = front.loads() if front.routed else {}
+    windows: list[tuple[float, float, str]] = []
+    outcomes: dict[str, Counter] = defaultdict(Counter)
+    detail: dict = {}
+    with LoadWatch(front) as watch:
+        victim.phase = "attack"
+        victim.start()
+        attack_start = time.monotonic()
+        for attack in config.attacks:
+            t0 = time.monotonic()
+            outcomes[attack.family][attack.send(front)] += 1
+            windows.append((t0, time.monotonic(), f"{attack.family}: {attack.name}"))
+        if config.multi_request and front.name == "direct":
+            t0 = time.monotonic()
+            detail["quota_race"] = quota_race(front)
+            windows.append((t0, time.monotonic(), "quota: concurrent pin registers"))
+        if config.multi_request and front.name == "workers":
+            t0 = time.monotonic()
+            detail["lying_worker"] = lying_worker(front)
+            windows.append((t0, time.monotonic(), "liar: lying worker, huge KV batches"))
+        attacks_s = time.monotonic() - attack_start
+        t0 = time.monotonic()
+        fuzz = fuzz_front(front, config.fuzz_cases) if config.fuzz_cases else {"cases": 0,
+                                                                                "5xx": 0}
+        windows.append((t0, time.monotonic(), "fuzz: schemathesis"))
+        fuzz_s = time.monotonic() - t0
+        victim.stop()
+        leaked = (_settle_s(front, watch, idle, config.settle_timeout_s) if front.routed
+                  else 0.0)
+    victim.phase = "after"
+    victim.results.append(victim.request())
+    base, attack = victim.summary("baseline"), victim.summary("attack")
+    ratio = (attack["ttft_p50_s"] / base["ttft_p50_s"]
+             if attack["ttft_p50_s"] and base["ttft_p50_s"] else None)
+    return {
+        "front": front.name, "victim_baseline": base, "victim_attack": attack,
+        "victim_after": victim.summary("after"),
+        "victim_failed": attack["failed"] + victim.summary("after")["failed"],
+        "victim_off_cache": attack["off_cache"] + victim.summary("after")["off_cache"],
+        "victim_ttft_p50_over_baseline": round(ratio, 3) if ratio else None,
+        "load_nonfinite": watch.nonfinite, "load_peak_tokens": round(watch.peak_tokens, 1),
+        "load_leaked_after_s": leaked,
+        "engine_step_failures": front.step_failures() - steps_before,
+        "engine_error_finishes": front.engine_errors() - errors_before,
+        "attack_outcomes": {f: dict(c) for f, c in outcomes.items()},
+        "hurt_by": blame(victim, windows, base["ttft_p50_s"]),
+        "fuzz": fuzz, "attacks_s": round(attacks_s, 1), "fuzz_s": round(fuzz_s, 1), **detail}
+
+
+def blame(victim: Victim, windows: list[tuple[float, float, str]],
+          baseline_p50_s: float | None) -> dict[str, int]:
+    """Attacks overlapping a victim request that failed or was slow, with how many such
+    requests each overlapped."""
+    hurt: Counter[str] = Counter()
+    for r in victim.of("attack"):
+        slow = (baseline_p50_s is not None and r.ttft_s is not None
+                and r.ttft_s > SLOW_OVER_BASELINE * baseline_p50_s)
+        if r.ok and not slow:
+            continue
+        for t0, t1, name in windows:
+            if t0 < r.end_s and r.start_s < t1:
+                hurt[f"{'failed' if not r.ok else 'slow'} <- {name}"] += 1
+    return dict(hurt.most_common(12))

@@ -64,7 +64,9 @@ def server(workers):
     # A crowded box can start Ray's agents slower than the raylet waits for by default.
     os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
     port = free_port()
-    settings = ServeSettings(model="tiny", workers=tuple(spec_of(w) for w in workers))
+    # one gateway process: the per-tenant limit is counted per gateway (two by default)
+    settings = ServeSettings(model="tiny", workers=tuple(spec_of(w) for w in workers),
+                             gateways=1)
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="serve",
              object_store_memory=128 * 1024**2, log_to_driver=False)
     try:

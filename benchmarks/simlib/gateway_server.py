@@ -63,8 +63,9 @@ class GatewayServer:
                                    f"{self.log_path.read_text()[-3000:]}")
             try:
                 ready = httpx.get(f"{self.base_url}/ready", timeout=5).json()
-                up = [w for w in ready["workers"] if w["state"] == "up"]
-                if len(up) == self.num_workers and (not events or self._all_on_events()):
+                # the counts: the workers' list is the admin key's to read
+                if (ready["num_workers_up"] == self.num_workers
+                        and (not events or self._all_on_events())):
                     return
             except (httpx.HTTPError, ValueError, KeyError):
                 pass

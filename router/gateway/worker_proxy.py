@@ -16,7 +16,8 @@ client's answer, within bounds that a lying or broken worker cannot cross:
 
 - redirects are never followed (a 307 would re-POST the tenant's prompt and salt to any
   address, a 302 fetch any internal URL for the client): a 3xx is a 502 `worker_redirect`;
-- an answer that is neither JSON nor an event stream is a 502 `worker_bad_response`;
+- an answer that is neither JSON nor an event stream is a 502 `worker_bad_response`, and
+  a 5xx other than 502/503/504 (the worker's own failure) a 502 `worker_error`;
 - at most `max_response_bytes` of an answer are read (more: a 502), and a stream is cut
   with an error event at `max_event_bytes` in one event or `max_stream_bytes` in all;
 - what reaches the client about a failure names no worker and quotes none of its text
@@ -75,9 +76,17 @@ class WorkerFailed(Exception):
     """The worker failed before anything was relayed (the request may go elsewhere)."""
 
 
-def bad_worker(message: str, code: str) -> APIError:
-    """A 502 for an answer kvroute will not relay; `message` names no worker."""
-    return APIError(502, message, type_="server_error", code=code)
+class BadWorker(APIError):
+    """A 502 for an answer kvroute will not relay: `message` (logged, and the worker's
+    release error) may quote the worker; the client reads `public` only."""
+
+    def __init__(self, message: str, code: str, public: str | None = None):
+        super().__init__(502, public or message, type_="server_error", code=code)
+        self.detail = message
+
+
+def bad_worker(message: str, code: str, public: str | None = None) -> BadWorker:
+    return BadWorker(message, code, public)
 
 
 def error_event(err: APIError) -> bytes:
@@ -131,9 +140,9 @@ class WorkerProxy:
                 log.warning("request to %s failed before any reply: %s", worker.url, err)
                 release(worker.worker_id, last_error)
                 continue
-            except APIError as err:  # a lying worker: its answer is not relayed
-                log.warning("worker %s: %s", worker.url, err.message)
-                release(worker.worker_id, err.message)
+            except BadWorker as err:  # a lying or failing worker: its answer is not relayed
+                log.warning("worker %s: %s", worker.url, err.detail)
+                release(worker.worker_id, err.detail)
                 raise
             except BaseException:
                 release(worker.worker_id, None)
@@ -164,6 +173,10 @@ class WorkerProxy:
             if response.status in RETRY_STATUSES:
                 text = (await response.content.read(300)).decode(errors="replace")
                 raise WorkerFailed(f"it answered {response.status}: {text!r}")
+            if response.status >= 500:  # its own failure: its text may be a traceback
+                text = (await response.content.read(300)).decode(errors="replace")
+                raise bad_worker(f"the worker failed (HTTP {response.status}): {text!r}",
+                                 "worker_error", public="the worker failed to answer")
             if 300 <= response.status < 400:
                 raise bad_worker(f"the worker answered a redirect ({response.status}); "
                                  f"the gateway follows none", "worker_redirect")

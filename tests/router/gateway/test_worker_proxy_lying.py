@@ -185,3 +185,21 @@ async def test_a_retried_failure_tells_the_client_no_worker_text(workers):
     assert "10.0.0.7" not in info.value.message and liar.url not in info.value.message
     assert "127.0.0.1" not in info.value.message
     assert "10.0.0.7" in picks.released[0][1]  # the worker set and the log still see it
+
+
+async def test_a_worker_failure_is_a_502_quoting_none_of_its_text(workers):
+    liar, _ = workers
+    liar.post = lambda request: _async(web.json_response(
+        {"error": "Traceback: /opt/secret/config.py line 3 db_password"}, status=500))
+    response_error, released = None, None
+    picks = Picks(WorkerSpec(liar.url))
+    proxy = WorkerProxy(SMALL)
+    try:
+        with pytest.raises(APIError) as info:
+            await proxy.forward("/v1/completions", BODY.encode(), picks.pick, picks.release)
+        response_error, released = info.value, picks.released
+    finally:
+        await proxy.aclose()
+    assert (response_error.status_code, response_error.code) == (502, "worker_error")
+    assert "db_password" not in response_error.message
+    assert "db_password" in released[0][1]  # the worker set and the log see it

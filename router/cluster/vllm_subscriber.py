@@ -167,7 +167,7 @@ class VllmEventSubscriber:
             await self._fill_gap(expected, seq)
             if self._next_seq == seq:
                 await self._apply_or_lose(seq, payload, live)
-        elif await self._is_restart(seq, payload):
+        elif self._is_restart(seq, payload):
             log.info("worker %s restarted (seq %d after %d)", self.spec.worker_id, seq,
                      expected - 1)
             self.stats.num_restarts += 1
@@ -179,14 +179,18 @@ class VllmEventSubscriber:
                 await self._resync(from_seq=0)
                 await self._handle(seq, payload, live)  # now a duplicate, or the first
 
-    async def _is_restart(self, seq: int, payload: bytes) -> bool:
+    def _is_restart(self, seq: int, payload: bytes) -> bool:
         """An old seq: the same batch again (replay and stream overlap), or a restarted
-        worker's new batch. Its digest tells, while remembered; else its time does."""
+        worker's new batch. Its digest tells, while remembered; else its time does (read
+        without decoding its events: old seqs cost nothing of the block budget)."""
         digest = self._digests.get(seq)
         if digest is not None:
             return digest != xxhash.xxh3_64_intdigest(payload)
-        decoded = await self._decode(payload)
-        return decoded is not None and decoded.batch.ts > self._last_ts
+        try:
+            return wire.batch_ts(payload) > self._last_ts
+        except wire.WireFormatError:
+            self.stats.num_malformed += 1
+            return False
 
     async def _decode(self, payload: bytes) -> wire.DecodedBatch | None:
         """The batch, decoded off the loop when large; None (counted) when it is malformed

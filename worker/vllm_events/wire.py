@@ -204,6 +204,17 @@ def decode_batch(payload: bytes, max_event_bytes: int | None = None) -> DecodedB
     return DecodedBatch(KVEventBatch(raw.ts, events, raw.data_parallel_rank), num_unknown)
 
 
+def batch_ts(payload: bytes) -> float:
+    """A batch's time, its events left undecoded (cheap whatever their size).
+
+    Raises WireFormatError when the payload is not a batch.
+    """
+    try:
+        return _batch_decoder.decode(payload).ts
+    except msgspec.DecodeError as err:
+        raise WireFormatError(f"not a KVEventBatch: {err}") from err
+
+
 def num_blocks(batch: KVEventBatch) -> int:
     """The blocks a batch stores or removes (what applying it costs)."""
     return sum(len(e.block_hashes) for e in batch.events

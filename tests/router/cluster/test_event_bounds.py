@@ -62,3 +62,10 @@ def test_an_event_over_the_cap_is_refused_before_it_is_decoded():
     with pytest.raises(wire.EventTooLarge, match="more than 1024"):
         wire.decode_batch(payload, max_event_bytes=1024)
     assert wire.num_blocks(wire.decode_batch(payload, max_event_bytes=len(payload)).batch) == 1000
+
+
+def test_a_batch_time_is_read_without_its_events():
+    payload = big_event_payload(1000)
+    assert wire.batch_ts(payload) == wire.decode_batch(payload).batch.ts
+    with pytest.raises(wire.WireFormatError):
+        wire.batch_ts(b"\x93garbage")

@@ -127,7 +127,8 @@ class WorkerProxy:
 
     async def forward(self, path: str, body: bytes, pick: Pick, release: Release) -> Response:
         """The worker's answer to POST `path` with `body` (JSON), from the first worker
-        that answers; APIError(503) naming the last failure when none does."""
+        that answers; APIError(503) when none does (the failures are logged), APIError(502)
+        when one answers what is not relayed."""
         tried: set[str] = set()
         last_error = "no worker was tried"
         for _ in range(self.config.max_attempts):

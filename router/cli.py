@@ -60,13 +60,13 @@ def start_ray(address: str | None, num_cpus: int | None, env: dict[str, str]) ->
                  object_store_memory=256 * 1024**2)
 
 
-def apply_serve_env(ingress: str, local: bool) -> dict[str, str]:
+def apply_serve_env(ingress: str, local: bool, routers_per_node: int) -> dict[str, str]:
     """Ray Serve's settings for this ingress (router/serve/serve_env.py) in this process's
     environment, before anything imports Ray Serve. Returns every RAY_SERVE_ variable, for
     the processes of a joined cluster."""
     from router.serve.serve_env import serve_env
 
-    os.environ.update(serve_env(ingress, local, os.environ))
+    os.environ.update(serve_env(ingress, local, os.environ, routers_per_node))
     return {name: value for name, value in os.environ.items() if name.startswith("RAY_SERVE_")}
 
 
@@ -79,7 +79,8 @@ def run_serve(ns: argparse.Namespace) -> int:
     except SettingsError as err:
         print(f"kvroute serve: {err}", file=sys.stderr)
         return 2
-    env = apply_serve_env(settings.ingress, local=not launch.address)
+    env = apply_serve_env(settings.ingress, local=not launch.address,
+                          routers_per_node=settings.gateways)
     from ray import serve
 
     from router.serve.app import serve_application

@@ -15,7 +15,10 @@ the Ray containers.
   own HTTP ports), RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1 (the ingress request
   router sees the body: the prompt it routes on) and RAY_SERVE_SESSION_ID_HEADER_KEY=
   authorization (HAProxy forwards Serve's session header, and only it, to the router: the
-  API key names the tenant, whose cache namespace the prompt is hashed in).
+  API key names the tenant, whose cache namespace the prompt is hashed in), and
+  RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE=`gateways`: Serve runs the ingress request
+  router as that many replicas on each node with a proxy, whatever the deployment's
+  num_replicas says.
 - HAProxy's stats and metrics listeners are fixed ports by default (8404, 9101): a local
   instance gets free ones, so several instances can share a host.
 
@@ -49,15 +52,20 @@ _NOT_FORWARDED = frozenset(
                                     for name in cls.model_fields)])
 
 
-def serve_env(ingress: str, local: bool, environ: Mapping[str, str]) -> dict[str, str]:
+def serve_env(ingress: str, local: bool, environ: Mapping[str, str],
+              routers_per_node: int) -> dict[str, str]:
     """The variables kvroute sets for `ingress` ("gateway" | "direct"), given the current
     `environ` (a variable already there is the user's: it wins). `local`: for a Ray instance
-    this process starts on this host."""
+    this process starts on this host. `routers_per_node`: ingress direct's routers on each
+    node (the `gateways` setting)."""
+    if routers_per_node < 1:
+        raise ValueError(f"routers_per_node must be >= 1, got {routers_per_node}")
     wanted = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
     if ingress == "direct":
         wanted |= {"RAY_SERVE_ENABLE_HA_PROXY": "1",
                    "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY": "1",
-                   "RAY_SERVE_SESSION_ID_HEADER_KEY": "authorization"}
+                   "RAY_SERVE_SESSION_ID_HEADER_KEY": "authorization",
+                   "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE": str(routers_per_node)}
     elif ingress != "gateway":
         raise ValueError(f"ingress must be 'gateway' or 'direct', got {ingress!r}")
     out = {**wanted, **{k: environ[k] for k in wanted if k in environ}}

@@ -102,9 +102,10 @@ class ServeSettings(BaseModel):
         description="cache_aware: cost of a host-cached prompt token as a fraction of "
                     "recomputing it (0: as good as a device hit, 1: no better than a miss)")
     gateways: PositiveInt = Field(
-        2, description="gateway processes: the HTTP ingress (ingress gateway), the ingress "
-                       "request routers (ingress direct) or the worker gateways; two by "
-                       "default, so one that fails or restarts leaves every POST served")
+        2, description="gateway processes: the HTTP ingress (ingress gateway), the worker "
+                       "gateways, or with ingress direct the ingress request routers on each "
+                       "node with a Serve proxy; two by default, so one that fails or "
+                       "restarts leaves every POST served")
     ingress: Literal["gateway", "direct"] = Field(
         "direct", description="direct (the default; with workers: gateway): HAProxy "
                               "(bundled with ray[serve]) asks kvroute's router for a replica "

@@ -36,7 +36,8 @@ def test_overridden_deployments_exist(helm_bin, value_set):
 def test_every_ray_container_has_the_serve_env_of_its_ingress(helm_bin, value_set):
     docs = render(helm_bin, VALUE_SETS[value_set])
     (app,) = serve_config(docs)["applications"]
-    want = serve_env(app["args"]["ingress"], local=False, environ={})
+    want = serve_env(app["args"]["ingress"], local=False, environ={},
+                     routers_per_node=app["args"]["gateways"])
     (service,) = [d for d in docs if d["kind"] == "RayService"]
     cluster = service["spec"]["rayClusterConfig"]
     pods = [cluster["headGroupSpec"]["template"]] + [

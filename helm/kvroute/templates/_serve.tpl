@@ -51,6 +51,9 @@ passed to the ingress request router.
   value: "1"
 - name: RAY_SERVE_SESSION_ID_HEADER_KEY
   value: authorization
+{{- /* Serve runs this many ingress request routers on each node with a proxy. */}}
+- name: RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE
+  value: {{ .Values.gateway.replicas | int | quote }}
 {{- end }}
 {{- end }}
 

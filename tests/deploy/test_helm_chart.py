@@ -73,8 +73,9 @@ def test_default_values(helm_bin):
                 "load_weight": 0.2, "host_cost_fraction": 0.2, "gateways": 2,
                 "ingress": "direct",
             },
-            "deployments": [{"name": "KVRouteIngressRouter", "ray_actor_options": {
-                "num_cpus": 0, "resources": {"kvroute_gateway": 1}}}],
+            # no head-only resource: Serve pins the routers to every proxy pod itself
+            "deployments": [{"name": "KVRouteIngressRouter",
+                             "ray_actor_options": {"num_cpus": 0}}],
         }],
     }
     group = engine_group(docs)
@@ -83,8 +84,7 @@ def test_default_values(helm_bin):
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert worker["resources"]["requests"]["nvidia.com/gpu"] == 1
     head = one(docs, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]
-    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-gpus": "0",
-                                      "resources": '"{\\"kvroute_gateway\\": 1000}"'}
+    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "num-gpus": "0"}
     spec = one(docs, "RayService")["spec"]
     assert spec["upgradeStrategy"] == {"type": "NewCluster"}
     assert spec["excludeHeadPodFromServeSvc"] is False

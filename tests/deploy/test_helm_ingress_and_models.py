@@ -121,9 +121,11 @@ def test_bad_new_values_fail_with_a_clear_message(helm_bin, set_values, message)
     assert message in result.stderr
 
 
-def test_only_direct_ingress_routers_and_worker_gateways_stay_on_the_head(helm_bin):
+def test_only_worker_gateways_stay_on_the_head(helm_bin):
+    # Ray Serve pins the ingress request routers to every proxy pod itself: a head-only
+    # resource would leave those on engine pods unschedulable.
     for value_set, name, pinned in (("gateway", "Gateway", False),
-                                    ("default", "KVRouteIngressRouter", True),
+                                    ("default", "KVRouteIngressRouter", False),
                                     ("workers", "WorkerGateway", True)):
         docs = render(helm_bin, VALUE_SETS[value_set])
         gateway = serve_config(docs)["applications"][0]["deployments"][0]

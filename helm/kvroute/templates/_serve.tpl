@@ -11,11 +11,13 @@
 
 {{/*
 "true" when the gateway processes are pinned to the head: the worker gateways (they listen
-on the head's port themselves) and, with ingress direct, the ingress request routers (as the
-direct ingress was built); the Gateway deployment runs wherever Serve places it.
+on the head's port themselves). The Gateway deployment runs wherever Serve places it; with
+ingress direct, Ray Serve itself pins `gateway.replicas` ingress request routers to every
+pod with a proxy (RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE), so a head-only resource
+would leave those on engine pods unschedulable.
 */}}
 {{- define "kvroute.gatewaysOnHead" -}}
-{{- if or .Values.workers (eq (include "kvroute.ingress" .) "direct") }}true{{ end }}
+{{- if .Values.workers }}true{{ end }}
 {{- end }}
 
 {{/* Where the API keys Secret is mounted in every pod. */}}

@@ -30,6 +30,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -122,7 +123,9 @@ def run_cell(args, spec: PeerWorkload, router: str, seed: int, log_dir: Path,
     worker_args = ["--engine", "sim", "--sim-preset", args.sim_preset, "--num-blocks",
                    str(spec.num_blocks), "--kv-events-port", "0",
                    "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS),
-                   "--max-num-seqs", str(MAX_SEQS)]
+                   "--max-num-seqs", str(MAX_SEQS),
+                   # the sim engine has no position limit: a prompt may fill the pool
+                   "--max-model-len", str(spec.num_blocks * 16)]
     workload = spec.build(seed)
     tokens = TokenSource(seed, 32, 127, workload.shared_keys())
     t0 = time.monotonic()
@@ -182,6 +185,8 @@ def save_raw(args, summary: dict, records: list, stamp: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    # a SIGTERM unwinds (the finally blocks stop the workers, the router and Ray)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parse_args(argv)
     from benchmarks.peers.report import report
     if args.report_from:

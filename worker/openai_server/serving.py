@@ -2,11 +2,11 @@
 
 Per request: validate the body, tokenize (chat template for chat; text that cannot fit the
 context refused first, a long prompt off the event loop: worker/openai/prompt_encoder.py),
-check the context, and stream the engine's deltas as OpenAI bodies or SSE. Errors before the first token are plain
-HTTP errors (400 bad input, 404 unknown model, 503 shutting down); after it, an error event
-ends the stream. A client that leaves aborts its engine request: a stream when Starlette
-cancels it, a non-streaming request (or one still waiting for its first token) when the
-disconnect arrives on the ASGI channel.
+check the context, and stream the engine's deltas as OpenAI bodies or SSE. Errors before
+the first token are plain HTTP errors (400 bad input, 404 unknown model, 503 shutting
+down); after it, an error event ends the stream. A client that leaves aborts its engine
+request: a stream when Starlette cancels it, a non-streaming request (or one still waiting
+for its first token) when the disconnect arrives on the ASGI channel.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ class RouteReports:
 
 def _path(scope) -> str:
     """The request's path within the app (Starlette's path includes its root path)."""
-    path, root = scope["path"], scope.get("root_path", "")
-    return path[len(root):] if root and path.startswith(root) else path
+    path, root = scope["path"], scope.get("root_path", "").rstrip("/")
+    return path[len(root):] if root and path.startswith(root + "/") else path
 
 
 class RouteTracking:

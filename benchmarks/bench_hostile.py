@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def summarize(per_front: list[dict], runtime_s: float) -> dict:
-    leaks = [f["load_leaked_after_s"] for f in per_front]
+    leaks = [f["load_leaked_after_s"] for f in per_front if f["routed"]]
     ratios = [f["victim_ttft_p50_over_baseline"] for f in per_front
               if f["victim_ttft_p50_over_baseline"] is not None]
     return {

@@ -125,6 +125,7 @@ def _socket(front: Front) -> socket.socket:
 def _request_head(front: Front, path: str, length: int) -> bytes:
     headers = "".join(f"{k}: {v}\r\n" for k, v in front.hostile_headers.items())
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Connection: close\r\n"
             f"Content-Length: {length}\r\n{headers}\r\n").encode()
 
 
@@ -144,7 +145,9 @@ def _abandon(stage: str) -> Callable[[Front], str]:
                     return "closed"
                 s.sendall(_request_head(front, "/v1/completions", len(body)) + body)
                 if stage == "mid-stream":
-                    got = b""
+                    got = s.recv(65536)
+                    if not got.startswith(b"HTTP/1.1 200"):  # refused: nothing to leave
+                        return got.split(b" ", 2)[1].decode() if got else "closed"
                     while got.count(b"data: ") < 3:
                         chunk = s.recv(65536)
                         if not chunk:

@@ -23,7 +23,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker, stop_all
-from benchmarks.simlib.gateway_server import start_gateway, stop_gateway
+from benchmarks.simlib.gateway_server import GatewayServer, stop_gateway
+from tests.router.serve.serve_helpers import wait_until
 
 VICTIM_KEY, HOSTILE_KEY, ADMIN_KEY = "key-victim", "key-hostile", "admin-key-hostile-bench"
 KEYS = {VICTIM_KEY: "victim", HOSTILE_KEY: "hostile"}
@@ -72,7 +73,13 @@ class Front:
                    and ls.get("reason") == "error")
 
     def step_failures(self) -> int:
-        return sum(p.read_text(errors="replace").count(STEP_FAILED)
+        return self._count_in_logs(STEP_FAILED)
+
+    def tracebacks(self) -> int:
+        return self._count_in_logs("Traceback (most recent call last)")
+
+    def _count_in_logs(self, text: str) -> int:
+        return sum(p.read_text(errors="replace").count(text)
                    for p in self.log_paths if p.exists())
 
 
@@ -152,8 +159,9 @@ def workers_front(workdir: Path, num_workers: int = 2) -> Iterator[Front]:
         specs = [f"{w.url}#kv_events={w.kv_events_endpoint}"
                  f"&kv_replay={w.kv_events_replay_endpoint}" for w in workers]
         with _environ(ADMIN_ENV):
-            gateway = start_gateway(specs, ["--api-keys-file", str(keys)],
-                                    workdir / "serve-workers.log", events=False)
+            gateway = GatewayServer(specs, ["--api-keys-file", str(keys)],
+                                    workdir / "serve-workers.log")
+        _wait_workers_up(gateway, num_workers)
         yield Front("workers", gateway.base_url, bearer(VICTIM_KEY), bearer(HOSTILE_KEY),
                     bearer(ADMIN_KEY), [f"{w.url}/metrics" for w in workers],
                     [Path(w._log.name) for w in workers] + [workdir / "serve-workers.log"],
@@ -164,6 +172,24 @@ def workers_front(workdir: Path, num_workers: int = 2) -> Iterator[Front]:
         for i, w in enumerate(workers):
             _keep_log(w, workdir / f"worker-{i}.log")
         stop_all(workers)
+
+
+def _wait_workers_up(gateway: GatewayServer, num_workers: int) -> None:
+    """/ready counts every worker up (it names none to an unauthenticated caller), and the
+    victim's completion is served."""
+    def ready() -> bool:
+        if gateway.proc.poll() is not None:
+            raise RuntimeError(f"kvroute serve exited: {gateway.log_path.read_text()[-3000:]}")
+        try:
+            up = httpx.get(f"{gateway.base_url}/ready", timeout=5).json()
+            served = httpx.post(f"{gateway.base_url}/v1/completions", timeout=30,
+                                headers=bearer(VICTIM_KEY),
+                                json={"model": "tiny", "prompt": "up?", "max_tokens": 1})
+        except (httpx.HTTPError, ValueError):
+            return False
+        return up.get("num_workers_up") == num_workers and served.status_code == 200
+
+    wait_until(ready, 300, "the workers gateway to serve", interval_s=0.5)
 
 
 FRONTS = {"direct": direct_front, "engine": engine_front, "workers": workers_front}

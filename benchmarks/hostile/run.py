@@ -49,6 +49,8 @@ class LoadWatch:
         self.front, self.interval_s = front, interval_s
         self.nonfinite = 0
         self.peak_tokens = 0.0
+        self.label = ""  # what runs now: the peak per label shows which attack raised it
+        self.peak_by_label: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -64,6 +66,9 @@ class LoadWatch:
         self.nonfinite += nonfinite(loads)
         finite = [v for v in loads.values() if v == v and abs(v) != float("inf")]
         self.peak_tokens = max([self.peak_tokens, *finite])
+        if self.label:
+            self.peak_by_label[self.label] = max([self.peak_by_label.get(self.label, 0.0),
+                                                  *finite])
         return loads
 
     def __enter__(self) -> LoadWatch:
@@ -98,6 +103,7 @@ def run_front(front: Front, config: HostileConfig) -> dict:
     victim = Victim(front.base_url, front.victim_headers)
     victim.results.append(victim.request())  # computes the shared prefix once
     steps_before, errors_before = front.step_failures(), front.engine_errors()
+    tracebacks_before = front.tracebacks()
     victim.phase = "baseline"
     victim.start()
     time.sleep(config.baseline_s)  # the victim alone, for its baseline
@@ -111,26 +117,28 @@ def run_front(front: Front, config: HostileConfig) -> dict:
         victim.start()
         attack_start = time.monotonic()
         for attack in config.attacks:
+            watch.label = attack.family
             t0 = time.monotonic()
             outcomes[attack.family][attack.send(front)] += 1
             windows.append((t0, time.monotonic(), f"{attack.family}: {attack.name}"))
         if config.multi_request and front.name == "direct":
-            t0 = time.monotonic()
+            t0, watch.label = time.monotonic(), "quota"
             detail["quota_race"] = quota_race(front)
             windows.append((t0, time.monotonic(), "quota: concurrent pin registers"))
         if config.multi_request and front.name == "workers":
-            t0 = time.monotonic()
+            t0, watch.label = time.monotonic(), "liar"
             detail["lying_worker"] = lying_worker(front)
             windows.append((t0, time.monotonic(), "liar: lying worker, huge KV batches"))
         attacks_s = time.monotonic() - attack_start
-        t0 = time.monotonic()
+        t0, watch.label = time.monotonic(), "fuzz"
         fuzz = fuzz_front(front, config.fuzz_cases) if config.fuzz_cases else {"cases": 0,
                                                                                 "5xx": 0}
         windows.append((t0, time.monotonic(), "fuzz: schemathesis"))
         fuzz_s = time.monotonic() - t0
         victim.stop()
+        watch.label = "settle"
         leaked = (_settle_s(front, watch, idle, config.settle_timeout_s) if front.routed
-                  else 0.0)
+                  else None)
     victim.phase = "after"
     victim.results.append(victim.request())
     base, attack = victim.summary("baseline"), victim.summary("attack")
@@ -143,9 +151,11 @@ def run_front(front: Front, config: HostileConfig) -> dict:
         "victim_off_cache": attack["off_cache"] + victim.summary("after")["off_cache"],
         "victim_ttft_p50_over_baseline": round(ratio, 3) if ratio else None,
         "load_nonfinite": watch.nonfinite, "load_peak_tokens": round(watch.peak_tokens, 1),
+        "load_peak_tokens_by_phase": {k: round(v) for k, v in watch.peak_by_label.items()},
         "load_leaked_after_s": leaked,
         "engine_step_failures": front.step_failures() - steps_before,
         "engine_error_finishes": front.engine_errors() - errors_before,
+        "logged_tracebacks": front.tracebacks() - tracebacks_before, "routed": front.routed,
         "attack_outcomes": {f: dict(c) for f, c in outcomes.items()},
         "hurt_by": blame(victim, windows, base["ttft_p50_s"]),
         "fuzz": fuzz, "attacks_s": round(attacks_s, 1), "fuzz_s": round(fuzz_s, 1), **detail}

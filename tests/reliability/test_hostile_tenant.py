@@ -53,7 +53,8 @@ def test_the_victims_prefix_stays_where_it_is_cached(result):
 
 def test_the_routers_load_stays_finite_and_comes_back(result):
     assert result["load_nonfinite"] == 0
-    assert result["load_leaked_after_s"] is not None
+    if result["routed"]:  # a router in front: its load settles back
+        assert result["load_leaked_after_s"] is not None
 
 
 def test_no_engine_step_fails(result):

@@ -10,7 +10,9 @@ number of replicas with the same pools and step budgets (each step stretched so 
 simulated time per output token is the live one), with the live event timings:
 the engine publishes every --publish-interval-s (kvroute engine's pump: 10 ms) and a batch
 reaches the router --event-delay-s later (ZMQ, the index actor, the mirror's long poll).
-Approximate runs get no events, as live. It prints predicted against live hit rates; the
+Approximate runs get no events, as live. Requests are spread at random over --routers (2)
+routers, as `kvroute serve` runs two gateway processes, each its own Router with its own
+pending marks, load count and routed history. It prints predicted against live hit rates; the
 error is predicted minus live.
 """
 
@@ -35,6 +37,7 @@ from router.core.router import RouterConfig  # noqa: E402
 
 PUBLISH_INTERVAL_S = 0.01  # worker/openai_server/main.py: ServerConfig.kv_events_interval_s
 EVENT_DELAY_S = 0.02
+NUM_ROUTERS = 2  # kvroute serve's gateway processes (--gateways), each its own Router
 
 
 class ReplayPrompts:
@@ -61,7 +64,7 @@ def load_run(path: Path) -> tuple[dict, list[dict]]:
 
 def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLISH_INTERVAL_S,
            event_delay_s: float = EVENT_DELAY_S, step_time_scale: float = 1.0,
-           classes: dict | None = None) -> RunResult:
+           classes: dict | None = None, num_routers: int = NUM_ROUTERS) -> RunResult:
     """The live run's requests in the simulator, as `summary['router']` routed them."""
     records = sorted(records, key=lambda r: r["sent_s"])
     prompts = {r["request_id"]: prompt_token_ids(r["prompt"]) for r in records}
@@ -76,7 +79,7 @@ def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLI
     router = RouterConfig(approximate=approximate, approx_capacity_blocks=summary["num_blocks"])
     config = ClusterConfig(summary["num_workers"], replica, router,
                            event_delay_s=event_delay_s, publish_interval_s=publish_interval_s,
-                           model_name="tiny")
+                           model_name="tiny", num_routers=num_routers)
     sim = ClusterSim(config, Workload(summary["workload"], items))
     sim.prompts = ReplayPrompts(prompts, replica.block_size, sim.root)
     if classes is None:
@@ -142,11 +145,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--publish-interval-s", type=float, default=PUBLISH_INTERVAL_S)
     p.add_argument("--event-delay-s", type=float, default=EVENT_DELAY_S)
+    p.add_argument("--routers", type=int, default=NUM_ROUTERS,
+                   help="router processes (the live gateways), each with its own marks")
     args = p.parse_args(argv)
     lines: list[str] = []
     runs = [{"raw": str(path)} for path in args.runs]
     errors = predict_runs(runs, lines, publish_interval_s=args.publish_interval_s,
-                          event_delay_s=args.event_delay_s)
+                          event_delay_s=args.event_delay_s, num_routers=args.routers)
     print("\n".join(lines))
     out = {"sim_vs_live_abs_err_max": round(max(abs(e) for e in errors), 4)}
     print(json.dumps(out))

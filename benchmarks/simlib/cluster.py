@@ -52,6 +52,10 @@ class ClusterConfig:
     # the same ids: the live benches' byte-level sim answers), so the engine's cached
     # answer blocks are never reused and the answer is recomputed as prompt.
     answers_reencode: bool = True
+    # Router processes (kvroute serve's gateways, 2 by default), each with its own Router:
+    # its own pending marks, load count and (approximate mode) routed history, the same
+    # event feed. Each request goes to one at random, as SO_REUSEPORT spreads connections.
+    num_routers: int = 1
 
     def __post_init__(self):
         if not 1 <= self.num_replicas <= 1024:
@@ -59,6 +63,8 @@ class ClusterConfig:
         if self.router.block_size != self.replica.block_size:
             raise ValueError(f"router block_size {self.router.block_size} != replica "
                              f"block_size {self.replica.block_size}")
+        if not 1 <= self.num_routers <= 64:
+            raise ValueError(f"num_routers must be in [1, 64], got {self.num_routers}")
         if not (math.isfinite(self.event_delay_s) and self.event_delay_s >= 0):
             raise ValueError(f"event_delay_s must be finite and >= 0, got {self.event_delay_s}")
         if not (math.isfinite(self.publish_interval_s) and self.publish_interval_s > 0):
@@ -105,7 +111,11 @@ class ClusterSim:
         self.replicas = [SimReplica(f"r{i}", rc) for i in range(config.num_replicas)]
         self.replica_ids = [r.replica_id for r in self.replicas]
         self._index_of = {rid: i for i, rid in enumerate(self.replica_ids)}
-        self.router = Router(config.router, clock=lambda: self.now)
+        self.routers = [Router(config.router, clock=lambda: self.now)
+                        for _ in range(config.num_routers)]
+        self.router = self.routers[0]
+        self._router_rng = np.random.default_rng([config.seed, 5])
+        self._router_of: dict[str, Router] = {}
         self.feed_index = not config.router.approximate
         self.root = namespace_root(config.model_name)
         source = TokenSource(config.seed, 3, rc.vocab_size, workload.shared_keys())
@@ -129,7 +139,8 @@ class ClusterSim:
         wall0 = time.perf_counter()
         if self.feed_index:
             for rep in self.replicas:
-                self.router.apply_snapshot(rep.core.snapshot())
+                for router in self.routers:
+                    router.apply_snapshot(rep.core.snapshot())
         for item in self.workload.items:
             if item.parent_id is None:
                 self._push(item.arrival_s, _ARRIVAL, item)
@@ -156,7 +167,10 @@ class ClusterSim:
         if n >= self.config.replica.max_model_len:  # the engine would reject it
             self._end(rec, "rejected", token_ids, hashes)
             return
-        decision = self.router.route(item.request_id, hashes, n, self.replica_ids,
+        router = self.routers[0] if len(self.routers) == 1 else self.routers[
+            int(self._router_rng.integers(len(self.routers)))]
+        self._router_of[item.request_id] = router
+        decision = router.route(item.request_id, hashes, n, self.replica_ids,
                                      item.max_tokens)
         rec.replica_id = decision.replica_id
         rec.predicted_hit_tokens = (decision.predicted_device_hit_tokens
@@ -186,7 +200,7 @@ class ClusterSim:
             if rec.first_token_s is None:
                 rec.first_token_s = self.now
                 if self.config.first_token_signal:
-                    self.router.on_first_token(req.request_id)
+                    self._router_of[req.request_id].on_first_token(req.request_id)
             if req.is_finished:
                 self._finish(req)
         self._start_step(i)
@@ -198,7 +212,7 @@ class ClusterSim:
         rec.cached_device_tokens = req.num_cached_device_tokens
         rec.cached_host_tokens = req.num_cached_host_tokens
         rec.num_preemptions = req.num_preemptions
-        self.router.on_finished(req.request_id)
+        self._router_of[req.request_id].on_finished(req.request_id)
         self.pooled.release(req.block_hashes)
         self._end(rec, req.finish_reason or "error", req.token_ids, req.block_hashes)
 
@@ -253,7 +267,8 @@ class ClusterSim:
     def _on_deliver(self, arg) -> None:
         i, batch, stats = arg
         rep = self.replicas[i]
-        if self.router.apply_batch(batch):
-            self.router.apply_snapshot(rep.core.snapshot())
-            self.num_snapshots += 1
-        self.router.update_stats(rep.replica_id, stats)
+        for router in self.routers:
+            if router.apply_batch(batch):
+                router.apply_snapshot(rep.core.snapshot())
+                self.num_snapshots += 1
+            router.update_stats(rep.replica_id, stats)

@@ -38,11 +38,15 @@ def _leading(held, hashes) -> int:
 
 def run_with_miss_classes(sim: ClusterSim) -> tuple[RunResult, dict[str, float]]:
     """Runs `sim`; each class's share of all prompt tokens."""
-    router = sim.router
     seen: set = set()
     at_routing: dict[str, tuple] = {}  # request -> (chosen, held, computing, view, seen)
-    route = router.route
+    for router in sim.routers:  # every router process's decisions
+        router.route = _recording(sim, router, router.route, seen, at_routing)
+    result = sim.run()
+    return result, _classify(sim, result, at_routing)
 
+
+def _recording(sim: ClusterSim, router, route, seen: set, at_routing: dict):
     def recording_route(request_id, block_hashes, num_prompt_tokens, replica_ids,
                         max_tokens=0):
         held = {rep.replica_id: _leading(rep.core.kv.pool.cached, block_hashes)
@@ -55,9 +59,10 @@ def run_with_miss_classes(sim: ClusterSim) -> tuple[RunResult, dict[str, float]]
         at_routing[request_id] = (decision.replica_id, held, computing, view, was_seen,
                                   block_hashes)
         return decision
+    return recording_route
 
-    router.route = recording_route
-    result = sim.run()
+
+def _classify(sim: ClusterSim, result: RunResult, at_routing: dict) -> dict[str, float]:
     block_size = sim.config.replica.block_size
     counts: Counter = Counter()
     total = 0
@@ -81,4 +86,4 @@ def run_with_miss_classes(sim: ClusterSim) -> tuple[RunResult, dict[str, float]]
             else:
                 cls = "evicted_everywhere"
             counts[cls] += block_size
-    return result, {c: counts[c] / total if total else 0.0 for c in CLASSES}
+    return {c: counts[c] / total if total else 0.0 for c in CLASSES}

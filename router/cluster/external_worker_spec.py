@@ -44,7 +44,13 @@ class SubscriberConfig:
     max_message_bytes: int = 8 << 20  # one ZMQ frame (MAXMSGSIZE: larger drops the link)
     max_event_bytes: int = 1 << 20  # one event in a batch (~16,000 blocks of 16 tokens)
     max_replay_bytes: int = 64 << 20  # one whole replay answer
-    max_blocks_per_batch: int = 65_536  # a snapshot included
+    max_blocks_per_batch: int = 65_536  # a live or replayed batch
+    # A snapshot holds every block a worker has (a large GPU holds millions): it has a cap
+    # of its own and a budget of its own, so a worker that keeps losing its stream (and
+    # asking for snapshots) still costs the index a bounded rate: one whole snapshot per
+    # max_snapshot_blocks / snapshot_blocks_per_s seconds (16 s by default).
+    max_snapshot_blocks: int = 4_194_304
+    snapshot_blocks_per_s: float = 262_144.0
     # A worker's sustained rate (blocks stored and removed per second), with bursts of
     # max_blocks_per_batch. A live batch over it cuts the worker off for flood_pause_s:
     # its view is dropped (approximate) and its messages are dropped undecoded.
@@ -62,12 +68,14 @@ class SubscriberConfig:
         if self.num_remembered_batches < 1:
             raise ValueError("SubscriberConfig: num_remembered_batches must be >= 1")
         for name in ("max_message_bytes", "max_event_bytes", "max_replay_bytes",
-                     "max_blocks_per_batch", "emit_piece_blocks"):
+                     "max_blocks_per_batch", "max_snapshot_blocks", "emit_piece_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SubscriberConfig: {name} must be >= 1, got "
                                  f"{getattr(self, name)}")
-        if not (self.max_blocks_per_s > 0 and self.flood_pause_s > 0):
-            raise ValueError("SubscriberConfig: max_blocks_per_s and flood_pause_s must be > 0")
+        if not (self.max_blocks_per_s > 0 and self.flood_pause_s > 0
+                and self.snapshot_blocks_per_s > 0):
+            raise ValueError("SubscriberConfig: max_blocks_per_s, snapshot_blocks_per_s and "
+                             "flood_pause_s must be > 0")
         if self.inline_decode_bytes < 0:
             raise ValueError("SubscriberConfig: inline_decode_bytes must be >= 0")
 

@@ -81,6 +81,8 @@ class VllmEventSubscriber:
         self._last_heard_s = time.monotonic()
         self._budget = BlockBudget(self.config.max_blocks_per_s,
                                    self.config.max_blocks_per_batch)
+        self._snapshot_budget = BlockBudget(self.config.snapshot_blocks_per_s,
+                                            self.config.max_snapshot_blocks)
         self._cut_off_until_s = 0.0
 
     @property
@@ -192,10 +194,12 @@ class VllmEventSubscriber:
             self.stats.num_malformed += 1
             return False
 
-    async def _decode(self, payload: bytes) -> wire.DecodedBatch | None:
+    async def _decode(self, payload: bytes,
+                      max_blocks: int | None = None) -> wire.DecodedBatch | None:
         """The batch, decoded off the loop when large; None (counted) when it is malformed
-        or over the bounds."""
+        or over the bounds (`max_blocks`: max_blocks_per_batch unless given)."""
         config = self.config
+        max_blocks = config.max_blocks_per_batch if max_blocks is None else max_blocks
         try:
             decoded = await off_loop(len(payload), config.inline_decode_bytes,
                                      wire.decode_batch, payload, config.max_event_bytes)
@@ -207,9 +211,9 @@ class VllmEventSubscriber:
                 self.stats.num_malformed += 1
             return None
         num_blocks = wire.num_blocks(decoded.batch)
-        if num_blocks > config.max_blocks_per_batch:
+        if num_blocks > max_blocks:
             log.warning("worker %s: a batch of %d blocks, more than %d", self.spec.worker_id,
-                        num_blocks, config.max_blocks_per_batch)
+                        num_blocks, max_blocks)
             self.stats.num_oversized += 1
             return None
         return decoded
@@ -306,8 +310,9 @@ class VllmEventSubscriber:
         answers = await self._replay(frames.SNAPSHOT_SEQ)
         if answers is not None and len(answers) == 1:
             payload = answers[0].payload
-            decoded = await self._decode(payload)
-            if decoded is not None and not self._budget.take(wire.num_blocks(decoded.batch)):
+            decoded = await self._decode(payload, self.config.max_snapshot_blocks)
+            if decoded is not None and not self._snapshot_budget.take(
+                    wire.num_blocks(decoded.batch)):
                 self.stats.num_over_budget += 1
             elif decoded is not None:
                 self.stats.num_snapshots += 1

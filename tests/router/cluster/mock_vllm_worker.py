@@ -4,8 +4,9 @@ It speaks vLLM 0.33.0's protocol (worker/vllm_events/frames.py; or 0.22.1's repl
 which lack the topic) over real ZMQ sockets from its own thread: PUB (an XPUB, so a test
 can wait for the subscriber to listen), and a ROUTER replay socket over the last
 `buffer_steps` batches. Like vLLM it has no snapshot: asked for SNAPSHOT_SEQ it answers the
-end marker alone. A test chooses which batches the live stream drops (they stay in the
-replay buffer) and may publish raw bytes.
+end marker alone, unless a test sets `snapshot_events` (then it answers as kvroute's
+publisher does: one batch of those events at the last seq). A test chooses which batches
+the live stream drops (they stay in the replay buffer) and may publish raw bytes.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class MockVllmWorker:
         self._subscribed = threading.Event()
         self._stop = threading.Event()
         self.answer_replays = True  # False: a hung worker that never answers
+        self.snapshot_events: list | None = None  # set: answers snapshots, as kvroute's
         self.next_seq = 0
         self.num_replays = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -110,6 +112,11 @@ class MockVllmWorker:
         client, _, start = msg
         start_seq = int.from_bytes(start, "big")
         topic = [self._topic] if self._replay_shape == "0.33.0" else []
+        if start_seq == frames.SNAPSHOT_SEQ and self.snapshot_events is not None:
+            payload = wire.encode_batch(wire.KVEventBatch(time.time(), self.snapshot_events, 0))
+            self._replay.send_multipart([client, b"", *topic,
+                                         frames.seq_bytes(self.next_seq - 1), payload])
+            self._buffer.clear()  # (the snapshot covers them)
         for seq, payload in self._buffer:
             if seq >= start_seq:
                 self._replay.send_multipart([client, b"", *topic, frames.seq_bytes(seq),

@@ -30,6 +30,7 @@ from tests.router.cluster.test_vllm_subscriber import (
     tokens,
     until,
 )
+from worker.vllm_events import wire
 
 BOUNDED = dict(stale_after_s=30.0, replay_timeout_s=1.0, max_blocks_per_batch=8,
                max_blocks_per_s=1e-9, flood_pause_s=3600.0)  # the budget never refills
@@ -198,4 +199,40 @@ async def test_a_replay_answer_over_its_byte_cap_is_no_answer():
                                 max_total_bytes=size - 1) is None
     assert len(await request_replay(ctx, worker.replay_endpoint, 0, 2.0,
                                     max_total_bytes=size)) == 4
+    worker.close()
+
+
+def snapshot_of(num_blocks: int) -> tuple[list, list[bytes]]:
+    """kvroute's publisher's snapshot of one `num_blocks`-block chain: a clear, then one
+    store per block, parents first; and the chain's router hashes."""
+    token_ids = tokens(7, num_blocks)
+    names = [f"s-{i}".encode() for i in range(num_blocks)]
+    events = [wire.AllBlocksCleared()]
+    for i, name in enumerate(names):
+        events.append(stored([name], names[i - 1] if i else None,
+                             token_ids[i * B:(i + 1) * B]))
+    return events, router_hashes(token_ids)
+
+
+async def test_a_snapshot_may_hold_more_blocks_than_a_batch():
+    """A worker's snapshot holds its whole cache, many batches' worth: its own cap."""
+    worker = MockVllmWorker()
+    worker.snapshot_events, hashes = snapshot_of(20)  # over max_blocks_per_batch=8
+    worker.publish([], drop=True)  # the snapshot is valid at seq 0
+    async with following(worker, max_snapshot_blocks=20) as (sub, sink):
+        await started(sub, worker)
+        assert sub.mode == EVENTS and sub.stats.num_snapshots == 1
+        assert sub.stats.num_oversized == 0
+        assert sink.contents()["device"] == set(hashes)
+    worker.close()
+
+
+async def test_a_snapshot_over_its_cap_is_refused():
+    worker = MockVllmWorker()
+    worker.snapshot_events, _ = snapshot_of(21)
+    worker.publish([], drop=True)
+    async with following(worker, max_snapshot_blocks=20) as (sub, sink):
+        await started(sub, worker)
+        assert sub.stats.num_snapshots == 0 and sub.stats.num_oversized == 1
+        assert sink.contents()["device"] == set()
     worker.close()

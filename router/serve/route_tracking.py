@@ -76,8 +76,8 @@ class RouteTracking:
             await self.app(scope, receive, send)
             return
         routed_by = (_ROUTED_BY_HEADER_BYTES, route.router_id.encode())
-        # it ran nothing: a path that generates nothing, an error status, an exception (a
-        # client that leaves cancels it: that one may have run)
+        # it ran nothing: a path that generates nothing, or an error status (an exception
+        # or a client that left may come after work: those end as run)
         refused = [_path(scope) not in GENERATION_PATHS]
 
         async def send_routed(message) -> None:
@@ -89,9 +89,6 @@ class RouteTracking:
         self.reports.claim(route)
         try:
             await self.app(scope, receive, send_routed)
-        except Exception:
-            refused[0] = True
-            raise
         finally:
             self.reports.end(route, refused=refused[0])
 

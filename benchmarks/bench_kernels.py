@@ -12,7 +12,7 @@ CUDA events on a GPU):
 - copy_gb_s: device-to-device copy of a `--copy-mib` buffer, bytes read + written / time.
 - decode_gb_s: decode attention (one query per request over its whole context): the K and
   V bytes it must read, batch x context x KV heads x head dim x 2 x element size, / time.
-- decode_over_copy: decode_gb_s / copy_gb_s (issue 3's target: >= 0.6 on a GPU).
+- decode_over_copy: decode_gb_s / copy_gb_s (target: >= 0.6 on a GPU).
 - prefill_tflop_s: prefill attention of `--prefill-tokens` new tokens per request over the
   rest of the context already cached, QK^T and PV multiply-adds x 2 / time.
 - write_kv_gb_s: storing one decode step's K and V (batch x KV heads x head dim x 2) into

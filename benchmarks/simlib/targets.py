@@ -1,4 +1,4 @@
-"""Issue 13's ladder figures: the policy under test against approximate mode and the pooled
+"""The ladder figures: the policy under test against approximate mode and the pooled
 bound on every rung (benchmarks/RESULTS.md, "Routing at scale, simulated", has the targets).
 
 - worst_hit_minus_approximate: min over rungs of hit rate - approximate's hit rate;

@@ -20,7 +20,7 @@ and it is released no earlier than that round finished.
 - mooncake: replay of a Mooncake-format trace (timestamps in ms, one hash id per 512
   prompt tokens), arrivals divided by `time_scale`.
 - burst: N identical long prompts at once, then (a wave later) N prompts that differ only
-  in their last few tokens: the identical-prompt collapse of issue 13.
+  in their last few tokens: the identical-prompt collapse.
 - conversation: long multi-turn chats sharing a short system head, with think time
   (benchmarks/simlib/conversation.py).
 """

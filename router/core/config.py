@@ -24,20 +24,20 @@ class RouterConfig:
     running_decode_weight: float = 1.0
     # Each cached prompt token adds this many tokens of work to the load a request adds:
     # a cached prompt still costs its replica a seat and attention over its context.
-    # (0.1: a burst of one cached prompt spreads like round robin; benchmarks/RESULTS.md,
-    # issue 13's what-ifs.)
+    # (0.1: a burst of one cached prompt spreads like round robin; the what-ifs in
+    # benchmarks/RESULTS.md.)
     cached_load_fraction: float = 0.1
     # Pending marks cover the whole prompt, not only past its confirmed device run: the
     # request will hold all of it on its replica when it runs, so an eviction of the cached
     # part while it waits does not send the prompts that share it elsewhere. The confirmed
     # part is marked only once events show it evicted (Router._pin_evicted), which costs a
-    # decision nothing. (Mooncake at 2x: 0.991 of the bound, not 0.955; issue 13, RESULTS.)
+    # decision nothing. (Mooncake at 2x: 0.991 of the bound, not 0.955; benchmarks/RESULTS.md.)
     mark_whole_prompt: bool = True
     # > 0: a replica's load is at least the work routed to it lately, halving every this
     # many seconds (conversations between turns still count); 0: outstanding work only.
-    # (30 s: conversations with think times spread; issue 13's what-ifs.)
+    # (30 s: conversations with think times spread; the what-ifs in benchmarks/RESULTS.md.)
     recent_work_half_life_s: float = 30.0
-    # What-if knobs (benchmarks/RESULTS.md, issue 13, "What is left"): the fraction of a
+    # What-if knobs (benchmarks/RESULTS.md): the fraction of a
     # request's uncached prefill tokens that joins the recent work (its decode and
     # cached-token work always do; a follow-up finds that prefill cached). 0.25 fixes
     # Mooncake at 2x and breaks shared_prefix and conversation, so the default counts all.

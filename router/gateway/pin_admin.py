@@ -1,4 +1,4 @@
-"""Who may pin and how much (issue 14 #1): pinning is an admin operation.
+"""Who may pin and how much: pinning is an admin operation.
 
 A pin holds engine blocks out of every tenant's reach, so a tenant's API key may list its
 prefixes but not create or delete them. `POST /v1/prefixes` and `DELETE /v1/prefixes/NAME`

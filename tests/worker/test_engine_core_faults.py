@@ -1,5 +1,5 @@
 """Engine core under faults: a failed step must leave no cache entry pointing at KV that
-was never written (issue 14 #4)."""
+was never written."""
 
 from kv.events import EventLog
 from kv.manager import KVCacheConfig, MatchResult
@@ -72,7 +72,7 @@ async def test_prompt_that_cannot_fit_beside_the_pins_is_refused_with_the_reason
 
 
 def test_published_load_does_not_count_a_waiting_requests_cached_prefix():
-    """Issue 14 #11: the replica holding the cache looked busiest to the router."""
+    """The replica holding the cache looked busiest to the router."""
     core = make_core()
     run(core, "a", A)  # A's 3 blocks are cached now
     core.add(Request("w", A + [1, 2, 3, 4], SamplingParams(max_tokens=1), BLOCK_SIZE, ROOT))
@@ -81,7 +81,7 @@ def test_published_load_does_not_count_a_waiting_requests_cached_prefix():
 
 
 async def test_an_unpin_aimed_at_another_replica_is_a_no_op():
-    """Issue 14 #8: an unpin for a dead replica, routed elsewhere, removed a newer pin."""
+    """An unpin for a dead replica, routed elsewhere, removed a newer pin."""
     from router.serve.engine_replica import unpin_if_mine
     from tests.worker.test_engine_sim import make_engine, prompt
     from worker.api import UnpinRequest

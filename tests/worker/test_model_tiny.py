@@ -43,7 +43,8 @@ def test_resolve_model(tmp_path, monkeypatch):
     assert resolve_model("tiny") == tmp_path / "tiny"
     assert resolve_model(tmp_path / "tiny") == tmp_path / "tiny"
     with pytest.raises(FileNotFoundError,
-                       match="neither 'tiny', 'smollm2', a checkpoint directory, a .gguf file nor a Hugging Face repo id"):
+                       match="neither 'tiny', 'smollm2', a checkpoint directory, a .gguf file "
+                             "nor a Hugging Face repo id"):
         resolve_model(tmp_path / "missing")
 
 

@@ -1,4 +1,4 @@
-"""Request limits (issue 14 #7) on a live `kvroute engine` over real HTTP: every bad body is
+"""Request limits on a live `kvroute engine` over real HTTP: every bad body is
 a 4xx with an OpenAI error body, never a 500, and nothing is tokenized or read whole first."""
 
 import httpx

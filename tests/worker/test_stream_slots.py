@@ -1,4 +1,4 @@
-"""Concurrent streams per tenant (issue 14 limits): 429 with Retry-After over the limit,
+"""Concurrent streams per tenant: 429 with Retry-After over the limit,
 the slot given back however the stream ends."""
 
 import pytest

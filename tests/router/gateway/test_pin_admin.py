@@ -1,4 +1,4 @@
-"""Pins as an admin operation with a per-tenant quota (issue 14 #1). The reproducer: one
+"""Pins as an admin operation with a per-tenant quota. The reproducer: one
 prefix pinned under 10,000 names was accepted against a 4-block budget."""
 
 import json

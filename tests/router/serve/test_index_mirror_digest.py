@@ -1,4 +1,4 @@
-"""The mirror's view digests (issue 14 #6): computed from the index's live sets, never by
+"""The mirror's view digests: computed from the index's live sets, never by
 copying and sorting a replica's whole hash set on the routing event loop."""
 
 import os
@@ -47,7 +47,7 @@ def make_stats(num_waiting: int = 0):
 
 
 def test_a_replica_seen_dead_does_not_reappear_from_a_poll_that_crossed_its_death():
-    """Issue 14 #9: forget_replica, then a reply still carrying the replica re-added it."""
+    """`forget_replica`, then a reply still carrying the replica re-added it."""
     from router.cluster.index_actor import PollReply
 
     router = Router(RouterConfig(block_size=16))
@@ -68,7 +68,7 @@ def test_a_replica_seen_dead_does_not_reappear_from_a_poll_that_crossed_its_deat
 
 
 def test_index_actor_restart_keeps_router_state_through_grace_then_resyncs():
-    """Issue 14 #3: a restarted actor lists every cursor as removed; the router held on."""
+    """A restarted actor lists every cursor as removed; the router held on."""
     from router.cluster.index_actor import PollReply
     from router.serve.index_mirror import MirrorConfig
 

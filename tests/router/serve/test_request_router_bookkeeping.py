@@ -1,4 +1,4 @@
-"""The Serve request router's bookkeeping (issue 14 #2): an attempt Serve rejects or
+"""The Serve request router's bookkeeping: an attempt Serve rejects or
 abandons must not leave outstanding load or held pending marks behind. Real Serve types,
 no Ray cluster: the hooks are driven in the order Serve calls them."""
 

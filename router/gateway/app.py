@@ -64,6 +64,7 @@ class GatewayConfig:
     served_model_name: str  # the API's model name and the hash namespace
     block_size: int
     api_keys_file: str | None = None
+    admin_key_file: str | None = None  # only the path travels: Ray logs the configs
     retry: RetryConfig = field(default_factory=RetryConfig)
     metrics: MetricsHubConfig = field(default_factory=MetricsHubConfig)
 
@@ -99,7 +100,7 @@ class Gateway:
         self._max_model_len: int | None = None  # the replicas' own context limit
         self.index = get_index_actor()
         self.hub = get_metrics_hub(config.metrics)
-        self.pin_admin = PinAdmin.from_env(self.auth)
+        self.pin_admin = PinAdmin.from_env(self.auth, config.admin_key_file)
         self.prefixes = PrefixService(self.engine, self.index, self.prompts,
                                       self.pin_admin.quota)
         self.metrics = GatewayMetrics(self.model)

@@ -58,6 +58,7 @@ class EngineHTTPConfig:
     model: str  # "tiny" or a checkpoint directory (tokenizer and chat template)
     block_size: int
     api_keys_file: str | None = None
+    admin_key_file: str | None = None  # only the path travels: Ray logs the configs
     retry: RetryConfig = field(default_factory=RetryConfig)  # pins, routed by Serve
     metrics: MetricsHubConfig = field(default_factory=MetricsHubConfig)
     # verifies the ingress routers' route headers (router/serve/route_header.py)
@@ -98,7 +99,7 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     index, hub = get_index_actor(), get_metrics_hub(config.metrics)
     context = serve.get_replica_context()
     own_deployment = serve.get_deployment_handle(context.deployment, context.app_name)
-    pin_admin = PinAdmin.from_env(auth)
+    pin_admin = PinAdmin.from_env(auth, config.admin_key_file)
     prefixes = PrefixService(EngineClient(own_deployment, config.retry), index, prompts,
                              pin_admin.quota)
     pusher = MetricsPusher(f"gateway/{replica.replica_id}", metrics.registry, config.metrics)

@@ -133,3 +133,40 @@ def test_the_chart_tells_every_ray_container_that_keys_are_required(helm_bin):
         assert {name: env[name] for name in REQUIRED} == REQUIRED
         with pytest.raises(ValueError):  # the Secret's key file empty: refuses to start
             load_api_keys(None, env)
+
+
+def _key_config(deployment):
+    """The config a deployment's replicas load their keys with (GatewayConfig,
+    EngineHTTPConfig, IngressRouterConfig), or None for one that checks no key."""
+    found = [arg for arg in deployment.init_args if hasattr(arg, "api_keys_file")]
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize("ingress", ["direct", "gateway"])
+def test_key_files_reach_the_replicas_as_paths_and_the_replicas_find_the_keys(
+        monkeypatch, tmp_path, ingress):
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    for name in [*REPLICA_VALUES, *REQUIRED]:
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "keys").write_text("sk-from-file tenant-a\n")
+    (tmp_path / "admin").write_text("admin-from-file\n")
+    monkeypatch.chdir(tmp_path)  # relative paths: the replicas get them made absolute
+    deployments = _walk(build_app({"ingress": ingress, "engine": "sim",
+                                   "api_keys_file": "keys", "admin_key_file": "admin"}))
+    monkeypatch.chdir(ROOT)  # a replica's working directory is not the builder's
+    pin_checkers = 0
+    for deployment in deployments:
+        env = _env_vars(deployment)
+        assert env == REQUIRED, deployment.name
+        assert "from-file" not in repr(deployment.ray_actor_options)  # no key value
+        config = _key_config(deployment)
+        if config is None:  # the engine behind the gateway: it checks no key
+            continue
+        assert "from-file" not in repr(config)
+        assert config.api_keys_file == str(tmp_path / "keys")
+        assert load_api_keys(config.api_keys_file, env) == {"sk-from-file": "tenant-a"}
+        if hasattr(config, "admin_key_file"):  # builds a PinAdmin: pins need the admin key
+            pin_checkers += 1
+            assert config.admin_key_file == str(tmp_path / "admin")
+            assert load_admin_key(config.admin_key_file, env) == "admin-from-file"
+    assert pin_checkers == 1  # the gateway, or with ingress direct the engine replicas

@@ -134,9 +134,9 @@ class ServeSettings(BaseModel):
                           "tokenizer.json, to tokenize and hash prompts for routing (unset: "
                           "model)")
     admin_key_file: str | None = Field(
-        None, description="with workers: a file holding the admin key of POST/DELETE "
-                          "/v1/workers ($KVROUTE_ADMIN_KEY wins); without either the admin "
-                          "API is off")
+        None, description="a file holding the admin key of POST/DELETE /v1/prefixes (pins) "
+                          "and, with workers, /v1/workers ($KVROUTE_ADMIN_KEY wins); without "
+                          "either the admin API is off")
     worker_health_period_s: float = Field(
         2.0, gt=0, description="with workers: seconds between health checks of each worker")
 

@@ -44,6 +44,10 @@ class WorkerSetConfig:
     health_timeout_s: float = 2.0  # per HTTP check
     load_period_s: float = 0.5  # 0: do not scrape queue gauges
     max_poll_wait_s: float = 1.0
+    # A worker that broke the protocol (a redirect, a body that is not JSON or an event
+    # stream, an answer over the gateway's caps, its own 5xx) stays down this long, whatever
+    # its health check says: a liar passes that check.
+    violation_backoff_s: float = 30.0
 
     def __post_init__(self):
         if not self.model:
@@ -51,7 +55,7 @@ class WorkerSetConfig:
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"WorkerSetConfig: block_size must be >= 1, got "
                              f"{self.block_size!r}")
-        for name in ("health_period_s", "health_timeout_s"):
+        for name in ("health_period_s", "health_timeout_s", "violation_backoff_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"WorkerSetConfig: {name} must be > 0, got {value!r}")
@@ -86,6 +90,7 @@ class WorkerSet:
         self._tasks: list[asyncio.Task] = []
         self._first_pass: asyncio.Future | None = None
         self._warned_load: set[str] = set()  # workers whose rejected gauges were logged
+        self._down_until_s: dict[str, float] = {}  # worker id -> end of its back-off (loop)
 
     # ---- gateways ----
 
@@ -105,12 +110,23 @@ class WorkerSet:
     def view(self) -> WorkerSetView:
         return WorkerSetView(self._version, tuple(self._workers.values()))
 
-    async def report_failure(self, worker_id: str, error: str) -> None:
-        """A gateway could not reach the worker: check it now, drain it if it is down."""
+    async def report_failure(self, worker_id: str, error: str, violation: bool = False
+                             ) -> None:
+        """A gateway could not reach the worker: check it now, drain it if it is down.
+        With `violation` (its answer broke the protocol) it is down at once, for
+        `violation_backoff_s`: its health check would pass."""
         status = self._workers.get(worker_id)
         if status is None or status.state == "down":
             return
         await self._start()
+        if violation:
+            backoff_s = self._config.violation_backoff_s
+            self._down_until_s[worker_id] = asyncio.get_running_loop().time() + backoff_s
+            log.warning("worker %s broke the protocol (%s): down for %.0f s", worker_id,
+                        error, backoff_s)
+            await self._set(worker_id, "down", f"its answer broke the protocol ({error}); "
+                                               f"down for {backoff_s:.0f} s")
+            return
         problem = await check_health(self._http(), status.spec, self._config.health_timeout_s)
         if problem is not None:
             log.warning("worker %s reported failing (%s): %s", worker_id, error, problem)
@@ -200,7 +216,12 @@ class WorkerSet:
     async def check_all(self) -> None:
         """One health pass over every worker, concurrently. A worker coming back up must
         also serve the model again (it may have been restarted with another one)."""
-        statuses = list(self._workers.values())
+        now_s = asyncio.get_running_loop().time()
+        for worker_id, until_s in list(self._down_until_s.items()):
+            if until_s <= now_s or worker_id not in self._workers:
+                del self._down_until_s[worker_id]
+        statuses = [s for s in self._workers.values()
+                    if s.spec.worker_id not in self._down_until_s]  # backing off: still down
         problems = await asyncio.gather(*(
             check_worker(self._http(), s.spec, self._config.model,
                          self._config.health_timeout_s) if s.state == "down"

@@ -140,7 +140,7 @@ class WorkerGateway:
                            code="worker_unavailable")
 
         return await until_disconnected(request, self.proxy.forward(
-            request.url.path, raw, pick, lambda *_: None))
+            request.url.path, raw, pick, lambda *_, **__: None))
 
     async def version(self, request: Request) -> JSONResponse:
         return JSONResponse(version_body())
@@ -222,8 +222,10 @@ class WorkerGateway:
                 latency.preprocess.observe(latency.clock() - arrival_s)
             return worker
 
-        def release(worker_id: str, error: str | None) -> None:
-            self.router.release(request_ids.pop(worker_id), error)
+        def release(worker_id: str, error: str | None, *, refused: bool = False,
+                    violation: bool = False) -> None:
+            self.router.release(request_ids.pop(worker_id), error, refused=refused,
+                                violation=violation)
 
         # every request, streamed or not: 429 before any routing or worker work
         slot = StreamSlot(self.stream_slots, tenant)

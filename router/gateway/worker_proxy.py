@@ -12,7 +12,8 @@ pool serves every worker. The caller picks the worker (`pick`) and hears back on
   error body as an SSE `data:` line) and the stream ends; nothing is replayed.
 
 Any other answer of the worker (a 400 for bad input, a 404 for an unknown model) is the
-client's answer, within bounds that a lying or broken worker cannot cross:
+client's answer (released as `refused` when it is a 4xx: the worker ran nothing), within
+bounds that a lying or broken worker cannot cross:
 
 - redirects are never followed (a 307 would re-POST the tenant's prompt and salt to any
   address, a 302 fetch any internal URL for the client): a 3xx is a 502 `worker_redirect`;
@@ -22,6 +23,10 @@ client's answer, within bounds that a lying or broken worker cannot cross:
   with an error event at `max_event_bytes` in one event or `max_stream_bytes` in all;
 - what reaches the client about a failure names no worker and quotes none of its text
   (that goes to the log, with the worker's URL).
+
+Such an answer is released as a `violation` (the caller stops routing to that worker for a
+while) and, as nothing reached the client yet, the request is tried once more on another
+worker; the client gets the 502 only when that one fails too, or no other worker is left.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 from fastapi.responses import Response, StreamingResponse
@@ -42,7 +48,14 @@ log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({502, 503, 504})  # the worker is closing, overloaded or lost
 Pick = Callable[[frozenset[str]], WorkerSpec]  # workers tried so far -> the next one
-Release = Callable[[str, "str | None"], None]  # worker id, error (None: it answered)
+
+
+class Release(Protocol):
+    def __call__(self, worker_id: str, error: str | None, *, refused: bool = False,
+                 violation: bool = False) -> None:
+        """Once per pick: `error` when the worker failed (None: it answered), `violation`
+        when its answer broke the protocol, `refused` when it answered a 4xx (ran
+        nothing)."""
 
 
 @dataclass(frozen=True)
@@ -131,8 +144,14 @@ class WorkerProxy:
         when one answers what is not relayed."""
         tried: set[str] = set()
         last_error = "no worker was tried"
+        bad: BadWorker | None = None  # a worker's answer broke the protocol
         for _ in range(self.config.max_attempts):
-            worker = pick(frozenset(tried))  # raises APIError(503) when none is left
+            try:
+                worker = pick(frozenset(tried))  # raises APIError(503) when none is left
+            except APIError:
+                if bad is not None:
+                    raise bad from None
+                raise
             tried.add(worker.worker_id)
             try:
                 opened = await self._open(worker, path, body)
@@ -143,18 +162,26 @@ class WorkerProxy:
                 continue
             except BadWorker as err:  # a lying or failing worker: its answer is not relayed
                 log.warning("worker %s: %s", worker.url, err.detail)
-                release(worker.worker_id, err.detail)
-                raise
+                release(worker.worker_id, err.detail, violation=True)
+                if bad is not None:  # tried once more already
+                    raise
+                bad = err
+                continue
             except BaseException:
                 release(worker.worker_id, None)
                 raise
             if isinstance(opened, Response):
-                release(worker.worker_id, None)
+                if 400 <= opened.status_code < 500:
+                    release(worker.worker_id, None, refused=True)
+                else:
+                    release(worker.worker_id, None)
                 return opened
             response, first = opened
             return StreamingResponse(self._relay(worker, response, first, release),
                                      status_code=response.status,
                                      media_type="text/event-stream")
+        if bad is not None:
+            raise bad
         log.warning("no worker could serve the request after %d attempt(s); the last: %s",
                     len(tried), last_error)
         raise APIError(503, f"no worker could serve the request after {len(tried)} "
@@ -226,6 +253,7 @@ class WorkerProxy:
     async def _relay(self, worker: WorkerSpec, response: aiohttp.ClientResponse,
                      first: bytes, release: Release) -> AsyncIterator[bytes]:
         error: str | None = None
+        violation = False
         framer = _EventFramer(self.config)
         try:
             chunk = first
@@ -236,6 +264,7 @@ class WorkerProxy:
                 if framer.exceeded:
                     error = (f"its stream passed {self.config.max_event_bytes} bytes in an "
                              f"event or {self.config.max_stream_bytes} in all")
+                    violation = True
                     log.warning("worker %s: %s; cut", worker.url, error)
                     yield error_event(STREAM_TOO_LARGE)
                     return
@@ -247,7 +276,10 @@ class WorkerProxy:
             log.warning("worker %s failed mid-response: %s", worker.url, error)
             yield error_event(WORKER_LOST)
         finally:  # also when the client leaves: closing the connection aborts the request
-            release(worker.worker_id, error)
+            if violation:
+                release(worker.worker_id, error, violation=True)
+            else:
+                release(worker.worker_id, error)
             if error is None and response.content.at_eof():
                 response.release()  # the connection goes back to the pool
             else:

@@ -97,18 +97,24 @@ class WorkerRouter:
         self._set_outstanding(decision.replica_id)
         return self._routable[decision.replica_id], decision
 
-    def release(self, request_id: str, error: str | None = None) -> None:
+    def release(self, request_id: str, error: str | None = None, *, refused: bool = False,
+                violation: bool = False) -> None:
         """The request is done on its worker; with `error` when the worker failed it, which
-        drains the worker here at once and has the worker set check it."""
+        drains the worker here at once and has the worker set check it (`violation`: its
+        answer broke the protocol, and the set keeps it down a while). `refused`: the worker
+        answered a 4xx and ran nothing, so everything the request charged is withdrawn."""
         worker_id = self._routed.pop(request_id, None)
         if worker_id is None:
             return
         with self._lock:
-            self.router.on_finished(request_id)
+            if refused:
+                self.router.withdraw(request_id)
+            else:
+                self.router.on_finished(request_id)
         self._set_outstanding(worker_id)
         if error is not None and worker_id in self._routable:
             self._drain(worker_id)
-            asyncio.get_running_loop().create_task(self._report(worker_id, error))
+            asyncio.get_running_loop().create_task(self._report(worker_id, error, violation))
 
     # ---- the worker set ----
 
@@ -151,11 +157,11 @@ class WorkerRouter:
         for request_id in [r for r, w in self._routed.items() if w == worker_id]:
             del self._routed[request_id]  # their release finds nothing to do
 
-    async def _report(self, worker_id: str, error: str) -> None:
+    async def _report(self, worker_id: str, error: str, violation: bool) -> None:
         """Has the worker set check the worker; if it passes, it is routable again here
         (the set did not change, so no poll would bring it back)."""
         try:
-            await self._worker_set.report_failure.remote(worker_id, error)
+            await self._worker_set.report_failure.remote(worker_id, error, violation)
             self._apply(await self._worker_set.poll.remote(-1))
         except Exception as err:
             log.warning("could not report worker %s failing: %r", worker_id, err)

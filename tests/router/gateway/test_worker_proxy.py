@@ -29,13 +29,15 @@ class Picks:
     def __init__(self, *workers: WorkerSpec):
         self.workers = list(workers)
         self.released: list[tuple[str, bool]] = []  # (worker id, failed)
+        self.kinds: list[dict[str, bool]] = []  # each release's refused / violation flags
 
     def pick(self, tried: frozenset[str]) -> WorkerSpec:
         assert tried == {w.worker_id for w in self.workers[: len(tried)]}
         return self.workers[len(tried)]
 
-    def release(self, worker_id: str, error: str | None) -> None:
+    def release(self, worker_id: str, error: str | None, **kind: bool) -> None:
         self.released.append((worker_id, error is not None))
+        self.kinds.append(kind)
 
 
 def body(**kw) -> bytes:
@@ -86,6 +88,7 @@ async def test_the_workers_own_error_is_the_answer_and_is_not_retried(worker):
     assert response.status_code == 400
     assert json.loads(response.body)["error"]["param"] == "max_tokens"
     assert picks.released == [(live.worker_id, False)]
+    assert picks.kinds == [{"refused": True}]  # it ran nothing: the router withdraws it
 
 
 async def test_a_stream_is_relayed_byte_for_byte_with_its_usage(worker):

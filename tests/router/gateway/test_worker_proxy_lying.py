@@ -31,9 +31,11 @@ class Picks:
         self.released: list[tuple[str, str | None]] = []
 
     def pick(self, tried: frozenset[str]) -> WorkerSpec:
+        if len(tried) == len(self.specs):  # as the gateway answers when none is left
+            raise APIError(503, "no worker can take the request")
         return self.specs[len(tried)]
 
-    def release(self, worker_id: str, error: str | None) -> None:
+    def release(self, worker_id: str, error: str | None, **kind: bool) -> None:
         self.released.append((worker_id, error))
 
 

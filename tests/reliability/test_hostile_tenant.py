@@ -48,7 +48,11 @@ def test_the_victims_ttft_stays_within_a_bound_of_its_baseline(result):
 
 
 def test_the_victims_prefix_stays_where_it_is_cached(result):
-    assert result["victim_off_cache"] == 0
+    # On the workers front, a victim request the lying worker got before its first lie
+    # drained it is tried once more on an honest worker, which may not hold its prefix:
+    # at most one such request per request the liar saw.
+    num_liar_requests = result.get("lying_worker", {}).get("liar_requests", 0)
+    assert result["victim_off_cache"] <= num_liar_requests
 
 
 def test_the_routers_load_stays_finite_and_comes_back(result):

@@ -23,7 +23,7 @@ from router.serve.engine_http import DirectEngineReplica, EngineHTTPConfig
 from router.serve.engine_replica import EngineReplica, ReplicaResources, engine_deployment_options
 from router.serve.ingress_router import IngressRouter, IngressRouterConfig
 from router.serve.route_header import new_route_key
-from router.serve.serve_env import replica_env, with_env
+from router.serve.serve_env import key_paths, replica_env, with_env
 from router.serve.settings import LaunchSettings, ServeSettings, SettingsError, load_settings
 from worker.engine_config import EngineConfig
 
@@ -51,15 +51,6 @@ def build_app(args: dict[str, Any]) -> Application:
     return serve_application(settings)
 
 
-def _key_paths(settings: ServeSettings) -> dict[str, str | None]:
-    """The key files' paths for the deployments' configs. Only paths travel (Ray logs every
-    config and runtime_env, so key values never do); made absolute here, as a replica's
-    working directory need not be the builder's."""
-    return {name: os.path.abspath(path) if path else None
-            for name, path in (("api_keys_file", settings.api_keys_file),
-                               ("admin_key_file", settings.admin_key_file))}
-
-
 def serve_application(serve_args: ServeSettings) -> Application:
     engine_config = serve_args.engine_config()
     router_config = RequestRouterConfig(
@@ -82,7 +73,7 @@ def serve_application(serve_args: ServeSettings) -> Application:
     engine = EngineReplica.options(**options).bind(engine_config)
     gateway_config = GatewayConfig(
         model=serve_args.model, served_model_name=engine_config.served_model_name,
-        block_size=serve_args.block_size, **_key_paths(serve_args))
+        block_size=serve_args.block_size, **key_paths(serve_args))
     return Gateway.options(
         num_replicas=serve_args.gateways, max_ongoing_requests=1024,
         ray_actor_options=with_env({"num_cpus": 0}, env),
@@ -103,7 +94,7 @@ def _direct_application(serve_args: ServeSettings, engine_config: EngineConfig,
     engine = DirectEngineReplica.options(**engine_options).bind(
         engine_config, EngineHTTPConfig(model=serve_args.model,
                                         block_size=serve_args.block_size,
-                                        **_key_paths(serve_args), route_key=route_key))
+                                        **key_paths(serve_args), route_key=route_key))
     router = IngressRouter.options(
         num_replicas=serve_args.gateways,
         ray_actor_options=with_env(IngressRouter.ray_actor_options, env)).bind(
@@ -112,6 +103,6 @@ def _direct_application(serve_args: ServeSettings, engine_config: EngineConfig,
                                     block_size=serve_args.block_size,
                                     max_model_len=min(engine_config.max_model_len
                                                       or pool_tokens, pool_tokens),
-                                    api_keys_file=_key_paths(serve_args)["api_keys_file"],
+                                    api_keys_file=key_paths(serve_args)["api_keys_file"],
                                     route_key=route_key))
     return engine._with_ingress_request_router(router)  # Serve LLM's direct streaming hook

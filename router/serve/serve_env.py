@@ -35,6 +35,7 @@ refuses to start instead of serving unauthenticated.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -106,3 +107,12 @@ def with_env(actor_options: Mapping[str, Any] | None, env: Mapping[str, str]
     runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
     options["runtime_env"] = runtime_env
     return options
+
+
+def key_paths(settings: ServeSettings) -> dict[str, str | None]:
+    """The key files' paths for the deployments' configs. Only paths travel (Ray logs every
+    config and runtime_env, so key values never do); made absolute here, as a replica's
+    working directory need not be the builder's."""
+    return {name: os.path.abspath(path) if path else None
+            for name, path in (("api_keys_file", settings.api_keys_file),
+                               ("admin_key_file", settings.admin_key_file))}

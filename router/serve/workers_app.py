@@ -26,7 +26,7 @@ from router.gateway.http_server import HttpConfig, HttpServer
 from router.gateway.worker_app import create_app
 from router.gateway.worker_gateway import WorkerGateway, WorkerGatewayConfig
 from router.serve.request_router import gateway_process_id
-from router.serve.serve_env import replica_env, with_env
+from router.serve.serve_env import key_paths, replica_env, with_env
 from router.serve.settings import ServeSettings
 
 
@@ -59,8 +59,7 @@ def worker_gateway_config(args: ServeSettings) -> WorkerGatewayConfig:
                                  health_period_s=args.worker_health_period_s)
     return WorkerGatewayConfig(model=args.model, tokenizer=args.tokenizer or args.model,
                                router=RouterConfig(**args.router_args()),
-                               worker_set=worker_set, api_keys_file=args.api_keys_file,
-                               admin_key_file=args.admin_key_file)
+                               worker_set=worker_set, **key_paths(args))
 
 
 def workers_application(args: ServeSettings, http: HttpConfig) -> Application:

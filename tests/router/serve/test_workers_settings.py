@@ -51,3 +51,17 @@ def test_kvroute_serve_needs_the_workers_tokenizer(capsys, tmp_path):
     assert main(["serve", "--workers", "http://127.0.0.1:1", "--model", "llama",
                  "--tokenizer", str(tmp_path / "nowhere")]) == 2
     assert "needs the workers' tokenizer" in capsys.readouterr().err
+
+
+def test_the_workers_app_carries_absolute_key_paths(tmp_path, monkeypatch):
+    """Only the key files' paths travel to the gateway replicas, whose working directory
+    need not be the builder's: a relative path is made absolute where the app is built."""
+    (tmp_path / "keys").write_text("k1 tenant-a\n")
+    (tmp_path / "admin").write_text("secret\n")
+    monkeypatch.chdir(tmp_path)
+    args = convert_args_to_dict(("workers=http://w1:8000", "model=tiny",
+                                 "api_keys_file=keys", "admin_key_file=admin"))
+    app = call_user_app_builder_with_args_if_necessary(build_app, args)
+    config, _ = app._bound_deployment.init_args
+    assert config.api_keys_file == str(tmp_path / "keys")
+    assert config.admin_key_file == str(tmp_path / "admin")

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -51,6 +52,24 @@ from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
 
+# A body up to this size is read for routing on the loop (tokenizing it takes a few ms at
+# most); a larger one in a thread: a prompt at the size limit takes seconds to tokenize,
+# and this loop serves every tenant (the tokenizer releases the GIL on long text).
+_INLINE_BODY_BYTES = 8 * 1024
+_TOKENIZER_THREADS = 2
+
+BodyReader = Callable[[bytes, PromptBuilder, str, str, RequestLimits], RoutedBody]
+
+
+async def read_off_loop(threads: Executor, read: BodyReader, raw: bytes,
+                        prompts: PromptBuilder, model: str, tenant: str,
+                        limits: RequestLimits) -> RoutedBody:
+    """`read(raw, ...)`: on the loop when the body is small, else in one of `threads`."""
+    if len(raw) <= _INLINE_BODY_BYTES:
+        return read(raw, prompts, model, tenant, limits)
+    return await asyncio.get_running_loop().run_in_executor(
+        threads, read, raw, prompts, model, tenant, limits)
+
 
 @dataclass(frozen=True)
 class WorkerGatewayConfig:
@@ -82,6 +101,8 @@ class WorkerGateway:
         self.admin = AdminAuth(load_admin_key(config.admin_key_file))
         self.proxy = WorkerProxy(config.proxy)
         self.limits = RequestLimits.from_env()  # the chart's `limits` values
+        self._tokenizer_threads = ThreadPoolExecutor(_TOKENIZER_THREADS,
+                                                     thread_name_prefix="tokenize")
         self.stream_slots = StreamSlots.for_tenants(self.auth.enabled)
         self.metrics = GatewayMetrics(self.model)
         self._pusher = MetricsPusher(f"gateway/{gateway_id}", self.metrics.registry,
@@ -101,13 +122,18 @@ class WorkerGateway:
 
     async def aclose(self) -> None:
         await self.proxy.aclose()
+        self._tokenizer_threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _routed(self, read: BodyReader, raw: bytes, tenant: str) -> RoutedBody:
+        return await read_off_loop(self._tokenizer_threads, read, raw, self.prompts,
+                                   self.model, tenant, self.limits)
 
     # ---- OpenAI API ----
 
     async def completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
         raw = await read_body(request, self.limits)
-        routed = completion_body(raw, self.prompts, self.model, tenant, self.limits)
+        routed = await self._routed(completion_body, raw, tenant)
         body = allowed_body(routed.body, COMPLETION_FIELDS, tenant)
         return await until_disconnected(request, self._forward(
             "/v1/completions", routed, body, tenant, arrival_of(request.scope)))
@@ -115,7 +141,7 @@ class WorkerGateway:
     async def chat_completions(self, request: Request) -> Response:
         tenant = self.auth.tenant_of(request.headers.get("authorization"))
         raw = await read_body(request, self.limits)
-        routed = chat_body(raw, self.prompts, self.model, tenant, self.limits)
+        routed = await self._routed(chat_body, raw, tenant)
         body = allowed_body(routed.body, CHAT_FIELDS, tenant)
         return await until_disconnected(request, self._forward(
             "/v1/chat/completions", routed, body, tenant, arrival_of(request.scope)))

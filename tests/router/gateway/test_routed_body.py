@@ -1,10 +1,14 @@
 """What the gateway reads of a request it forwards: the prompt's ids and the output length."""
 
+import asyncio
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from router.gateway.routed_body import chat_body, completion_body
+from router.gateway.worker_gateway import read_off_loop
 from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
@@ -127,3 +131,32 @@ def test_max_completion_tokens_wins_and_the_output_is_bounded(prompts):
                            limits).max_tokens == 64
     with pytest.raises(APIError):
         completion_body(body(prompt="x", max_tokens=65), prompts, "tiny", "", limits)
+
+
+async def test_a_long_prompt_is_read_off_the_loop_that_serves_everyone(prompts):
+    """Tokenizing a prompt at the size limit takes seconds: the worker gateway reads a large
+    body in a thread, so its loop keeps serving other tenants meanwhile (here: the loop
+    itself must release the read, which it could not do if the read ran on it)."""
+    release, threads_seen = threading.Event(), []
+
+    def slow_read(raw, *args):
+        threads_seen.append(threading.current_thread().name)
+        if len(raw) > 8 * 1024 and not release.wait(30):
+            raise AssertionError("the loop was blocked by the read")
+        return completion_body(raw, *args)
+
+    limits = RequestLimits()
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as threads:
+        small = await read_off_loop(threads, slow_read, body(prompt="hi"), prompts, "tiny",
+                                    "", limits)
+        large_raw = body(prompt="word " * 4000)
+        reading = asyncio.ensure_future(read_off_loop(threads, slow_read, large_raw,
+                                                      prompts, "tiny", "", limits))
+        while len(threads_seen) < 2:
+            await asyncio.sleep(0)  # the loop is free while the read waits
+        release.set()
+        large = await reading
+    assert threads_seen[0] == threading.current_thread().name  # small: inline
+    assert threads_seen[1].startswith("tokenize")
+    assert small.token_ids == prompts.encode_text("hi")
+    assert large.token_ids == prompts.encode_text("word " * 4000)

@@ -40,6 +40,7 @@ from router.cluster.pin_quota import PinQuota, PinRefusal
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds
+from router.cluster.shared_marks import SharedMark, SharedMarks
 from worker.api import EngineStats, PinnedPrefix
 
 INDEX_ACTOR_NAME = "kvroute-index"
@@ -83,6 +84,8 @@ class PollReply:
     # the actor's incarnation: a new one means it restarted and forgot every replica, so
     # routers hold their state for a grace period instead of dropping it (index_mirror.py)
     incarnation: str = ""
+    # the pending marks other routers set since this router's last poll (shared_marks.py)
+    shared_marks: tuple[SharedMark, ...] = ()
 
 
 @dataclass
@@ -101,8 +104,9 @@ class KVIndex:
         self._replicas: dict[str, _Replica] = {}
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
         self.route_ends = RouteEnds(self._config.router_timeout_s)
+        self.shared_marks = SharedMarks()
         self.prefixes = PrefixRegistry()
-        self._waiters: set[asyncio.Future] = set()  # long polls waiting for news
+        self._waiters: dict[asyncio.Future, str] = {}  # long polls waiting: router id
         # the followed external workers (their metrics collector; tests read it too)
         self.external_workers = ExternalWorkers(self, SubscriberConfig())
         self._external_metrics: MetricsPusher | None = None
@@ -183,20 +187,25 @@ class KVIndex:
 
     # ---- routers ----
 
+    def share_marks(self, router_id: str, marks: tuple[SharedMark, ...]) -> None:
+        """A router's new pending marks, for the other routers' next poll (woken now)."""
+        if self.shared_marks.add(router_id, marks):
+            self._notify(skip_router_id=router_id)
+
     async def poll(self, request: PollRequest) -> PollReply:
         self._router_views[request.router_id] = (time.monotonic(), dict(request.view))
         reply = self._delta(request)
         wait_s = min(request.wait_s, self._config.max_poll_wait_s)
         if wait_s > 0 and not (reply.snapshots or reply.batches or reply.removed_replica_ids
-                               or reply.ended_route_ids):
+                               or reply.ended_route_ids or reply.shared_marks):
             news = asyncio.get_running_loop().create_future()
-            self._waiters.add(news)
+            self._waiters[news] = request.router_id
             try:
                 await asyncio.wait_for(news, timeout=wait_s)
             except asyncio.TimeoutError:
                 pass
             finally:
-                self._waiters.discard(news)
+                self._waiters.pop(news, None)
             reply = self._delta(request)
         return reply
 
@@ -239,6 +248,7 @@ class KVIndex:
     def check_invariants(self) -> None:
         for rep in self._replicas.values():
             rep.log.check_invariants()
+        self.shared_marks.check_invariants()
 
     # ---- internals ----
 
@@ -261,7 +271,7 @@ class KVIndex:
         stats = {rid: rep.stats for rid, rep in self._replicas.items() if rep.stats is not None}
         return PollReply(tuple(snapshots), tuple(batches), stats, removed,
                          self.external_workers.modes(), self.route_ends.take(request.router_id),
-                         self.incarnation)
+                         self.incarnation, self.shared_marks.take(request.router_id))
 
     def _touch(self, replica_id: str) -> _Replica:
         rep = self._replicas.get(replica_id)
@@ -279,11 +289,11 @@ class KVIndex:
                            if rep.last_seen_s < cutoff and r not in external]:
             self.forget_replica(replica_id)
 
-    def _notify(self) -> None:
-        for news in self._waiters:
+    def _notify(self, skip_router_id: str | None = None) -> None:
+        for news in [f for f, r in self._waiters.items() if r != skip_router_id]:
             if not news.done():
                 news.set_result(None)
-        self._waiters.clear()
+            del self._waiters[news]
 
 
 IndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,

@@ -1,0 +1,135 @@
+"""Pending marks that several routers share through the index actor.
+
+Each router marks a routed prompt's blocks pending on its replica at once (router/core/
+pending.py), so the next requests with that prefix follow it before any KV event confirms
+it. With several routers (ingress routers, gateways) a router learns of another's routing
+only from the replica's events, one publish interval and a poll later: two requests with
+the same new prefix that reach two routers in that window prefill it twice, on two
+replicas. So each router also sends the marks it sets to the index actor (batched, off its
+decision path), and the actor hands them to the other routers in their next poll reply,
+waking their long polls; they apply them as timed marks (router/serve/mark_sharing.py).
+
+Everything is bounded: a mark carries at most `max_mark_blocks` hashes (a prompt's first
+ones: the prefix others may share), the actor keeps at most `max_kept_blocks` of them and
+none older than `ttl_s` (the routers' own mark TTL: an older mark would expire on arrival),
+and one poll reply carries at most `max_reply_blocks` (the rest comes with the next).
+A router that stops polling for `router_timeout_s` loses its cursor, as route ends do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from kv.hashing import BlockHash
+
+
+class SharedMark(NamedTuple):
+    """Blocks a router just routed to a replica, before any event confirms them."""
+
+    replica_id: str
+    block_hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True)
+class SharedMarksConfig:
+    ttl_s: float = 2.0  # RouterConfig.pending_ttl_s: a mark older than this is dropped
+    max_mark_blocks: int = 4096  # per mark: a 64k-token prompt's prefix at block size 16
+    max_kept_blocks: int = 1 << 18  # all routers' marks kept at once (4 MiB of hashes)
+    max_reply_blocks: int = 1 << 15  # handed to one router per poll reply
+    router_timeout_s: float = 10.0  # a router silent this long loses its cursor
+
+    def __post_init__(self):
+        for name in ("ttl_s", "router_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SharedMarksConfig: {name} must be > 0, "
+                                 f"got {getattr(self, name)}")
+        for name in ("max_mark_blocks", "max_kept_blocks", "max_reply_blocks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SharedMarksConfig: {name} must be >= 1, "
+                                 f"got {getattr(self, name)}")
+        if self.max_mark_blocks > self.max_kept_blocks:
+            raise ValueError("SharedMarksConfig: max_mark_blocks must be <= max_kept_blocks")
+
+
+class _Entry(NamedTuple):
+    seq: int
+    added_s: float  # monotonic
+    router_id: str
+    mark: SharedMark
+
+
+class SharedMarks:
+    """The actor's log of shared marks and each router's cursor into it."""
+
+    def __init__(self, config: SharedMarksConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config or SharedMarksConfig()
+        self._clock = clock
+        self._log: deque[_Entry] = deque()
+        self._next_seq = 0  # the seq of the next entry; the log holds a contiguous run
+        self._num_blocks = 0  # hashes in the log
+        # router id -> (seq of the first entry it has not seen, its last take (monotonic s))
+        self._cursors: dict[str, tuple[int, float]] = {}
+
+    def add(self, router_id: str, marks: Sequence[SharedMark]) -> bool:
+        """Logs a router's marks for the others; True when any was logged (news for them)."""
+        now = self._clock()
+        cap = self.config.max_mark_blocks
+        added = False
+        for replica_id, block_hashes in marks:
+            if not block_hashes:
+                continue
+            mark = SharedMark(str(replica_id), tuple(block_hashes[:cap]))
+            self._log.append(_Entry(self._next_seq, now, router_id, mark))
+            self._next_seq += 1
+            self._num_blocks += len(mark.block_hashes)
+            added = True
+        self._expire(now)
+        return added
+
+    def take(self, router_id: str) -> tuple[SharedMark, ...]:
+        """The other routers' marks this router has not seen: up to `max_reply_blocks`
+        hashes (or one mark, if that alone is more). A router seen for the first time gets
+        those still live."""
+        now = self._clock()
+        self._expire(now)
+        first_seq = self._next_seq - len(self._log)
+        start = max(self._cursors.get(router_id, (first_seq, now))[0], first_seq)
+        out: list[SharedMark] = []
+        budget = self.config.max_reply_blocks
+        seq = start
+        for i in range(start - first_seq, len(self._log)):
+            entry = self._log[i]
+            if entry.router_id != router_id:
+                n = len(entry.mark.block_hashes)
+                if n > budget and out:
+                    break  # the rest with the next poll
+                out.append(entry.mark)
+                budget -= n
+            seq = entry.seq + 1
+        self._cursors[router_id] = (seq, now)
+        return tuple(out)
+
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    def _expire(self, now: float) -> None:
+        log, config = self._log, self.config
+        cutoff = now - config.ttl_s
+        while log and (log[0].added_s < cutoff or self._num_blocks > config.max_kept_blocks):
+            self._num_blocks -= len(log.popleft().mark.block_hashes)
+        idle = now - config.router_timeout_s
+        for router_id in [r for r, (_, t) in self._cursors.items() if t < idle]:
+            del self._cursors[router_id]
+
+    def check_invariants(self) -> None:
+        seqs = [e.seq for e in self._log]
+        assert seqs == list(range(self._next_seq - len(seqs), self._next_seq)), "log gap"
+        assert self._num_blocks == sum(len(e.mark.block_hashes) for e in self._log)
+        assert self._num_blocks <= self.config.max_kept_blocks, "over max_kept_blocks"
+        times = [e.added_s for e in self._log]
+        assert times == sorted(times), "log out of time order"

@@ -65,6 +65,10 @@ class RouterConfig:
     # Routed hashes replayed into the history per decision while the fallback warms up.
     fallback_warmup_blocks: int = 2048
     hash_prefix_blocks: int = 8  # consistent_hash keys on this many leading blocks
+    # Block hashes the miss causes remember as seen (router.core.miss_causes.SeenWindow:
+    # about 100 bytes each): a miss of a block not used within about half this many
+    # distinct blocks counts as cold, not capacity. Several times the fleet's blocks.
+    seen_window_blocks: int = 1 << 19
     seed: int = 0  # random policy
 
     def __post_init__(self):
@@ -110,5 +114,8 @@ class RouterConfig:
         if not isinstance(self.hash_prefix_blocks, int) or self.hash_prefix_blocks <= 0:
             raise bad(f"hash_prefix_blocks must be a positive integer, got "
                       f"{self.hash_prefix_blocks!r}")
+        if not isinstance(self.seen_window_blocks, int) or self.seen_window_blocks < 2:
+            raise bad(f"seen_window_blocks must be an integer >= 2, got "
+                      f"{self.seen_window_blocks!r}")
         if not isinstance(self.seed, int):
             raise bad(f"seed must be an integer, got {self.seed!r}")

@@ -19,6 +19,7 @@ from router.core.config import RouterConfig
 from router.core.history import RoutedHistory
 from router.core.index import PrefixIndex, PrefixMatch
 from router.core.load import LoadTracker, bounded_tokens
+from router.core.miss_causes import MissCauses, MissTokens
 from router.core.policies import ReplicaView, RouteQuery, make_policy
 from worker.api import EngineStats
 
@@ -80,6 +81,7 @@ class Router:
         # replica -> {request id: its confirmed device run in blocks} for outstanding
         # requests whose cached part is pinned (`mark_whole_prompt`, see `_pin_evicted`)
         self._pins: dict[str, dict[str, int]] = {}
+        self.misses = MissCauses(config.block_size, config.seen_window_blocks)
 
     @property
     def approximate(self) -> bool:
@@ -122,11 +124,12 @@ class Router:
             raise RuntimeError(f"policy {policy.name} ranked {ranked_ids!r}, not the "
                                f"candidates {list(replica_ids)!r}")
         replica_id = ranked_ids[0]
-        if not policy.uses_index:
-            matches = self._match(block_hashes, (replica_id,), on_history, confirmed)
+        if not policy.uses_index:  # every candidate's match too: the miss causes need them
+            matches = self._match(block_hashes, replica_ids, on_history, confirmed)
         device_tokens, host_tokens = self._record(
             _Routed(replica_id, (), block_hashes, num_prompt_tokens, max_tokens),
             request_id, matches.get(replica_id), confirmed, on_history)
+        self.misses.on_route(request_id, block_hashes, num_prompt_tokens, matches)
         return RoutingDecision(replica_id, device_tokens, host_tokens,
                                self.is_approximate(replica_id), ranked_ids)
 
@@ -138,7 +141,10 @@ class Router:
         if entry is None:
             return None
         if entry.replica_id != replica_id:
+            view = self.misses.take(request_id)  # every candidate's match: still the view
             self._withdraw(request_id)
+            if view is not None:
+                self.misses.keep(request_id, view)
             on_history = self._on_history((replica_id,))
             confirmed: dict[str, int] = {}
             matches = self._match(entry.block_hashes, (replica_id,), on_history, confirmed)
@@ -231,11 +237,19 @@ class Router:
             block_hashes, [r for r in replica_ids if r in on_history]))
         return matches
 
-    def on_finished(self, request_id: str) -> None:
+    def on_finished(self, request_id: str, delivered_tokens: int | None = None
+                    ) -> MissTokens | None:
         """Drops the request's outstanding work, and starts the TTL of its pending marks
-        (unknown ids are ignored)."""
+        (unknown ids are ignored). With `delivered_tokens`, the prompt tokens its engine
+        served from cache, returns why the others missed (router.core.miss_causes)."""
+        causes = None
+        entry = self._held.get(request_id)
+        if entry is not None and delivered_tokens is not None:
+            causes = self.misses.on_end(request_id, entry.replica_id,
+                                        sum(entry.predicted_hit_tokens), delivered_tokens)
         self.loads.finish(request_id)
         self._release_held(request_id)
+        return causes
 
     def withdraw(self, request_id: str) -> None:
         """The request never ran where it was routed (it did not get there, or that replica
@@ -251,6 +265,7 @@ class Router:
         self.loads.first_token(request_id)
 
     def _release_held(self, request_id: str, withdraw: bool = False) -> None:
+        self.misses.forget(request_id)
         entry = self._held.pop(request_id, None)
         if entry is None:
             return
@@ -316,6 +331,7 @@ class Router:
             self._sync_history()
         for request_id in [r for r, e in self._held.items() if e.replica_id == replica_id]:
             del self._held[request_id]  # its marks went with the replica, its load too
+            self.misses.forget(request_id)
         self._pins.pop(replica_id, None)
 
     def drop_index(self, replica_id: str) -> None:

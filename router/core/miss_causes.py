@@ -1,0 +1,177 @@
+"""Why a routed request's uncached prompt tokens were not cached, counted in tokens.
+
+At the decision the router knows each candidate's cached prefix of the prompt (its index, or
+its routed history in approximate mode); a window of the blocks earlier requests used
+(`SeenWindow`) tells seen from never seen. That splits the prompt into token ranges, which
+the engine's delivered count D closes when the request ends:
+
+    0 ......... p ............ o ............ s ............ c ...... n
+    | predicted |  placement   |   capacity   |     cold     |  cold  |
+      cached on   another        seen, held     not seen       no cache holds these:
+      the chosen  replica holds  by none        lately         the partial last block,
+      replica     it                                           the last token it computes
+
+    D < p: tokens [D, p) were cached on the chosen replica at the decision and gone when
+           the request ran: `race`; the ranges from p on keep their causes.
+    D > p: tokens [p, D) hit after all (a block arrived meanwhile): they miss nothing, and
+           the ranges count from D on.
+
+So the causes of a request add up to n - D, its uncached prompt tokens, exactly. Only
+requests whose delivered count comes back are counted: a refused or lost one ran nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from kv.hashing import BlockHash
+from router.core.hash_loops import num_leading_in
+from router.core.prefix_match import PrefixMatch
+
+CAUSES = ("cold", "capacity", "placement", "race")
+
+
+class MissTokens(NamedTuple):
+    """Uncached prompt tokens of requests, by cause."""
+
+    cold: int = 0
+    capacity: int = 0
+    placement: int = 0
+    race: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.cold + self.capacity + self.placement + self.race
+
+    def __add__(self, other: tuple) -> MissTokens:  # type: ignore[override]
+        return MissTokens(*(a + b for a, b in zip(self, other)))
+
+
+def split_causes(num_prompt_tokens: int, cacheable_tokens: int, predicted_tokens: int,
+                 elsewhere_tokens: int, seen_tokens: int, delivered_tokens: int) -> MissTokens:
+    """The causes of a request's uncached prompt tokens (the ranges of the module's map).
+
+    Args:
+        num_prompt_tokens: n.
+        cacheable_tokens: what any engine could serve from cache: full blocks, less the
+            last token, which it always computes (c).
+        predicted_tokens: cached on the chosen replica at the decision (p, before capping
+            at c).
+        elsewhere_tokens: the longest cached prefix on any other candidate.
+        seen_tokens: the leading tokens whose blocks the window had seen.
+        delivered_tokens: what the engine served from cache (D).
+
+    Returns causes that add up to n - D (D clamped to [0, n]) for any input.
+    """
+    n, c = num_prompt_tokens, max(min(cacheable_tokens, num_prompt_tokens), 0)
+    d = min(max(delivered_tokens, 0), n)
+    p = min(max(predicted_tokens, 0), c)
+    o = max(p, min(elsewhere_tokens, c))
+    s = max(o, min(seen_tokens, c))
+    start = max(p, d)
+    return MissTokens(cold=n - max(s, start),
+                      capacity=max(s - max(o, start), 0),
+                      placement=max(o - start, 0),
+                      race=max(p - d, 0))
+
+
+class SeenWindow:
+    """Block hashes routed lately, in bounded memory: two generations of at most
+    `capacity_blocks / 2` hashes each. A prompt's blocks go into the current one; when it
+    is full it becomes the previous one and the old previous one is dropped. A block is
+    remembered for at least `capacity_blocks / 2` distinct block insertions after its last
+    use and at most `capacity_blocks` hashes are held (about 100 bytes each: a dict entry
+    and, at worst, the hash's own bytes object). Dicts with None values, not sets: they hold
+    no GC-tracked objects (router.core.index)."""
+
+    def __init__(self, capacity_blocks: int):
+        if capacity_blocks < 2:
+            raise ValueError(f"SeenWindow: capacity_blocks must be >= 2, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self._current: dict[BlockHash, None] = {}
+        self._previous: dict[BlockHash, None] = {}
+
+    def num_leading_seen(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many leading blocks of the prompt the window holds."""
+        current, previous = self._current, self._previous
+        n = num_leading_in(current, block_hashes)
+        while n < len(block_hashes) and (block_hashes[n] in previous
+                                         or block_hashes[n] in current):
+            n += 1
+        return n
+
+    def add(self, block_hashes: Sequence[BlockHash]) -> None:
+        if len(self._current) >= self.capacity_blocks // 2:
+            self._previous, self._current = self._current, {}
+        self._current.update(dict.fromkeys(block_hashes))
+
+    def __len__(self) -> int:
+        return len(self._current) + len(self._previous)
+
+
+class _Decision(NamedTuple):
+    block_hashes: Sequence[BlockHash]
+    num_prompt_tokens: int
+    matches: Mapping[str, PrefixMatch]  # every candidate's cached prefix at the decision
+
+
+class MissCauses:
+    """The router's miss causes: each outstanding request's view at its decision, totals of
+    the ended ones.
+
+    A decision only keeps references to what the router already built (the prompt's hashes,
+    the candidates' matches); the window is read and fed when the request ends, off the
+    decision's path, so "seen" means seen by a request that ended earlier. Memory: the
+    window's `seen_window_blocks` hashes, plus one entry per outstanding request (gone when
+    it ends or is withdrawn: `forget`).
+    """
+
+    def __init__(self, block_size: int, seen_window_blocks: int):
+        self.block_size = block_size
+        self.seen = SeenWindow(seen_window_blocks)
+        self.totals = MissTokens()  # requests that ended with a delivered count
+        self._decisions: dict[str, _Decision] = {}
+
+    def on_route(self, request_id: str, block_hashes: Sequence[BlockHash],
+                 num_prompt_tokens: int, matches: Mapping[str, PrefixMatch]) -> None:
+        """Keeps the request's view at its decision: `matches` holds every candidate with a
+        cached prefix (another replica's is placement)."""
+        self._decisions[request_id] = _Decision(block_hashes, num_prompt_tokens, matches)
+
+    def on_end(self, request_id: str, replica_id: str, predicted_tokens: int,
+               delivered_tokens: int) -> MissTokens | None:
+        """The request ran on `replica_id`, predicted to find `predicted_tokens` cached there,
+        and the engine served `delivered_tokens` from cache: its causes, added to `totals`
+        (None: no decision kept for it)."""
+        decision = self._decisions.pop(request_id, None)
+        if decision is None:
+            return None
+        hashes, n = decision.block_hashes, decision.num_prompt_tokens
+        block_size = self.block_size
+        cacheable = min(len(hashes) * block_size, n - 1)
+        elsewhere = max((sum(m.hit_tokens(block_size, n)) for r, m in decision.matches.items()
+                         if r != replica_id), default=0)
+        seen_tokens = 0
+        if max(predicted_tokens, elsewhere, delivered_tokens) < cacheable:
+            seen_tokens = self.seen.num_leading_seen(hashes) * block_size
+        self.seen.add(hashes)
+        causes = split_causes(n, cacheable, predicted_tokens, elsewhere, seen_tokens,
+                              delivered_tokens)
+        self.totals = self.totals + causes
+        return causes
+
+    def take(self, request_id: str) -> _Decision | None:
+        """Removes and returns the request's view (to `keep` it again, as a moved request
+        does)."""
+        return self._decisions.pop(request_id, None)
+
+    def keep(self, request_id: str, decision: _Decision) -> None:
+        self._decisions[request_id] = decision
+
+    def forget(self, request_id: str) -> None:
+        """The request ended without a delivered count (refused, withdrawn, lost)."""
+        self._decisions.pop(request_id, None)
+
+    def num_outstanding(self) -> int:
+        return len(self._decisions)

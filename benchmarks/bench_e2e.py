@@ -14,8 +14,8 @@ with the `kvroute` CLI.
 
 Prints a table and, last, one JSON line: throughput_ratio (cache_aware / round_robin output
 tokens per second), ttft_p50_ratio (cache_aware / round_robin), cache_aware_hit_rate
-(delivered cached prompt tokens / prompt tokens). `--results` rewrites this script's
-section of benchmarks/RESULTS.md.
+(delivered cached prompt tokens / prompt tokens). `--results` also saves the run to
+benchmarks/results/bench_e2e.txt.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.simlib import workloads as wl  # noqa: E402
 from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator, summarize_http  # noqa
 from benchmarks.simlib.prompts import TokenSource  # noqa: E402
-
-SECTION = "## End to end: kvroute serve, cache_aware vs round_robin (bench_e2e.py)"
+from benchmarks.simlib.results import save_result  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="requests in flight (the pool holds 8 running requests per replica "
                         "next to its half of the system prompts)")
     # MLP-heavy and shallow: on this engine's CPU path a cold prefill then costs several
-    # times the decode, so the cache decides the speed (RESULTS.md, "End to end").
+    # times the decode, so the cache decides the speed (benchmarks/NOTEBOOK.md, "End to end").
     p.add_argument("--hidden-size", type=int, default=256)
     p.add_argument("--intermediate-size", type=int, default=8192)
     p.add_argument("--num-layers", type=int, default=2)
@@ -65,12 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-weight", type=float, default=0.1,
                    help="kvroute serve --load-weight: at 0.5 the long "
                         "CPU prefill queues push a group's requests to the replica without "
-                        "its prefix and both replicas end up thrashing (RESULTS.md)")
+                        "its prefix and both replicas end up thrashing (benchmarks/NOTEBOOK.md)")
     p.add_argument("--pending-ttl-s", type=float, default=None,
                    help="kvroute serve --pending-ttl-s (router default when unset)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", action="store_true",
-                   help="write the figures into benchmarks/RESULTS.md")
+                   help="also save the run to benchmarks/results/bench_e2e.txt")
     return p.parse_args(argv)
 
 
@@ -182,18 +181,6 @@ def run_policy(model_dir: Path, policy: str, num_blocks: int, args, workdir: Pat
     return summary
 
 
-def write_results(text: str) -> None:
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    old = path.read_text() if path.exists() else "# kvroute benchmark results\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip() + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + (old[end + 1:] if end >= 0 else "")
-    path.write_text(new.rstrip() + "\n")
-
-
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     from worker.random_checkpoint import write_random_checkpoint
@@ -225,23 +212,15 @@ def main(argv: list[str] | None = None) -> dict:
         "system_prompt_blocks_total": args.groups * blocks_per_system,
     } if ca and rr else {}
     if args.results and out:
-        write_results(
-            f"{SECTION}\n\n`python benchmarks/bench_e2e.py --results` — 2-core CPU box "
-            f"(shared, noisy), real engine, random-weight Llama (hidden {args.hidden_size}, "
-            f"MLP {args.intermediate_size}, {args.num_layers} layers), 2 replicas x 1 CPU, "
-            f"`--load-weight {args.load_weight}`, {num_blocks} KV blocks per "
-            f"replica (the {args.groups} system prompts need "
-            f"{args.groups * blocks_per_system}). Workload: {args.groups} groups x "
-            f"{args.prompts_per_group} prompts, {args.system_len}-token system prompt, "
-            f"{args.question_len}-token question, {args.output_len} output tokens, "
-            f"{args.max_concurrency} in flight, streamed over HTTP.\n\n```\n"
-            + "\n".join(lines) + "\n" + json.dumps(out) + "\n```\n\n"
-            "| figure | target | measured |\n|---|---|---|\n"
-            f"| throughput_ratio (cache_aware / round_robin) | >= 1.5 | "
-            f"{out['throughput_ratio']} |\n"
-            f"| ttft_p50_ratio (cache_aware / round_robin) | <= 0.5 | "
-            f"{out['ttft_p50_ratio']} |\n"
-            f"| cache_aware_hit_rate | - | {out['cache_aware_hit_rate']} |\n")
+        save_result("bench_e2e", (
+            f"real engine, random-weight Llama (hidden {args.hidden_size}, MLP "
+            f"{args.intermediate_size}, {args.num_layers} layers), 2 replicas x 1 CPU, "
+            f"--load-weight {args.load_weight}, {num_blocks} KV blocks per replica (the "
+            f"{args.groups} system prompts need {args.groups * blocks_per_system}); "
+            f"{args.groups} groups x {args.prompts_per_group} prompts, {args.system_len}-token "
+            f"system prompt, {args.question_len}-token question, {args.output_len} output "
+            f"tokens, {args.max_concurrency} in flight, streamed over HTTP\n"
+            + "\n".join(lines) + "\n" + json.dumps(out)))
     print(json.dumps(out))
     return out
 

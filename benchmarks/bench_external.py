@@ -24,7 +24,7 @@ and straight to the workers, each measured twice, alternating.
 Prints a table, then one JSON line: hit_rate_over_bound (events), ttft_p50_ratio_vs_round_robin
 (events over kvroute round_robin), added_latency_p50_ms (kvroute minus direct),
 stream_tok_s_ratio_vs_direct (kvroute round_robin over direct round robin). `--results`
-writes the section of benchmarks/RESULTS.md.
+also saves the run to benchmarks/results/bench_external.txt.
 """
 
 from __future__ import annotations
@@ -57,11 +57,10 @@ from benchmarks.simlib.prompts import TokenSource  # noqa: E402
 from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
 from benchmarks.simlib.report import summarize  # noqa: E402
-from benchmarks.simlib.results import write_section  # noqa: E402
+from benchmarks.simlib.results import save_result  # noqa: E402
 from kv.hashing import block_hashes, namespace_root  # noqa: E402
 from router.core.config import RouterConfig  # noqa: E402
 
-SECTION = "## External workers: kvroute serve --workers (bench_external.py)"
 MODEL = "tiny"
 # name -> (kvroute serve flags, workers given with their KV event sockets)
 GATEWAYS = {"events": ([], True), "approximate": (["--approximate"], False),
@@ -91,7 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2,
                    help="times each run is repeated (every other round in reverse order)")
-    p.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    p.add_argument("--results", action="store_true",
+                   help="also save the run to benchmarks/results/bench_external.txt")
     return p.parse_args(argv)
 
 
@@ -268,27 +268,19 @@ def report(args, runs: dict[str, list[dict]], latency: list[dict], streams: list
         modelled["cache_aware"] / modelled["round_robin"], 3)
     print("\n".join(lines))
     if args.results:
-        write_section(ROOT / "benchmarks" / "RESULTS.md", SECTION,
-                      results_text(args, lines, out))
+        save_result("bench_external", results_text(args, lines, out))
     print(json.dumps(out))
     return out
 
 
 def results_text(args, lines: list[str], out: dict) -> str:
-    targets = (("hit_rate_over_bound", ">= 0.97"), ("ttft_p50_ratio_vs_round_robin", "<= 0.5"),
-               ("added_latency_p50_ms", "<= 2"), ("stream_tok_s_ratio_vs_direct", ">= 0.8"))
-    rows = "\n".join(f"| {k} | {t} | {out[k]} |" for k, t in targets)
-    return (f"{SECTION}\n\n`python benchmarks/bench_external.py --results` on the shared "
-            f"2-core CPU box: {args.workers} `kvroute engine --engine sim --sim-preset "
-            f"{args.sim_preset}` workers, {args.num_blocks} KV blocks each, "
-            f"{args.max_num_batched_tokens} tokens and {args.max_num_seqs} requests a step. "
-            f"Workload: "
-            f"{args.groups} groups x {args.prompts_per_group} prompts, {args.system_len}-token "
-            f"system prompt, {args.question_len}-token question, {args.output_len} output "
-            f"tokens, {args.max_concurrency or 'all'} in flight.\n\n```\n"
-            + "\n".join(lines) + "\n"
-            + json.dumps(out) + "\n```\n\n| figure | target | measured |\n|---|---|---|\n"
-            + rows + "\n")
+    return (f"{args.workers} `kvroute engine --engine sim --sim-preset {args.sim_preset}` "
+            f"workers, {args.num_blocks} KV blocks each, {args.max_num_batched_tokens} tokens "
+            f"and {args.max_num_seqs} requests a step; {args.groups} groups x "
+            f"{args.prompts_per_group} prompts, {args.system_len}-token system prompt, "
+            f"{args.question_len}-token question, {args.output_len} output tokens, "
+            f"{args.max_concurrency or 'all'} in flight\n"
+            + "\n".join(lines) + "\n" + json.dumps(out))
 
 
 if __name__ == "__main__":

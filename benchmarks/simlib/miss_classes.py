@@ -15,13 +15,20 @@ run is over, each prompt block past the request's delivered hit is put in one cl
 
 Counted in tokens (16 a block), over all prompt tokens: the classes add up to the miss rate
 less the last partial block of each prompt and the engine's "last token computes" rule.
+
+The live router's four causes (router/core/miss_causes.py: cold, capacity, placement, race)
+come from the same Router the simulator runs: `count_miss_causes` hands each router the
+engine's delivered count at the end of every request, `miss_causes_check` adds them up
+against the prompt tokens the engines did not serve from cache.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 from benchmarks.simlib.cluster import ClusterSim, RunResult
+from router.core.miss_causes import MissTokens
 
 CLASSES = ("never_seen", "evicted_everywhere", "in_flight", "elsewhere_known",
            "elsewhere_unknown", "here_gone")
@@ -87,3 +94,42 @@ def _classify(sim: ClusterSim, result: RunResult, at_routing: dict) -> dict[str,
                 cls = "evicted_everywhere"
             counts[cls] += block_size
     return {c: counts[c] / total if total else 0.0 for c in CLASSES}
+
+
+class MissCauseCheck(NamedTuple):
+    causes: MissTokens  # every router's totals, summed
+    uncached_tokens: int  # prompt tokens of routed requests the engines did not serve cached
+    sum_ok: bool  # the causes add up to uncached_tokens exactly
+
+
+def count_miss_causes(sim: ClusterSim) -> None:
+    """Before `sim.run()`: each router's `on_finished` gets the delivered count (device +
+    host cached tokens) the engine recorded for the request, as the live router gets it
+    from the engine replica, so the routers count the causes."""
+    for router in sim.routers:
+        router.on_finished = _with_delivered(sim, router.on_finished)
+
+
+def _with_delivered(sim: ClusterSim, on_finished):
+    def on_finished_with_delivered(request_id: str, delivered_tokens: int | None = None):
+        rec = sim.records.get(request_id)
+        if delivered_tokens is None and rec is not None:  # the engine's counts are set
+            delivered_tokens = rec.cached_device_tokens + rec.cached_host_tokens
+        return on_finished(request_id, delivered_tokens)
+    return on_finished_with_delivered
+
+
+def miss_causes_check(sim: ClusterSim, result: RunResult) -> MissCauseCheck:
+    """After a run started with `count_miss_causes`: the causes, and whether they add up
+    exactly to the routed requests' uncached prompt tokens (n - delivered, each)."""
+    causes = sum((router.misses.totals for router in sim.routers), MissTokens())
+    uncached = sum(r.num_prompt_tokens - r.cached_device_tokens - r.cached_host_tokens
+                   for r in result.records if r.replica_id is not None)
+    return MissCauseCheck(causes, uncached, causes.total == uncached)
+
+
+def run_with_miss_causes(sim: ClusterSim) -> tuple[RunResult, MissCauseCheck]:
+    """Runs `sim` counting the routers' miss causes."""
+    count_miss_causes(sim)
+    result = sim.run()
+    return result, miss_causes_check(sim, result)

@@ -2,7 +2,8 @@
 
 One `schedule()` builds a step: running requests first (decodes and unfinished prefill
 chunks, oldest first), then waiting requests in arrival order while the token budget and
-the block pool allow. The engine rules of DESIGN.md, and where each one lives:
+the block pool allow. The engine rules (docs/design.md, "Engine rules"), and where each
+lives:
 
 - The token budget counts only uncached tokens: cached prompt blocks are skipped by
   starting the request at `num_computed_tokens = cached tokens`.

@@ -1,4 +1,4 @@
-"""The simulated cluster with faults injected (issue 14): replicas killed mid-run, event
+"""The simulated cluster with faults injected: replicas killed mid-run, event
 batches dropped, duplicated, delayed and so reordered, all from one seed."""
 
 from __future__ import annotations

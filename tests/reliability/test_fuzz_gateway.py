@@ -1,4 +1,4 @@
-"""Fuzzing the live gateway from its OpenAPI document (issue 14): every response to a
+"""Fuzzing the live gateway from its OpenAPI document: every response to a
 generated body is a 2xx, or a 4xx with an OpenAI error body, never a 5xx.
 
 Bounded: a few dozen cases per operation, on a local Ray with one simulated replica and

@@ -1,4 +1,4 @@
-"""Fault injection on a live `kvroute serve --engine sim` with 4 replicas (issue 14), under
+"""Fault injection on a live `kvroute serve --engine sim` with 4 replicas, under
 bounded load on loopback: a replica is killed and the KV index actor restarted while
 requests run. Afterwards every accepted request has completed or failed with a clear error
 (none hangs), the routers' index equals the replicas' contents within 5 s, and once idle

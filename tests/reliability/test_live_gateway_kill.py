@@ -1,4 +1,4 @@
-"""Fault injection (issue 14): a gateway killed under load. `kvroute serve --ingress gateway`
+"""Fault injection: a gateway killed under load. `kvroute serve --ingress gateway`
 with 2 gateway replicas and 2 simulated engine replicas; bounded load on loopback (16
 requests, half streamed, 8 at a time), and one gateway replica killed while they run.
 Every request completes or fails clearly and promptly (an HTTP error status, an SSE error

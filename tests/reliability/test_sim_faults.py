@@ -1,4 +1,4 @@
-"""Fault injection on the simulator at 16-64 replicas (issue 14): after replicas die and
+"""Fault injection on the simulator at 16-64 replicas: after replicas die and
 event batches are dropped, duplicated, delayed and reordered, every request ended clearly,
 the router's index equals what the live replicas hold after one clean publish, and the
 router's outstanding load and held marks are back to zero."""

@@ -16,7 +16,8 @@ from worker.vllm_events import wire
 
 MODEL = "tiny-llama"
 ROOT = namespace_root(MODEL)
-# DESIGN.md's known answers: tokens 1..32, block size 16
+# Protocol 1's known answers (docs/design.md, tests/kv/test_hashing.py): tokens 1..32,
+# block size 16
 R0 = bytes.fromhex("268d4743c6c8ed65aaace30ba1a4914a")
 R1 = bytes.fromhex("cc65b57d7d4fc9f6428b741188963ef6")
 

@@ -1,4 +1,4 @@
-"""Conversation's load share against whole-session placements (benchmarks/RESULTS.md).
+"""Conversation's load share against whole-session placements (benchmarks/NOTEBOOK.md).
 
     python benchmarks/conversation_share.py --rate 0.125 --rate 0.25
 

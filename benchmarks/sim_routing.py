@@ -12,7 +12,7 @@ throughput grows less than 5% over the previous rate), and the worst of every ru
 approximate mode and the pooled bound (benchmarks/simlib/targets.py). `--router NAME=VALUE`
 sets a RouterConfig field for a what-if. With --ladder it also writes
 TTFT-vs-QPS plots (PNG) and all summaries (JSON) to --out-dir.
-Definitions: benchmarks/simlib/report.py and benchmarks/RESULTS.md.
+Definitions: benchmarks/simlib/report.py and benchmarks/NOTEBOOK.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What-ifs for the router's cost model: cache_aware and approximate mode under several
-RouterConfig variants on chosen rungs, one table (benchmarks/RESULTS.md).
+RouterConfig variants on chosen rungs, one table (benchmarks/NOTEBOOK.md).
 
     python benchmarks/sim_whatif.py --rung shared_prefix=1.5 --rung burst=inf \
         --variant base: --variant cached0.1:cached_load_fraction=0.1

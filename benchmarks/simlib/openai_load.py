@@ -15,7 +15,7 @@ bytes as ids (exact for byte-level tokenizers).
 
 The client is aiohttp, as SGLang's and vLLM's serving benchmarks use: the client's own cost
 per request lands in every TTFT it measures, and with 128 streams sent at once httpx's added
-70-110 ms to the median where aiohttp's adds about 25 (benchmarks/RESULTS.md, "External
+70-110 ms to the median where aiohttp's adds about 25 (benchmarks/NOTEBOOK.md, "External
 workers").
 """
 

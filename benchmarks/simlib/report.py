@@ -1,6 +1,6 @@
 """What a simulated run measured, per policy: hits, latency, throughput, balance.
 
-Definitions (the same in the table, the JSON line and benchmarks/RESULTS.md):
+Definitions (the same in the table, the JSON line and benchmarks/NOTEBOOK.md):
 - hit_rate: prompt tokens served from cache (device + host tier) at first admission, over
   all prompt tokens of the served requests; exactly what the replicas' kv.manager
   PrefixCacheStats count.

@@ -1,5 +1,5 @@
 """The ladder figures: the policy under test against approximate mode and the pooled
-bound on every rung (benchmarks/RESULTS.md, "Routing at scale, simulated", has the targets).
+bound on every rung (benchmarks/NOTEBOOK.md, "Routing at scale, simulated", has the targets).
 
 - worst_hit_minus_approximate: min over rungs of hit rate - approximate's hit rate;
 - worst_ttft_p90_over_approximate: max over rungs of TTFT p90 / approximate's;

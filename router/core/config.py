@@ -14,7 +14,7 @@ class RouterConfig:
     block_size: int = 16  # tokens per block; must equal the engine's
     # Cost of one token of outstanding work, in prefill tokens (cache_aware). Heavier
     # weights split conversations off their cache; lighter ones break the balance
-    # (benchmarks/RESULTS.md, router findings 2 and 4, has the runs that chose it).
+    # (benchmarks/NOTEBOOK.md, router findings 2 and 4, has the runs that chose it).
     load_weight: float = 0.2
     # A decode token's work in prefill tokens, in the load a request adds (cache_aware).
     decode_weight: float = 1.0
@@ -25,19 +25,19 @@ class RouterConfig:
     # Each cached prompt token adds this many tokens of work to the load a request adds:
     # a cached prompt still costs its replica a seat and attention over its context.
     # (0.1: a burst of one cached prompt spreads like round robin; the what-ifs in
-    # benchmarks/RESULTS.md.)
+    # benchmarks/NOTEBOOK.md.)
     cached_load_fraction: float = 0.1
     # Pending marks cover the whole prompt, not only past its confirmed device run: the
     # request will hold all of it on its replica when it runs, so an eviction of the cached
     # part while it waits does not send the prompts that share it elsewhere. The confirmed
     # part is marked only once events show it evicted (Router._pin_evicted), which costs a
-    # decision nothing. (Mooncake at 2x: 0.991 of the bound, not 0.955; benchmarks/RESULTS.md.)
+    # decision nothing. (Mooncake at 2x: 0.991 of the bound, not 0.955; benchmarks/NOTEBOOK.md.)
     mark_whole_prompt: bool = True
     # > 0: a replica's load is at least the work routed to it lately, halving every this
     # many seconds (conversations between turns still count); 0: outstanding work only.
-    # (30 s: conversations with think times spread; the what-ifs in benchmarks/RESULTS.md.)
+    # (30 s: conversations with think times spread; the what-ifs in benchmarks/NOTEBOOK.md.)
     recent_work_half_life_s: float = 30.0
-    # What-if knobs (benchmarks/RESULTS.md): the fraction of a
+    # What-if knobs (benchmarks/NOTEBOOK.md): the fraction of a
     # request's uncached prefill tokens that joins the recent work (its decode and
     # cached-token work always do; a follow-up finds that prefill cached). 0.25 fixes
     # Mooncake at 2x and breaks shared_prefix and conversation, so the default counts all.
@@ -54,7 +54,7 @@ class RouterConfig:
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded
     # before the cache gain must pay for the gap in full (cache_aware); inf (the default)
     # turns it off: with a guard, one long queued prompt pushes every conversation off its
-    # cache (benchmarks/RESULTS.md, router finding 2).
+    # cache (benchmarks/NOTEBOOK.md, router finding 2).
     imbalance_threshold: float = math.inf
     # A routed block counts as cached on its replica until an event confirms it, while its
     # request is outstanding and this long after it finished.

@@ -115,7 +115,7 @@ STREAM_TOO_LARGE = bad_worker("the worker's stream was cut: an event or the whol
 class WorkerProxy:
     """One aiohttp session (keep-alive pool) to every worker. aiohttp, not httpx: a bare
     relay measured 1.6-1.9 ms over the direct path with it against 3.6-3.9 ms with httpx
-    on the shared box (benchmarks/RESULTS.md, external workers)."""
+    on the shared box (benchmarks/NOTEBOOK.md, "External workers")."""
 
     def __init__(self, config: ProxyConfig | None = None):
         self.config = config or ProxyConfig()

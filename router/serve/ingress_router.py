@@ -123,7 +123,7 @@ async def _lifespan(receive, send) -> None:
 class IngressRouter:
     """HAProxy's routing endpoint, as a bare ASGI app: one small JSON call per client
     request, where FastAPI's routing, validation and response classes cost more than the
-    routing itself (benchmarks/RESULTS.md, "Serving overhead")."""
+    routing itself (benchmarks/NOTEBOOK.md, "Where the time goes")."""
 
     async def __init__(self, engine_handle, config: IngressRouterConfig):
         self.router_id = gateway_process_id()

@@ -10,7 +10,7 @@ shared first block from pulling every request onto one replica: the few tokens i
 soon outweighed by the work queued there. The routed-work tie-break matters whenever
 replicas sit idle: every new prefix then ties at load 0, and "the earlier candidate" would
 hand all of them to the first replica (a load share of 1.25 on the Mooncake trace in
-benchmarks/RESULTS.md, 1.01 with the tie-break).
+benchmarks/NOTEBOOK.md, 1.01 with the tie-break).
 
 Imbalance guard: if the winner's load exceeds the least loaded candidate's by more than
 `imbalance_threshold` tokens, the cache gain must pay for the whole gap, token for token

@@ -16,6 +16,10 @@ import xxhash
 
 BlockHash = bytes  # 16-byte xxh3_128 digest
 
+# Tokens per block unless configured: the router and the engines must use the same value,
+# and every default in the project is this one.
+DEFAULT_BLOCK_SIZE = 16
+
 _NAMESPACE_TAG = b"kvroute/1\x00"
 _UINT32_LE = np.dtype("<u4")
 _xxh3_128_digest = xxhash.xxh3_128_digest

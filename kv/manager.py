@@ -18,14 +18,14 @@ from typing import NamedTuple
 
 from kv.block_pool import Block, BlockPool
 from kv.events import EventLog
-from kv.hashing import BlockHash
+from kv.hashing import DEFAULT_BLOCK_SIZE, BlockHash
 from kv.host_tier import HostTier
 
 
 @dataclass(frozen=True)
 class KVCacheConfig:
     num_blocks: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_host_blocks: int = 0
     enable_prefix_caching: bool = True
     pin_budget_blocks: int = 0

@@ -9,9 +9,9 @@ import signal
 import sys
 import threading
 
-from router.cli_flags import add_flags, flag_name, given_flags
-from router.serve.settings import LaunchSettings, ServeSettings, SettingsError, load_settings
+from router.serve.settings import LaunchSettings, ServeSettings
 from worker.openai_server.main import add_engine_arguments, run_engine
+from worker.settings import SettingsError, add_flags, flag_name, given_flags, load_settings
 
 APP_NAME = "kvroute"
 
@@ -32,8 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         "engine", help="serve one engine replica as a standalone OpenAI server",
         description="Serve MODEL from one engine replica in this process (no Ray) as an "
                     "OpenAI-compatible HTTP server, as `vllm serve` does: a worker for "
-                    "`kvroute serve --workers` or any other router.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "`kvroute serve --workers` or any other router. Every flag can also be set "
+                    "by its KVROUTE_<NAME> environment variable; a flag given wins.")
     add_engine_arguments(e)
     return parser
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from kv.hashing import DEFAULT_BLOCK_SIZE
 from worker.model_config import parse_dtype
 
 
@@ -16,7 +17,7 @@ class ModelExecutorConfig:
     model_dir: Path  # a checkpoint directory (worker.tiny.resolve_model("tiny") for tiny)
     num_blocks: int  # device KV blocks per rank (see worker.kv_cache.num_blocks_for_memory)
     tp: int = 1  # tensor parallel ranks
-    block_size: int = 16  # tokens per KV block
+    block_size: int = DEFAULT_BLOCK_SIZE  # tokens per KV block
     num_host_blocks: int = 0  # host-memory KV slots per rank
     dtype: str = "float32"  # float32 | float16 | bfloat16
     device: str = "cpu"  # cpu | cuda (local: rank r on cuda:r; ray: a GPU per rank actor)

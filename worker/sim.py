@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kv.hashing import DEFAULT_BLOCK_SIZE
 from worker.api import SampledToken, SampleFailure, SamplingParams, TokenLogprobs
 from worker.step import StepInput
 
@@ -89,7 +90,7 @@ def get_preset(name: str) -> SimPreset:
     return PRESETS[name]
 
 
-def step_time_s(preset: SimPreset, step: StepInput, block_size: int = 16) -> float:
+def step_time_s(preset: SimPreset, step: StepInput, block_size: int = DEFAULT_BLOCK_SIZE) -> float:
     """Modelled duration of one step (see the module docstring); `block_size` (tokens per
     KV block) sizes the step's host tier copies."""
     flops_per_s = preset.peak_flops * preset.mfu
@@ -132,7 +133,7 @@ class SimExecutor:
 
     def __init__(self, preset: str | SimPreset = "h100-llama3-8b", *, vocab_size: int = 32000,
                  eos_token_ids: tuple[int, ...] = (), realtime: bool = True,
-                 first_token_id: int = 0, block_size: int = 16):
+                 first_token_id: int = 0, block_size: int = DEFAULT_BLOCK_SIZE):
         self.preset = get_preset(preset) if isinstance(preset, str) else preset
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import httpx
 import ray
 
+from kv.hashing import DEFAULT_BLOCK_SIZE
 from router.cluster.actors import get_or_create_actor
 from router.cluster.worker_index_link import IndexActorLink, IndexLink
 from router.cluster.worker_probe import check_health, check_worker, scrape_queue_stats
@@ -38,7 +39,8 @@ WORKER_SET_ACTOR_NAME = "kvroute-workers"
 @dataclass(frozen=True)
 class WorkerSetConfig:
     model: str  # the served model name every worker must list in /v1/models
-    block_size: int = 16  # tokens per block of the routers' hashes (their events' mapping)
+    # tokens per block of the routers' hashes (their events' mapping)
+    block_size: int = DEFAULT_BLOCK_SIZE
     workers: tuple[WorkerSpec, ...] = ()  # the static list
     health_period_s: float = 2.0
     health_timeout_s: float = 2.0  # per HTTP check

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kv.hashing import DEFAULT_BLOCK_SIZE
 from router.core.policies import POLICY_NAMES
 
 
 @dataclass(frozen=True)
 class RouterConfig:
     policy: str = "cache_aware"  # one of router.core.policies.POLICY_NAMES
-    block_size: int = 16  # tokens per block; must equal the engine's
+    block_size: int = DEFAULT_BLOCK_SIZE  # tokens per block; must equal the engine's
     # Cost of one token of outstanding work, in prefill tokens (cache_aware). Heavier
     # weights split conversations off their cache; lighter ones break the balance
     # (benchmarks/NOTEBOOK.md, router findings 2 and 4, has the runs that chose it).

@@ -24,8 +24,9 @@ from router.serve.engine_replica import EngineReplica, ReplicaResources, engine_
 from router.serve.ingress_router import IngressRouter, IngressRouterConfig
 from router.serve.route_header import new_route_key
 from router.serve.serve_env import key_paths, replica_env, with_env
-from router.serve.settings import LaunchSettings, ServeSettings, SettingsError, load_settings
+from router.serve.settings import LaunchSettings, ServeSettings
 from worker.engine_config import EngineConfig
+from worker.settings import SettingsError, load_settings
 
 REQUEST_ROUTER_CLASS = "router.serve.request_router:KVRouteRequestRouter"
 

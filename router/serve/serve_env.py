@@ -42,7 +42,8 @@ from typing import Any
 
 from router.gateway.admin import ADMIN_KEY_ENV, REQUIRE_ADMIN_KEY_ENV
 from router.gateway.tenants import API_KEYS_ENV, REQUIRE_API_KEYS_ENV
-from router.serve.settings import LaunchSettings, ServeSettings, env_name
+from router.serve.settings import LaunchSettings, ServeSettings
+from worker.settings import env_name
 
 KVROUTE_ENV_PREFIX = "KVROUTE_"
 # The settings' own variables are resolved by the builder and travel in the deployments'

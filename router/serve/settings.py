@@ -1,45 +1,30 @@
-"""The serve settings: one pydantic model, the single source of every serve setting.
+"""The serve settings: one pydantic model, the single source of every serve setting; it
+extends the engine's (worker/engine_config.py `EngineSettings`, also `kvroute engine`'s).
 
-From `ServeSettings` derive: the `kvroute serve` flags (router/cli_flags.py), the `args` of
+From `ServeSettings` derive: the `kvroute serve` flags, the `args` of
 `router.serve.app:build_app` (`serve run router.serve.app:build_app replicas=2`, a Serve
-config, the Helm chart's RayService), the `KVROUTE_<NAME>` environment variables, and the
-chart's values schema for the settings it sets (router/serve/chart_values.py).
-
-Precedence, lowest to highest: the field's default < `KVROUTE_<NAME>` in the environment of
-the process that builds the application < an explicit value (a flag, a `key=value` arg, a
-Serve config arg). A value given as a string (env, `serve run key=value`) is coerced by
-pydantic ("2" -> 2, "true" -> True, "inf" -> inf); a bad one raises one `SettingsError`
-naming the setting and where its value came from.
+config, the Helm chart's RayService), the `KVROUTE_<NAME>` environment variables (read by
+the process that builds the application), and the chart's values schema for the settings it
+sets (router/serve/chart_values.py). How they are loaded, and which wins: worker/settings.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from router.cluster.worker_spec import parse_workers
 from router.core.config import RouterConfig
 from router.core.policies import POLICY_NAMES
-from worker.engine_config import EngineConfig
-from worker.sim import PRESETS
+from worker.engine_config import EngineConfig, EngineSettings, PositiveInt
 
-ENV_PREFIX = "KVROUTE_"
 _ROUTER_DEFAULTS = RouterConfig()
 
-PositiveInt = Annotated[int, Field(ge=1)]
 
-
-class ServeSettings(BaseModel):
-    """What `build_app` deploys: the model, the engine replicas and the router."""
+class ServeSettings(EngineSettings):
+    """What `build_app` deploys: the model, the engine replicas (their settings are
+    `kvroute engine`'s, worker/engine_config.py) and the router."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -49,34 +34,12 @@ class ServeSettings(BaseModel):
                                "use), a Hugging Face Llama-family checkpoint directory, a "
                                ".gguf file (converted once into the cache), or a Hugging Face "
                                "repo id org/name[@revision] (fetched into the hub cache, "
-                               "$HF_HUB_CACHE, on first use)")
-    served_model_name: str | None = Field(
-        None, min_length=1, description="the model name the API serves, clients send and "
-                                        "prefixes are hashed under (unset: 'smollm2', the repo "
-                                        "id, or the checkpoint directory's name); with "
-                                        "workers, model names it instead")
+                               "$HF_HUB_CACHE, on first use); with workers, the model name "
+                               "they serve")
     replicas: PositiveInt = Field(2, description="engine replicas (data parallel)")
-    tp: PositiveInt = Field(
-        1, description="tensor-parallel ranks per replica (one placement-group bundle each)")
-    engine: Literal["real", "sim"] = Field(
-        "real", description="real: run the model; sim: simulated executor (timed like an H100 "
-                            "running Llama-3-8B, no model compute) for routing experiments")
-    sim_preset: Literal[tuple(PRESETS)] = Field(  # type: ignore[valid-type]
-        "h100-llama3-8b", description="timing preset of the simulated executor")
     policy: Literal[POLICY_NAMES] = Field(  # type: ignore[valid-type]
         "cache_aware", description="routing policy: cache_aware weighs uncached prompt tokens "
                                    "against load; the others ignore or only hash the prefix")
-    block_size: PositiveInt = Field(16, description="tokens per KV block (and per prefix hash)")
-    num_blocks: PositiveInt = Field(
-        1024, description="KV blocks per replica (device pool); caps the context length too")
-    num_host_blocks: int = Field(
-        0, ge=0, description="host-memory KV blocks per replica (0: no host tier)")
-    max_model_len: int | None = Field(
-        None, ge=2, description="context length limit in tokens (unset: the model's, capped by "
-                                "the pool)")
-    max_num_seqs: PositiveInt = Field(64, description="requests a replica runs at once")
-    max_num_batched_tokens: PositiveInt = Field(
-        2048, description="tokens a replica computes in one step")
     api_keys_file: str | None = Field(
         None, description="API keys file: JSON {key: tenant} or lines 'KEY TENANT'; also read "
                           "from $KVROUTE_API_KEYS ('key=tenant,...'). Each tenant gets its own "
@@ -184,15 +147,9 @@ class ServeSettings(BaseModel):
                 "pending_ttl_s": self.pending_ttl_s,
                 "host_cost_fraction": self.host_cost_fraction}
 
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig(model=self.model, served_model_name=self.served_model_name or "",
-                            engine=self.engine, tp=self.tp,
-                            block_size=self.block_size, num_blocks=self.num_blocks,
-                            num_host_blocks=self.num_host_blocks,
-                            max_model_len=self.max_model_len, sim_preset=self.sim_preset,
-                            max_num_seqs=self.max_num_seqs,
-                            max_num_batched_tokens=self.max_num_batched_tokens,
-                            tp_launcher="ray")  # ranks 1..tp-1: actors in the replica's PG
+    def engine_config(self, **more: Any) -> EngineConfig:
+        # ranks 1..tp-1: actors in the replica's placement group
+        return super().engine_config(**{"tp_launcher": "ray", **more})
 
 
 class LaunchSettings(BaseModel):
@@ -207,50 +164,3 @@ class LaunchSettings(BaseModel):
                           "of starting a local Ray instance")
     num_cpus: PositiveInt | None = Field(
         None, description="CPUs of the local Ray instance (unset: this machine's)")
-
-
-class SettingsError(ValueError):
-    """A bad setting: the message names each bad setting and where its value came from."""
-
-
-def env_name(name: str) -> str:
-    return ENV_PREFIX + name.upper()
-
-
-SettingsT = TypeVar("SettingsT", bound=BaseModel)
-
-
-def load_settings(cls: type[SettingsT], explicit: Mapping[str, Any], env: Mapping[str, str],
-                  label: Callable[[str], str] = lambda name: f"arg {name}") -> SettingsT:
-    """`cls` from its defaults, then `KVROUTE_<NAME>` in `env`, then `explicit` values.
-
-    An explicit `None` or "" (a Serve config's `null`, `serve run key=`) counts as not given.
-    `label(name)` says how the caller spells an explicit setting in errors (e.g. a flag).
-    """
-    unknown = sorted(set(explicit) - set(cls.model_fields))
-    if unknown:
-        raise SettingsError(f"unknown kvroute setting(s) {', '.join(unknown)}; known: "
-                            f"{', '.join(cls.model_fields)}")
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for name in cls.model_fields:
-        if env.get(env_name(name), "") != "":
-            values[name], sources[name] = env[env_name(name)], f"${env_name(name)}"
-        if explicit.get(name) not in (None, ""):
-            values[name], sources[name] = explicit[name], label(name)
-    try:
-        return cls.model_validate(values)
-    except ValidationError as err:
-        raise SettingsError(_describe(err, values, sources)) from None
-
-
-def _describe(err: ValidationError, values: dict[str, Any], sources: dict[str, str]) -> str:
-    problems = []
-    for error in err.errors(include_url=False):
-        name = str(error["loc"][0]) if error["loc"] else None
-        msg = error["msg"].removeprefix("Value error, ")
-        if name in values:
-            problems.append(f"{name} = {values[name]!r} (from {sources[name]}): {msg}")
-        else:
-            problems.append(msg)
-    return "invalid kvroute settings: " + "; ".join(problems)

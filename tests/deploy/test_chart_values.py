@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from router.serve.chart_values import CHART_VALUES, SCHEMA_PATH, generated, main, render
-from router.serve.settings import ServeSettings, SettingsError, load_settings
+from router.serve.settings import ServeSettings
+from worker.settings import SettingsError, load_settings
 
 from .helm_chart import CHART, serve_config, template
 from .helm_chart import render as render_chart

@@ -2,7 +2,8 @@
 listening on the gateway port itself (no Serve proxy), the admin key from a Secret."""
 
 from router.serve.app import build_app
-from router.serve.settings import ServeSettings, load_settings
+from router.serve.settings import ServeSettings
+from worker.settings import load_settings
 
 from .helm_chart import engine_group, head_template, render, serve_config, template
 from .test_helm_limits import DEFAULT_LIMITS_ENV

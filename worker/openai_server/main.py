@@ -16,13 +16,16 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import uvicorn
+from pydantic import BaseModel, ConfigDict, Field
 
-from worker.engine_config import EngineConfig
+from worker.engine_config import EngineConfig, EngineSettings
 from worker.openai_server.kv_events import EventPump, EventPumpConfig
+from worker.settings import add_flags, flag_name, given_flags, load_settings
 
 if TYPE_CHECKING:  # zmq and the publisher load only when events are published
     from worker.openai_server.vllm_sink import VllmEventsConfig
@@ -58,64 +61,47 @@ class ServerConfig:
                                 self.kv_events_topic)
 
 
+class EngineServerSettings(BaseModel):
+    """Where `kvroute engine` serves its engine, and its KV events."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    replica_id: str | None = Field(
+        None, min_length=1, description="this engine's name in its KV events and metrics "
+                                        "(unset: HOSTNAME-PID)")
+    host: str = Field("127.0.0.1", min_length=1, description="HTTP listen address")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: any free port)")
+    kv_events_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="publish the KV cache events in vLLM's format on this port of --host (ZMQ "
+                    "PUB: [topic, 8-byte seq, msgpack KVEventBatch]; 0: any free port); off "
+                    "when unset")
+    kv_events_replay_port: int | None = Field(
+        None, ge=0, le=65535, description="the replay socket (ZMQ ROUTER) that resends "
+                                          "batches from a seq (unset: --kv-events-port + 1; "
+                                          "any free port when that is 0)")
+    kv_events_topic: str = Field("", description="the topic frame of every batch")
+    graceful_shutdown_timeout_s: float = Field(
+        60.0, gt=0, description="on SIGTERM, how long accepted requests may run before they "
+                                "are cancelled")
+
+
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of `kvroute engine`: `kvroute serve`'s spellings for the engine's settings
-    (router/serve/settings.py), vLLM's for the rest where vLLM has the same setting."""
-    p.add_argument("--model", default="tiny",
-                   help="'tiny' (embedded random-weight Llama, generated on first use) or a "
-                        "Hugging Face Llama-family checkpoint directory")
-    p.add_argument("--served-model-name", default="",
-                   help="the model name of the API and of the KV hash namespace (empty: "
-                        "'tiny', or the checkpoint directory's name)")
-    p.add_argument("--engine", default="real", choices=("real", "sim"),
-                   help="real: run the model; sim: simulated executor (modelled step "
-                        "times, no model compute)")
-    p.add_argument("--sim-preset", default="h100-llama3-8b",
-                   help="timing preset of the simulated executor (e.g. tiny)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (local processes)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--num-blocks", type=int, default=1024,
-                   help="KV blocks (device pool); caps the context length too")
-    p.add_argument("--num-host-blocks", type=int, default=0,
-                   help="host-memory KV blocks (0: no host tier)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="context length limit (default: the model's, capped by the pool)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="requests per step, at most")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="tokens per step, at most")
-    p.add_argument("--replica-id", default=None,
-                   help="this engine's name in its KV events and metrics (default: "
-                        "HOSTNAME-PID)")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP listen address")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
-    p.add_argument("--kv-events-port", type=int, default=None,
-                   help="publish the KV cache events in vLLM's format on this port of --host "
-                        "(ZMQ PUB: [topic, 8-byte seq, msgpack KVEventBatch]; 0: any free "
-                        "port); off by default")
-    p.add_argument("--kv-events-replay-port", type=int, default=None,
-                   help="the replay socket (ZMQ ROUTER) that resends batches from a seq "
-                        "(default: --kv-events-port + 1; any free port when that is 0)")
-    p.add_argument("--kv-events-topic", default="", help="the topic frame of every batch")
-    p.add_argument("--graceful-shutdown-timeout-s", type=float, default=60.0,
-                   help="on SIGTERM, how long accepted requests may run before they are "
-                        "cancelled")
+    """The flags of `kvroute engine`: the engine's settings are `kvroute serve`'s (one model,
+    worker/engine_config.py), and each can be set by its KVROUTE_<NAME> variable too."""
+    add_flags(p, EngineSettings)
+    add_flags(p, EngineServerSettings)
 
 
-def configs_from(ns: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
-    """Raises ValueError naming the bad setting."""
-    replica_id = ns.replica_id or f"{socket.gethostname()}-{os.getpid()}"
-    engine = EngineConfig(
-        model=ns.model, served_model_name=ns.served_model_name, replica_id=replica_id,
-        engine=ns.engine, sim_preset=ns.sim_preset, tp=ns.tp, block_size=ns.block_size,
-        num_blocks=ns.num_blocks, num_host_blocks=ns.num_host_blocks,
-        max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=ns.max_num_batched_tokens)
-    server = ServerConfig(host=ns.host, port=ns.port,
-                          graceful_shutdown_timeout_s=ns.graceful_shutdown_timeout_s,
-                          kv_events_port=ns.kv_events_port,
-                          kv_events_replay_port=ns.kv_events_replay_port,
-                          kv_events_topic=ns.kv_events_topic)
-    return engine, server
+def configs_from(ns: argparse.Namespace, environ: Mapping[str, str] = os.environ
+                 ) -> tuple[EngineConfig, ServerConfig]:
+    """Raises ValueError (SettingsError) naming the bad setting."""
+    engine = load_settings(EngineSettings, given_flags(ns, EngineSettings), environ, flag_name)
+    server = load_settings(EngineServerSettings, given_flags(ns, EngineServerSettings),
+                           environ, flag_name)
+    replica_id = server.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+    return (engine.engine_config(replica_id=replica_id),
+            ServerConfig(**server.model_dump(exclude={"replica_id"})))
 
 
 class _Server(uvicorn.Server):
@@ -183,7 +169,6 @@ def run_engine(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvroute engine", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog="kvroute engine", description=__doc__.splitlines()[0])
     add_engine_arguments(parser)
     return run_engine(parser.parse_args(argv))

@@ -8,15 +8,9 @@ from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 from ray.serve.scripts import convert_args_to_dict
 
 from router.cli import _parser, local_cpus_per_rank, main
-from router.cli_flags import flag_name, given_flags
 from router.serve.app import build_app
-from router.serve.settings import (
-    LaunchSettings,
-    ServeSettings,
-    SettingsError,
-    env_name,
-    load_settings,
-)
+from router.serve.settings import LaunchSettings, ServeSettings
+from worker.settings import SettingsError, env_name, flag_name, given_flags, load_settings
 
 
 def _deployments(app):

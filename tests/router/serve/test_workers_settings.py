@@ -7,7 +7,8 @@ from ray.serve.scripts import convert_args_to_dict
 
 from router.cli import main
 from router.serve.app import build_app
-from router.serve.settings import ServeSettings, SettingsError, load_settings
+from router.serve.settings import ServeSettings
+from worker.settings import SettingsError, load_settings
 
 
 def test_workers_come_as_one_comma_separated_string_or_a_list():

@@ -1,5 +1,7 @@
 """Every cross-reference in the user-facing Markdown resolves: relative links (and their
-#anchors) and the repository paths the text names, in backticks or bare.
+#anchors), the repository paths the text names, in backticks or bare, and the sections of
+the benchmark results that docs and code cite by name (`NOTEBOOK.md, "Title"`,
+`RESULTS.md, section 5`).
 
 A doc that names a file which moved or was deleted sends a reader nowhere; this fails on
 the first such reference, with the doc and line. The notebook (benchmarks/NOTEBOOK.md) is
@@ -90,6 +92,32 @@ def missing_paths(doc: Path) -> list[str]:
     return missing
 
 
+# A cited section: `RESULTS.md, "Title"`, `(notebook, "Title")`, `RESULTS.md, section 5`.
+SECTION_REF = re.compile(r"\b(RESULTS\.md|NOTEBOOK\.md|notebook),? "
+                         r"(?:\"([^\"]+)\"|section (\d+)\b)")
+BENCHMARK_DOCS = {"RESULTS.md": ROOT / "benchmarks" / "RESULTS.md",
+                  "NOTEBOOK.md": ROOT / "benchmarks" / "NOTEBOOK.md",
+                  "notebook": ROOT / "benchmarks" / "NOTEBOOK.md"}
+CITING = [*DOCS, ROOT / "helm" / "kvroute" / "values.yaml",
+          *(p for top in TOP_DIRS[:6] for p in (ROOT / top).rglob("*.py"))]
+
+
+def headings(doc: Path) -> list[str]:
+    return [line.lstrip("#").strip() for line in _prose_lines(doc) if line.startswith("#")]
+
+
+def unknown_sections(text: str, where: str) -> list[str]:
+    """Cited sections with no heading that starts with the title (or `N.` for a number).
+    The text's line breaks and comment markers are joined first: a title may wrap."""
+    text = re.sub(r"\s*\n\s*(?:#\s*)?", " ", text)
+    unknown = []
+    for name, title, number in SECTION_REF.findall(text):
+        prefix = title or f"{number}."
+        if not any(h.startswith(prefix) for h in headings(BENCHMARK_DOCS[name])):
+            unknown.append(f"{where}: no section {prefix!r} in {name}")
+    return unknown
+
+
 def test_the_checks_find_what_is_broken(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("# Title here\n[ok](doc.md#title-here) [gone](nope.md) "
@@ -102,6 +130,9 @@ def test_the_checks_find_what_is_broken(tmp_path):
         == ["kv/hashing.py", "router/core/gone.py"]
     assert github_anchor("## 5. What does the router path cost?") == \
         "5-what-does-the-router-path-cost"
+    assert unknown_sections('(notebook, "End to\n    # end") RESULTS.md, section 5 '
+                            '(RESULTS.md, "No such") NOTEBOOK.md, section 99', "x") == [
+        "x: no section 'No such' in RESULTS.md", "x: no section '99.' in NOTEBOOK.md"]
 
 
 def broken_links_in(doc: Path, root: Path) -> list[str]:
@@ -122,3 +153,11 @@ def test_links_resolve(doc):
                          ids=lambda d: str(d.relative_to(ROOT)))
 def test_named_paths_exist(doc):
     assert missing_paths(doc) == []
+
+
+def test_cited_sections_exist():
+    unknown = []
+    for path in CITING:
+        if path != Path(__file__).resolve():
+            unknown += unknown_sections(path.read_text(), str(path.relative_to(ROOT)))
+    assert unknown == []

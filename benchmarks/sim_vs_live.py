@@ -10,10 +10,10 @@ number of replicas with the same pools and step budgets (each step stretched so 
 simulated time per output token is the live one), with the live event timings:
 the engine publishes every --publish-interval-s (kvroute engine's pump: 10 ms) and a batch
 reaches the router --event-delay-s later (ZMQ, the index actor, the mirror's long poll).
-Approximate runs get no events, as live. Requests are spread at random over --routers (2)
-routers, as `kvroute serve` runs two gateway processes, each its own Router with its own
-pending marks, load count and routed history. It prints predicted against live hit rates; the
-error is predicted minus live.
+Approximate runs get no events, as live. Requests are spread at random over --routers (1)
+routers, as many as the gateway processes `kvroute serve` ran (--gateways), each its own
+Router with its own pending marks, load count and routed history. It prints predicted
+against live hit rates; the error is predicted minus live.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from router.core.router import RouterConfig  # noqa: E402
 
 PUBLISH_INTERVAL_S = 0.01  # worker/openai_server/main.py: ServerConfig.kv_events_interval_s
 EVENT_DELAY_S = 0.02
-NUM_ROUTERS = 2  # kvroute serve's gateway processes (--gateways), each its own Router
+NUM_ROUTERS = 1  # kvroute serve's gateway processes (--gateways, 1 by default)
 
 
 class ReplayPrompts:
@@ -64,8 +64,10 @@ def load_run(path: Path) -> tuple[dict, list[dict]]:
 
 def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLISH_INTERVAL_S,
            event_delay_s: float = EVENT_DELAY_S, step_time_scale: float = 1.0,
-           classes: dict | None = None, num_routers: int = NUM_ROUTERS) -> RunResult:
-    """The live run's requests in the simulator, as `summary['router']` routed them."""
+           classes: dict | None = None, num_routers: int = NUM_ROUTERS,
+           router_overrides: dict | None = None) -> RunResult:
+    """The live run's requests in the simulator, as `summary['router']` routed them
+    (`router_overrides`: RouterConfig fields for a what-if)."""
     records = sorted(records, key=lambda r: r["sent_s"])
     prompts = {r["request_id"]: prompt_token_ids(r["prompt"]) for r in records}
     items = tuple(WorkItem(r["request_id"], r["sent_s"],
@@ -76,7 +78,8 @@ def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLI
                             max_num_batched_tokens=summary["max_num_batched_tokens"],
                             preset=summary["sim_preset"], step_time_scale=step_time_scale)
     approximate = summary["router"] == "kvroute_approximate"
-    router = RouterConfig(approximate=approximate, approx_capacity_blocks=summary["num_blocks"])
+    router = RouterConfig(approximate=approximate, approx_capacity_blocks=summary["num_blocks"],
+                          **(router_overrides or {}))
     config = ClusterConfig(summary["num_workers"], replica, router,
                            event_delay_s=event_delay_s, publish_interval_s=publish_interval_s,
                            model_name="tiny", num_routers=num_routers)

@@ -50,6 +50,7 @@ def load_shares(before: Sequence[dict[str, float]], after: Sequence[dict[str, fl
         mean = sum(xs) / len(xs)
         return max(xs) / mean if mean else 1.0
     return {"load_share": share(work), "request_share": share(reqs),
+            "worker_work_tokens": work, "worker_requests": reqs,
             "worker_hit_tokens": sum(a["hit_tokens"] - b["hit_tokens"]
                                      for b, a in zip(before, after))}
 

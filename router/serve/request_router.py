@@ -33,8 +33,10 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+from router.cluster.hit_bound import HitBoundLink
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.cluster.route_ends import split_reports
+from router.core.hit_curve import HitCurveConfig
 from router.core.router import Router, RouterConfig
 from router.serve.index_mirror import IndexMirror, MirrorConfig
 from router.serve.router_metrics import RouterMetrics
@@ -76,7 +78,8 @@ class KVRouteRequestRouter(RequestRouter):
     """Routes engine calls with kvroute's policies (cache_aware, round_robin, ...)."""
 
     def initialize_state(self, model: str = "", router: dict | None = None,
-                         mirror: dict | None = None, metrics: dict | None = None) -> None:
+                         mirror: dict | None = None, metrics: dict | None = None,
+                         bound: dict | None = None) -> None:
         self.gateway_id = gateway_process_id()
         self._lock = threading.RLock()
         self.router = Router(RouterConfig(**(router or {})))
@@ -88,6 +91,9 @@ class KVRouteRequestRouter(RequestRouter):
         self._pusher = MetricsPusher(f"router/{self.gateway_id}", self.metrics.registry,
                                      MetricsHubConfig(**(metrics or {})),
                                      before_push=self._refresh_gauges)
+        # the online pooled bound: routed prompts sampled here, replayed by one actor
+        self._bound = HitBoundLink(self.gateway_id, self.router.config.block_size,
+                                   HitCurveConfig(**(bound or {})))
         # internal request id -> (decision, prompt tokens, decision seconds, decided at)
         self._decisions: dict[str, tuple[Any, int, float, float]] = {}
         self._routed: dict[str, str] = {}  # internal request id or route id -> replica id
@@ -140,6 +146,7 @@ class KVRouteRequestRouter(RequestRouter):
         if (len(self._decisions) + len(self._direct_at) > _SWEEP_AT_DECISIONS
                 or time.monotonic() >= self._next_sweep_s):
             self._sweep_abandoned()
+        self._bound.sampler.on_routed(getattr(call, "block_hashes", None) or [], len(token_ids))
         # A direct route is sent where HAProxy is told, which is the replica Serve picked:
         # usually the first; if Serve spilled it, its load stays counted on the first until
         # its end comes back (this hook does not run for it).
@@ -200,6 +207,8 @@ class KVRouteRequestRouter(RequestRouter):
         (above), and sweeps abandoned decisions when due, also on an idle router. Only on a
         poll that came back: claims and ends travel that way, so while the index actor is
         unreachable nothing is released for want of them."""
+        # the fleet's device KV capacity, for the pooled bound's capacity multiples
+        self._bound.capacity_blocks = sum(s.num_blocks for s in reply.stats.values()) or None
         now = time.monotonic()
         if self._unclaimed:
             cutoff = now - _DIRECT_CLAIM_WINDOW_S
@@ -241,6 +250,7 @@ class KVRouteRequestRouter(RequestRouter):
             self._started = True
             self.mirror.start()
             self._pusher.start()
+            self._bound.start()
 
     def _sweep_abandoned(self) -> None:
         """Decisions never dispatched (the caller gave up while Serve was routing) get no

@@ -161,3 +161,11 @@ def test_cited_sections_exist():
         if path != Path(__file__).resolve():
             unknown += unknown_sections(path.read_text(), str(path.relative_to(ROOT)))
     assert unknown == []
+
+
+def test_every_benchmark_script_is_indexed():
+    """benchmarks/README.md answers "which script measures X": a script missing from it is
+    one nobody finds. Add a row under the question the new script answers."""
+    index = (ROOT / "benchmarks" / "README.md").read_text()
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+    assert [name for name in scripts if f"[{name}]({name})" not in index] == []

@@ -3,6 +3,8 @@
     python benchmarks/sim_routing.py --workload generated_shared_prefix --replicas 8
     python benchmarks/sim_routing.py --workload shared_prefix --replicas 8 --ladder
     python benchmarks/sim_routing.py --workload mooncake --replicas 8 --time-scale 4
+    python benchmarks/sim_routing.py --workload shared_prefix --replicas 8 --ladder \
+        --gateways 1,2,8 --share-pending-delay-s 0.005
 
 Runs the policy under test (--policy, default cache_aware) and, in the same invocation, the
 round_robin and approximate (cache_aware without events) baselines, plus any --others.
@@ -12,6 +14,9 @@ throughput grows less than 5% over the previous rate), and the worst of every ru
 approximate mode and the pooled bound (benchmarks/simlib/targets.py). `--router NAME=VALUE`
 sets a RouterConfig field for a what-if. With --ladder it also writes
 TTFT-vs-QPS plots (PNG) and all summaries (JSON) to --out-dir.
+With --gateways, the policy runs behind each number of gateways (routers with their own
+marks, load and history) instead of against approximate mode, and the JSON line adds what
+G gateways lose against one (benchmarks/simlib/gateway_ladder.py).
 Definitions: benchmarks/simlib/report.py and benchmarks/NOTEBOOK.md.
 """
 
@@ -29,6 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.simlib import experiment as ex  # noqa: E402
 from benchmarks.simlib.cluster import ClusterConfig  # noqa: E402
+from benchmarks.simlib.gateway_ladder import (  # noqa: E402
+    gateway_contenders,
+    gateway_figures,
+    gateway_table,
+)
+from benchmarks.simlib.gateways import SPREADS  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
 from benchmarks.simlib.report import Summary, table  # noqa: E402
 from benchmarks.simlib.targets import ladder_figures  # noqa: E402
@@ -67,13 +78,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="what-if: set a RouterConfig field for every contender (repeatable)")
     p.add_argument("--first-token-signal", action="store_true",
                    help="what-if: the router hears each request's first token")
+    p.add_argument("--gateways", default=None,
+                   help="comma-separated gateway counts (e.g. 1,2,8): the policy behind each, "
+                        "with round_robin as the baseline")
+    p.add_argument("--spread", default="round_robin",
+                   help=f"with --gateways: how requests reach them, comma-separated, of "
+                        f"{', '.join(SPREADS)}")
+    p.add_argument("--share-pending-delay-s", type=float, default=None,
+                   help="with --gateways: also run the largest count with its routers sharing "
+                        "pending marks, each reaching the others this much later")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     p.add_argument("--trace", type=Path, default=ex.MOONCAKE_TRACE)
     p.add_argument("--quick", action="store_true", help="a tiny workload, for smoke tests")
     p.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--tag", default="", help="suffix of the files written to --out-dir")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.gateways is not None:
+        try:
+            args.gateways = sorted({int(g) for g in args.gateways.split(",")})
+        except ValueError:
+            p.error(f"--gateways {args.gateways!r}: want comma-separated integers")
+        if 1 not in args.gateways or not all(1 <= g <= 64 for g in args.gateways):
+            p.error("--gateways: counts in [1, 64], 1 among them (the reference)")
+        args.spread = args.spread.split(",")
+        if not set(args.spread) <= set(SPREADS):
+            p.error(f"--spread: each of {', '.join(SPREADS)}")
+    elif args.share_pending_delay_s is not None:
+        p.error("--share-pending-delay-s needs --gateways")
+    return args
 
 
 def router_base(args: argparse.Namespace, num_blocks: int) -> RouterConfig:
@@ -117,12 +150,18 @@ def main(argv: list[str] | None = None) -> dict:
     others = tuple(POLICY_NAMES) if args.others == "all" else tuple(
         o for o in args.others.split(",") if o)
     base = router_base(args, num_blocks)
-    entrants = ex.contenders(args.policy, base, others)
+    if args.gateways is None:
+        entrants = ex.contenders(args.policy, base, others)
+    else:
+        entrants = gateway_contenders(args.policy, base, args.gateways, args.spread,
+                                      args.share_pending_delay_s)
     t0, cpu0 = time.perf_counter(), time.process_time()
     by_label: dict[str, list[Summary]] = {c.label: [] for c in entrants}
     tasks = [ex.Task(ClusterConfig(args.replicas, replica, c.router, args.event_delay_s,
                                    args.publish_interval_s, seed=args.seed,
-                                   first_token_signal=args.first_token_signal),
+                                   first_token_signal=args.first_token_signal,
+                                   num_routers=c.num_routers, router_spread=c.router_spread,
+                                   share_pending_delay_s=c.share_pending_delay_s),
                      ex.WorkloadSpec(args.workload, per_replica, args.replicas, args.seed,
                                      args.quick, args.trace), c.label)
              for per_replica in rates_per_replica(args, d) for c in entrants]
@@ -154,8 +193,14 @@ def main(argv: list[str] | None = None) -> dict:
                ttft_p90_s=main_s.ttft_p90_s, throughput_tok_s=main_s.throughput_tok_s)
     out.update(ladder_figures(by_label[args.policy], by_label.get("approximate"),
                               saturation_qps))
-    for base_label in by_label:
-        if base_label != args.policy:
+    if args.gateways is not None:
+        print(f"\n{args.workload}: hit rate and load share per rung and contender "
+              f"(saturation at {saturation_qps} req/s)")
+        print(gateway_table(by_label, [c.label for c in entrants]))
+        out.update(gateway_figures(by_label, entrants, args.policy, saturation_qps))
+    for c in entrants:
+        base_label = c.label
+        if base_label != args.policy and c.num_routers == 1:
             b = by_label[base_label][at]
             out[f"ttft_p90_ratio_vs_{base_label}"] = _ratio(main_s.ttft_p90_s, b.ttft_p90_s)
             out[f"throughput_ratio_vs_{base_label}"] = _ratio(main_s.throughput_tok_s,
@@ -166,7 +211,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.ladder is not None:
         from benchmarks.simlib.plots import plot_ladder  # matplotlib: only for ladders
 
-        stem = f"{args.workload}_r{args.replicas}{args.tag}"
+        stem = f"{args.workload}_r{args.replicas}{args.tag}" + (
+            f"_gw{'-'.join(map(str, args.gateways))}" if args.gateways else "")
         png = plot_ladder(by_label, f"{args.workload}: {args.replicas} replicas x "
                           f"{num_blocks} blocks, {args.preset}",
                           args.out_dir / f"{stem}.png", saturation_qps)

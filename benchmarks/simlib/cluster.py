@@ -9,6 +9,8 @@ Events, in time order (ties in the order they were scheduled, so a seed fixes th
     publish    every publish_interval_s a replica with news drains its event log and stats
                (worker/publisher.py does the same), which reach the router after
                event_delay_s: Router.apply_batch (a snapshot when it asks), update_stats
+    share      with several gateways sharing pending marks, the marks one router set reach
+               the others after share_pending_delay_s (benchmarks/simlib/gateways.py)
 
 In approximate mode the router gets neither events nor stats: that mode stands for "no
 index feed at all", so it decides from its routed history and its own load count.
@@ -24,16 +26,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from benchmarks.simlib.gateways import SPREADS, Gateways
 from benchmarks.simlib.pooled import PooledLRU
 from benchmarks.simlib.prompts import PromptBuilder, TokenSource
 from benchmarks.simlib.replica import ReplicaConfig, SimReplica
 from benchmarks.simlib.workloads import WorkItem, Workload
 from kv.hashing import block_hashes, namespace_root
-from router.core.router import Router, RouterConfig
+from router.core.router import RouterConfig
 from worker.api import SamplingParams
 from worker.request import Request
 
-_ARRIVAL, _STEP_DONE, _PUBLISH, _DELIVER = range(4)
+_ARRIVAL, _STEP_DONE, _PUBLISH, _DELIVER, _SHARE = range(5)
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,14 @@ class ClusterConfig:
     # the same ids: the live benches' byte-level sim answers), so the engine's cached
     # answer blocks are never reused and the answer is recomputed as prompt.
     answers_reencode: bool = True
-    # Router processes (kvroute serve's gateways, 2 by default), each with its own Router:
-    # its own pending marks, load count and (approximate mode) routed history, the same
-    # event feed. Each request goes to one at random, as SO_REUSEPORT spreads connections.
+    # Router processes (kvroute serve's gateways), each with its own Router: its own
+    # pending marks, load count and (approximate mode) routed history, the same event feed.
+    # `router_spread` says which one each request meets (benchmarks/simlib/gateways.py).
     num_routers: int = 1
+    router_spread: str = "random"  # as SO_REUSEPORT spreads connections
+    # Not None: the pending marks a router sets reach the other routers this much later
+    # (through the index actor), where they count as timed marks.
+    share_pending_delay_s: float | None = None
 
     def __post_init__(self):
         if not 1 <= self.num_replicas <= 1024:
@@ -65,6 +72,12 @@ class ClusterConfig:
                              f"block_size {self.replica.block_size}")
         if not 1 <= self.num_routers <= 64:
             raise ValueError(f"num_routers must be in [1, 64], got {self.num_routers}")
+        if self.router_spread not in SPREADS:
+            raise ValueError(f"router_spread must be one of {', '.join(SPREADS)}, got "
+                             f"{self.router_spread!r}")
+        delay_s = self.share_pending_delay_s
+        if delay_s is not None and not (math.isfinite(delay_s) and delay_s >= 0):
+            raise ValueError(f"share_pending_delay_s must be finite and >= 0, got {delay_s}")
         if not (math.isfinite(self.event_delay_s) and self.event_delay_s >= 0):
             raise ValueError(f"event_delay_s must be finite and >= 0, got {self.event_delay_s}")
         if not (math.isfinite(self.publish_interval_s) and self.publish_interval_s > 0):
@@ -100,6 +113,8 @@ class RunResult:
     wall_s: float
     num_events: int
     num_snapshots: int
+    num_shared_messages: int = 0  # SharedMarks one router sent the others
+    num_shared_blocks: int = 0  # block hashes in them
 
 
 class ClusterSim:
@@ -111,11 +126,10 @@ class ClusterSim:
         self.replicas = [SimReplica(f"r{i}", rc) for i in range(config.num_replicas)]
         self.replica_ids = [r.replica_id for r in self.replicas]
         self._index_of = {rid: i for i, rid in enumerate(self.replica_ids)}
-        self.routers = [Router(config.router, clock=lambda: self.now)
-                        for _ in range(config.num_routers)]
+        self.gateways = Gateways(config.router, config.num_routers, config.router_spread,
+                                 config.seed, clock=lambda: self.now)
+        self.routers = self.gateways.routers
         self.router = self.routers[0]
-        self._router_rng = np.random.default_rng([config.seed, 5])
-        self._router_of: dict[str, Router] = {}
         self.feed_index = not config.router.approximate
         self.root = namespace_root(config.model_name)
         source = TokenSource(config.seed, 3, rc.vocab_size, workload.shared_keys())
@@ -145,7 +159,8 @@ class ClusterSim:
             if item.parent_id is None:
                 self._push(item.arrival_s, _ARRIVAL, item)
         heap, pop = self._heap, heapq.heappop
-        handlers = (self._on_arrival, self._on_step_done, self._on_publish, self._on_deliver)
+        handlers = (self._on_arrival, self._on_step_done, self._on_publish, self._on_deliver,
+                    self.gateways.apply_shared)
         while heap:
             t, _, kind, arg = pop(heap)
             self.now = t
@@ -154,7 +169,8 @@ class ClusterSim:
         assert len(self.records) == self.workload.num_requests, "a request never arrived"
         return RunResult(self.config, self.workload.name, list(self.records.values()),
                          self.replicas, self.pooled, self.now, time.perf_counter() - wall0,
-                         self.num_events, self.num_snapshots)
+                         self.num_events, self.num_snapshots, self.gateways.num_shared_messages,
+                         self.gateways.num_shared_blocks)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -167,11 +183,13 @@ class ClusterSim:
         if n >= self.config.replica.max_model_len:  # the engine would reject it
             self._end(rec, "rejected", token_ids, hashes)
             return
-        router = self.routers[0] if len(self.routers) == 1 else self.routers[
-            int(self._router_rng.integers(len(self.routers)))]
-        self._router_of[item.request_id] = router
-        decision = router.route(item.request_id, hashes, n, self.replica_ids,
-                                     item.max_tokens)
+        gateway = self.gateways.pick(item)
+        decision = self.routers[gateway].route(item.request_id, hashes, n, self.replica_ids,
+                                               item.max_tokens)
+        if self.config.share_pending_delay_s is not None:
+            marks = self.gateways.marks_to_share(gateway, decision, hashes)
+            if marks is not None:
+                self._push(self.now + self.config.share_pending_delay_s, _SHARE, marks)
         rec.replica_id = decision.replica_id
         rec.predicted_hit_tokens = (decision.predicted_device_hit_tokens
                                     + decision.predicted_host_hit_tokens)
@@ -200,7 +218,7 @@ class ClusterSim:
             if rec.first_token_s is None:
                 rec.first_token_s = self.now
                 if self.config.first_token_signal:
-                    self._router_of[req.request_id].on_first_token(req.request_id)
+                    self.gateways.router_of(req.request_id).on_first_token(req.request_id)
             if req.is_finished:
                 self._finish(req)
         self._start_step(i)
@@ -212,7 +230,7 @@ class ClusterSim:
         rec.cached_device_tokens = req.num_cached_device_tokens
         rec.cached_host_tokens = req.num_cached_host_tokens
         rec.num_preemptions = req.num_preemptions
-        self._router_of[req.request_id].on_finished(req.request_id)
+        self.gateways.router_of(req.request_id).on_finished(req.request_id)
         self.pooled.release(req.block_hashes)
         self._end(rec, req.finish_reason or "error", req.token_ids, req.block_hashes)
 

@@ -101,10 +101,14 @@ def offered_qps(workload: wl.Workload) -> float:
 
 @dataclass(frozen=True)
 class Contender:
-    """A router setting to compare: a policy, possibly in approximate mode."""
+    """A router setting to compare: a policy, possibly in approximate mode, behind one
+    gateway or several (ClusterConfig's num_routers, router_spread, share_pending_delay_s)."""
 
     label: str
     router: RouterConfig
+    num_routers: int = 1
+    router_spread: str = "random"
+    share_pending_delay_s: float | None = None
 
 
 def contenders(policy: str, base: RouterConfig, others: tuple[str, ...] = ()

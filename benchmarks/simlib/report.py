@@ -52,6 +52,9 @@ class Summary:
     sim_duration_s: float
     wall_s: float
     cpu_s: float  # CPU time of the run: what the wall time is on an idle core
+    # several gateways sharing pending marks: block hashes one router sent the others, per
+    # routed request
+    shared_blocks_per_decision: float = 0.0
 
     def as_dict(self) -> dict:
         return {k: (round(v, 6) if isinstance(v, float) else v)
@@ -103,7 +106,8 @@ def summarize(run: RunResult, label: str, rate_qps: float, wall_s: float, cpu_s:
         request_share=max(routed) / (sum(routed) / len(routed)) if sum(routed) else 1.0,
         min_request_share=min(routed) / (sum(routed) / len(routed)) if sum(routed) else 1.0,
         num_preemptions=sum(rep.core.scheduler.num_preemptions for rep in run.replicas),
-        sim_duration_s=run.sim_duration_s, wall_s=wall_s, cpu_s=cpu_s)
+        sim_duration_s=run.sim_duration_s, wall_s=wall_s, cpu_s=cpu_s,
+        shared_blocks_per_decision=run.num_shared_blocks / len(served) if served else 0.0)
 
 
 _COLUMNS = [("policy", "label", "{:<16}"), ("qps", "rate_qps", "{:>7.2f}"),
@@ -117,8 +121,9 @@ _COLUMNS = [("policy", "label", "{:<16}"), ("qps", "rate_qps", "{:>7.2f}"),
 
 
 def table(summaries: list[Summary]) -> str:
+    label_width = max([16] + [len(s.label) for s in summaries])
     head = " ".join(f"{name:>{len(fmt.format(0) if 'd' in fmt else fmt.format(0.0))}}"
-                    if name != "policy" else f"{name:<16}" for name, _, fmt in _COLUMNS)
+                    if name != "policy" else f"{name:<{label_width}}" for name, _, fmt in _COLUMNS)
     rows = [head]
     for s in summaries:
         cells = []
@@ -126,6 +131,6 @@ def table(summaries: list[Summary]) -> str:
             v = getattr(s, attr)
             if attr == "tpot_mean_s":
                 v = v * 1000
-            cells.append(fmt.format(v))
+            cells.append(f"{v:<{label_width}}" if attr == "label" else fmt.format(v))
         rows.append(" ".join(cells))
     return "\n".join(rows)

@@ -78,3 +78,42 @@ def test_a_what_if_sets_router_fields_and_rejects_unknown_ones(capsys):
         assert "--router 'weight=1': want NAME=VALUE" in str(err)
     else:
         raise AssertionError("an unknown RouterConfig field was accepted")
+
+
+def test_a_gateway_ladder_measures_each_count_against_one(tmp_path, capsys):
+    out = sim_routing.main(["--workload", "generated_shared_prefix", "--replicas", "2",
+                            "--quick", "--ladder", "8,16", "--gateways", "2,1",
+                            "--share-pending-delay-s", "0.001", "--out-dir", str(tmp_path)])
+    dump = json.loads((tmp_path / "generated_shared_prefix_r2_gw1-2.json").read_text())
+    assert list(dump["runs"]) == ["cache_aware", "round_robin", "cache_aware@2gw",
+                                  "cache_aware@2gw+marks"]
+    runs = {k: [sim_routing.Summary(**s) for s in v] for k, v in dump["runs"].items()}
+    one, two, shared = runs["cache_aware"], runs["cache_aware@2gw"], \
+        runs["cache_aware@2gw+marks"]
+    below = [i for i in range(2) if out["saturation_rate_qps"] is None
+             or one[i].rate_qps < out["saturation_rate_qps"]]
+    near = functools.partial(pytest.approx, abs=2e-6)
+    assert out["worst_hit_loss_vs_one_gateway"] == near(max(
+        one[i].hit_rate - two[i].hit_rate for i in below))
+    assert out["worst_hit_loss_vs_one_gateway_shared"] == near(max(
+        one[i].hit_rate - shared[i].hit_rate for i in below))
+    assert out["max_load_share"] == near(max(s[i].load_share for s in (one, two)
+                                             for i in below))
+    assert all(s.shared_blocks_per_decision > 0 for s in shared)
+    assert all(s.shared_blocks_per_decision == 0 for s in one + two)
+    printed = capsys.readouterr().out
+    assert "hit rate and load share per rung and contender" in printed
+    assert json.loads(printed.strip().splitlines()[-1])["per_contender"] == out["per_contender"]
+
+
+def test_gateway_options_are_checked(capsys):
+    for argv, message in [(["--gateways", "2,8"], "1 among them"),
+                          (["--gateways", "1,x"], "comma-separated integers"),
+                          (["--gateways", "1,2", "--spread", "hash"], "--spread: each of"),
+                          (["--share-pending-delay-s", "0.01"], "needs --gateways")]:
+        with pytest.raises(SystemExit):
+            sim_routing.parse_args(["--workload", "burst", *argv])
+        assert message in capsys.readouterr().err
+    args = sim_routing.parse_args(["--workload", "burst", "--gateways", "8,1,2",
+                                   "--spread", "round_robin,session"])
+    assert (args.gateways, args.spread) == ([1, 2, 8], ["round_robin", "session"])

@@ -3,7 +3,8 @@
 One long-poll loop per router process: it sends its cursor per replica and applies what
 comes back (deltas, snapshots, removed replicas, load stats). When the actor cannot be
 reached, or nothing has come back for `stale_after_s`, the router decides in approximate
-mode (`Router.set_fallback(True)`) until the next good poll.
+mode (`Router.set_fallback(True)`) until the next good poll. It also carries the pending
+marks this router sets to the other routers, and theirs to this one (mark_sharing.py).
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from kv.events import ContentsDigest, Cursor, contents_digest
+from kv.hashing import BlockHash
 from router.cluster.actor_link import ActorLink
 from router.cluster.index_actor import PollReply, PollRequest, get_index_actor
 from router.core.router import Router
+from router.serve.mark_sharing import MarkSender, MarkSharingConfig, apply_shared_marks
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,8 @@ class MirrorConfig:
     # After an index-actor restart (it forgot every replica), replicas it no longer lists
     # keep their index, load, marks and history this long, until they publish again.
     restart_grace_s: float = 15.0
+    # send this router's pending marks to the other routers, and apply theirs
+    share_marks: bool = True
 
     def __post_init__(self):
         for name in ("poll_timeout_s", "stale_after_s", "retry_interval_s", "view_refresh_s",
@@ -88,6 +93,8 @@ class IndexMirror:
         # external workers' KV event mode, "events" | "approximate", as of the last poll
         self.worker_modes: dict[str, str] = {}
         self._first_poll: asyncio.Future | None = None
+        self.marks = MarkSender(router_id, self._index,
+                                MarkSharingConfig(enabled=self.config.share_marks))
 
     def start(self) -> None:
         if self._first_poll is None:
@@ -95,9 +102,16 @@ class IndexMirror:
         # The long poll itself waits for news: the next starts as soon as one returns.
         self._index.start(lambda index: self._poll(index, self.config.poll_wait_s),
                           interval_s=0.0, retry_interval_s=self.config.retry_interval_s)
+        self.marks.start()
 
     def stop(self) -> None:
         self._index.stop()
+        self.marks.stop()
+
+    def share_marks(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
+        """A decision's replica and prompt blocks, for the other routers (queued: the
+        decision path makes no call)."""
+        self.marks.share(replica_id, block_hashes)
 
     async def wait_first_poll(self) -> None:
         """Waits (up to poll_timeout_s) until the mirror has been filled once, so the first
@@ -169,6 +183,9 @@ class IndexMirror:
             if replica_id not in self._gone:
                 router.update_stats(replica_id, stats)
         self.worker_modes = reply.worker_modes
+        if reply.shared_marks and self.config.share_marks:
+            apply_shared_marks(router, reply.shared_marks,
+                               lambda rid: rid in self._gone or rid in self._grace)
         if reply.snapshots or reply.batches or reply.removed_replica_ids:
             self._view_dirty = True
 

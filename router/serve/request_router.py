@@ -124,13 +124,14 @@ class KVRouteRequestRouter(RequestRouter):
         # through the index actor (`routes_finished`).
         route_id = getattr(call, "route_id", None)
         request_id = route_id or pending_request.metadata.internal_request_id
+        block_hashes = getattr(call, "block_hashes", None) or []
         start_s = time.perf_counter()
         with self._lock:
             reason = self.mirror.check_stale()
-            decision = self.router.route(
-                request_id, getattr(call, "block_hashes", None) or [], len(token_ids),
-                list(by_id), _max_tokens(call))
+            decision = self.router.route(request_id, block_hashes, len(token_ids),
+                                         list(by_id), _max_tokens(call))
         elapsed_s = time.perf_counter() - start_s
+        self.mirror.share_marks(decision.replica_id, block_hashes)  # for the other routers
         if reason is not None and not self.router.config.approximate:
             self.metrics.observe_fallback(reason)
         if route_id is not None:
@@ -163,6 +164,9 @@ class KVRouteRequestRouter(RequestRouter):
         if decision.replica_id != replica_id.unique_id:  # spilled down the ranking
             with self._lock:
                 decision = self.router.move(request_id, replica_id.unique_id) or decision
+            call = pending_request.args[0] if pending_request.args else None
+            self.mirror.share_marks(decision.replica_id,
+                                    getattr(call, "block_hashes", None) or [])
         self.metrics.observe_decision(decision, num_prompt_tokens, elapsed_s)
         self._update_outstanding(replica_id.unique_id)
 

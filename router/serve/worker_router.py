@@ -89,6 +89,7 @@ class WorkerRouter:
             self._refresh_modes()
             decision = self.router.route(request_id, block_hashes, num_prompt_tokens,
                                          candidates, max_tokens)
+        self.mirror.share_marks(decision.replica_id, block_hashes)  # for the other gateways
         self.metrics.observe_decision(decision, num_prompt_tokens,
                                       time.perf_counter() - start_s)
         if reason is not None and not self.router.config.approximate:

@@ -1,0 +1,101 @@
+"""Two routers' index mirrors on one index actor (a real KVIndex, called as Ray would): the
+pending marks one router sets reach the other, which routes the same prefix after them."""
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from kv.events import EventLog
+from router.cluster.index_actor import KVIndex
+from router.cluster.shared_marks import SharedMark
+from router.core.config import RouterConfig
+from router.core.router import Router
+from router.serve.index_mirror import IndexMirror, MirrorConfig
+from router.serve.mark_sharing import MarkOutbox, apply_shared_marks
+
+BLOCK_SIZE = 16
+PREFIX = [os.urandom(16) for _ in range(8)]
+
+
+class _Method:
+    def __init__(self, fn):
+        self._fn = fn
+
+    def remote(self, *args):
+        async def call():
+            result = self._fn(*args)
+            return await result if asyncio.iscoroutine(result) else result
+        return call()
+
+
+class LocalActor:
+    """The KVIndex behind the `.method.remote(...)` calls a Ray actor handle takes."""
+
+    def __init__(self, index: KVIndex):
+        self._index = index
+
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(getattr(self._index, name))
+
+
+async def two_routers(share_marks: bool) -> tuple[IndexMirror, IndexMirror]:
+    index = KVIndex()
+    for rid in ("r0", "r1"):
+        index.publish_snapshot(EventLog(rid, epoch="e0").snapshot([]))
+    mirrors = []
+    for router_id in ("router-a", "router-b"):
+        router = Router(RouterConfig(block_size=BLOCK_SIZE))
+        mirror = IndexMirror(router, router_id, threading.Lock(), index=LocalActor(index),
+                             config=MirrorConfig(share_marks=share_marks))
+        assert await mirror.sync_once()
+        assert router.index.replica_ids == ["r0", "r1"]
+        mirror.marks.start()  # the sends only: each test polls by hand
+        mirrors.append(mirror)
+    return mirrors[0], mirrors[1]
+
+
+def route(mirror: IndexMirror, request_id: str, replica_ids: list[str]) -> str:
+    decision = mirror.router.route(request_id, PREFIX, len(PREFIX) * BLOCK_SIZE, replica_ids)
+    mirror.share_marks(decision.replica_id, PREFIX)
+    return decision.replica_id
+
+
+@pytest.mark.parametrize("share_marks, expected", [(True, "r1"), (False, "r0")])
+async def test_the_second_router_follows_the_prefix_the_first_just_routed(share_marks,
+                                                                           expected):
+    a, b = await two_routers(share_marks)
+    # Nothing is cached and nothing is loaded: each router takes its first candidate.
+    assert route(a, "q1", ["r1", "r0"]) == "r1"
+    await a.marks.drain()
+    await b.sync_once()
+    assert route(b, "q2", ["r0", "r1"]) == expected
+    await b.marks.drain()
+    assert (await b.poll_once()).shared_marks == ()  # a router never gets its own back
+    assert (await a.poll_once()).shared_marks == (
+        (SharedMark(expected, tuple(PREFIX)),) if share_marks else ())
+    assert a.marks.num_sends == b.marks.num_sends == (1 if share_marks else 0)
+
+
+def test_blocks_confirmed_here_are_not_marked_and_unknown_replicas_are_skipped():
+    router = Router(RouterConfig(block_size=BLOCK_SIZE))
+    router.apply_snapshot(EventLog("r0", epoch="e0").snapshot(PREFIX[:3]))
+    router.apply_snapshot(EventLog("r1", epoch="e0").snapshot([]))
+    router.set_replica_approximate("r1", True)
+    marks = (SharedMark("r0", tuple(PREFIX)), SharedMark("r1", tuple(PREFIX)),
+             SharedMark("r9", tuple(PREFIX)), SharedMark("r2", tuple(PREFIX)))
+    assert apply_shared_marks(router, marks, skip=lambda rid: rid == "r2") == 5
+    assert router.index.pending_blocks("r0") == frozenset(PREFIX[3:])
+    assert router.index.pending_blocks("r1") == frozenset()  # routed on history
+    assert "r9" not in router.index  # a replica this router does not know is not created
+    router.check_invariants()
+
+
+def test_the_outbox_drops_its_oldest_marks_past_its_bound():
+    outbox = MarkOutbox(max_blocks=5)
+    outbox.add("r0", tuple(PREFIX[:3]))
+    outbox.add("r1", tuple(PREFIX[3:6]))
+    assert outbox.num_dropped_blocks == 3
+    assert outbox.take() == (SharedMark("r1", tuple(PREFIX[3:6])),)
+    assert len(outbox) == 0

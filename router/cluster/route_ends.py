@@ -13,7 +13,9 @@ A replica also reports each routed request when it arrives there (its claim: the
 marked by `claim_of`), through the same outboxes: a route no replica claims soon never
 reached one, and its router releases it then rather than at a long timeout. A request the
 replica answered with an error ends as a refusal (`refusal_of`): it ran nothing, so its
-router takes back all it charged, its recent work included.
+router takes back all it charged, its recent work included. An end carries the prompt
+tokens the engine served from cache when it knows them (`end_of`): the router compares them
+with what it predicted (router/core/miss_causes.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import NamedTuple
 
 CLAIM_MARK = "+"  # before a route id: its request reached its replica (route ids are hex)
 REFUSAL_MARK = "-"  # before a route id: its replica answered it with an error, ran nothing
+CACHED_MARK = "="  # after an ended route id: the prompt tokens its engine served from cache
 
 
 def claim_of(route_id: str) -> str:
@@ -34,22 +37,31 @@ def refusal_of(route_id: str) -> str:
     return REFUSAL_MARK + route_id
 
 
+def end_of(route_id: str, cached_tokens: int | None) -> str:
+    """An ended route, with the prompt tokens its engine served from cache when known."""
+    return route_id if cached_tokens is None else f"{route_id}{CACHED_MARK}{cached_tokens}"
+
+
 class RouteReports(NamedTuple):
     claimed: list[str]
     ended: list[str]
     refused: list[str]  # ended too, with no work done
+    cached_tokens: dict[str, int]  # ended route id -> prompt tokens served from cache
 
 
 def split_reports(reported: Sequence[str]) -> RouteReports:
     """A router's reported route ids, by kind."""
-    out = RouteReports([], [], [])
+    out = RouteReports([], [], [], {})
     for route_id in reported:
         if route_id.startswith(CLAIM_MARK):
             out.claimed.append(route_id[len(CLAIM_MARK):])
         elif route_id.startswith(REFUSAL_MARK):
             out.refused.append(route_id[len(REFUSAL_MARK):])
         else:
+            route_id, marked, cached = route_id.partition(CACHED_MARK)
             out.ended.append(route_id)
+            if marked and cached.isdigit():
+                out.cached_tokens[route_id] = int(cached)
     return out
 
 

@@ -29,8 +29,6 @@ from kv.hashing import BlockHash
 from router.core.hash_loops import num_leading_in
 from router.core.prefix_match import PrefixMatch
 
-CAUSES = ("cold", "capacity", "placement", "race")
-
 
 class MissTokens(NamedTuple):
     """Uncached prompt tokens of requests, by cause."""
@@ -46,6 +44,9 @@ class MissTokens(NamedTuple):
 
     def __add__(self, other: tuple) -> MissTokens:  # type: ignore[override]
         return MissTokens(*(a + b for a, b in zip(self, other)))
+
+
+CAUSES = MissTokens._fields  # the metric's `cause` label values
 
 
 def split_causes(num_prompt_tokens: int, cacheable_tokens: int, predicted_tokens: int,

@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ray import serve
@@ -186,23 +186,29 @@ class KVRouteRequestRouter(RequestRouter):
         reports = split_reports(reported)
         for route_id in reports.claimed:
             self._unclaimed.pop(route_id, None)
-        self._release_routes(reports.ended)
+        self._release_routes(reports.ended, cached_tokens=reports.cached_tokens)
         self._release_routes(reports.refused, ran=False)
 
-    def _release_routes(self, route_ids: Sequence[str], ran: bool = True) -> None:
+    def _release_routes(self, route_ids: Sequence[str], ran: bool = True,
+                        cached_tokens: Mapping[str, int] | None = None) -> None:
         """Ends the routes' records; `ran=False`: they did no work where they were routed
-        (never got there, or refused), so their recent work goes too."""
+        (never got there, or refused), so their recent work goes too. `cached_tokens`: what
+        their engines served from cache, for the miss causes."""
         for route_id in route_ids:
             self._direct_at.pop(route_id, None)
             self._unclaimed.pop(route_id, None)
             replica_id = self._routed.pop(route_id, None)
             if replica_id is None:
                 continue
+            causes = None
             with self._lock:
                 if ran:
-                    self.router.on_finished(route_id)
+                    causes = self.router.on_finished(
+                        route_id, cached_tokens.get(route_id) if cached_tokens else None)
                 else:
                     self.router.withdraw(route_id)
+            if causes is not None:
+                self.metrics.observe_misses(causes)
             self._update_outstanding(replica_id)
 
     def _reconcile(self, reply: Any) -> None:

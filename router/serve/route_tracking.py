@@ -12,6 +12,9 @@ the router charged for it. They leave with the replica's next publish to the ind
 
 A request whose route header does not verify (sent to the replica's port by anyone but
 HAProxy) is served as one no router routed, and counted.
+
+An end carries the prompt tokens the engine served from cache (worker/openai/prompt_hits.py),
+which the router weighs against its prediction: the `race` miss cause.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from router.cluster.route_ends import claim_of, refusal_of
+from router.cluster.route_ends import claim_of, end_of, refusal_of
 from router.serve.route_header import ROUTE_HEADER, Route, RouteSigner
+from worker.openai.prompt_hits import PROMPT_HITS_KEY, PromptHits
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +46,12 @@ class RouteReports:
     def claim(self, route: Route) -> None:
         self._reports.setdefault(route.router_id, []).append(claim_of(route.route_id))
 
-    def end(self, route: Route, refused: bool = False) -> None:
-        """`refused`: nothing was generated (an error status, or not a generation path)."""
-        route_id = refusal_of(route.route_id) if refused else route.route_id
+    def end(self, route: Route, refused: bool = False, cached_tokens: int | None = None
+            ) -> None:
+        """`refused`: nothing was generated (an error status, or not a generation path);
+        `cached_tokens`: the prompt tokens the engine served from cache, when it ran."""
+        route_id = (refusal_of(route.route_id) if refused
+                    else end_of(route.route_id, cached_tokens))
         self._reports.setdefault(route.router_id, []).append(route_id)
 
     def take(self) -> dict[str, tuple[str, ...]]:
@@ -86,11 +93,12 @@ class RouteTracking:
                 message = {**message, "headers": [*message.get("headers", ()), routed_by]}
             await send(message)
 
+        hits = scope[PROMPT_HITS_KEY] = PromptHits()  # the serving layer fills it
         self.reports.claim(route)
         try:
             await self.app(scope, receive, send_routed)
         finally:
-            self.reports.end(route, refused=refused[0])
+            self.reports.end(route, refused=refused[0], cached_tokens=hits.cached_tokens)
 
     def _route(self, scope) -> Route | None:
         for name, value in scope["headers"]:

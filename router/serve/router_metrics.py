@@ -7,6 +7,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kv.events import MEDIA
+from router.core.miss_causes import CAUSES, MissTokens
 from router.core.router import RoutingDecision
 
 DECISION_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01,
@@ -55,6 +56,13 @@ class RouterMetrics:
         self.load_tokens = Gauge("kvroute_router_load_tokens",
                                  "Outstanding work the policy weighs on the replica, in tokens",
                                  ("gateway", "replica"), registry=r)
+        # Why the prompt tokens its engines did not serve from cache missed
+        # (router/core/miss_causes.py), for the requests whose delivered count came back.
+        self.miss_tokens = Counter("kvroute_miss_tokens",
+                                   "Uncached prompt tokens of routed requests, by cause",
+                                   ("model", "gateway", "cause"), registry=r)
+        for cause in CAUSES:
+            self.miss_tokens.labels(model, gateway_id, cause)
         self.decision_seconds.labels(model, gateway_id, policy)
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(gateway_id, reason)
@@ -103,6 +111,11 @@ class RouterMetrics:
         self.predicted_hit_tokens.labels(*labels, "host").inc(
             decision.predicted_host_hit_tokens)
         self.decision_seconds.labels(self._model, self._gateway, self._policy).observe(seconds)
+
+    def observe_misses(self, causes: MissTokens) -> None:
+        for cause, tokens in zip(CAUSES, causes):
+            if tokens:
+                self.miss_tokens.labels(self._model, self._gateway, cause).inc(tokens)
 
     def observe_fallback(self, reason: str) -> None:
         self.fallbacks.labels(self._gateway, reason).inc()

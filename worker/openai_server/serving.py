@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -21,10 +21,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from worker.api import (
     EngineInputError,
+    EngineRequest,
     EngineUnavailableError,
+    TokenDelta,
 )
 from worker.engine import Engine
-from worker.openai.choices import Choices, collect
+from worker.openai.choices import Choices, OpenStream, collect
 from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError, engine_input_error
 from worker.openai.latency import LatencyMetrics, arrival_of
@@ -32,6 +34,7 @@ from worker.openai.limits import RequestLimits, read_body
 from worker.openai.logprobs import LogprobsFormatter
 from worker.openai.prompt import PromptBuilder
 from worker.openai.prompt_encoder import PromptEncoder
+from worker.openai.prompt_hits import PROMPT_HITS_KEY, PromptHits, recording
 from worker.openai.responses import ResponseShape
 from worker.openai.schema import (
     DEFAULT_LIMITS,
@@ -128,6 +131,9 @@ class OpenAIServing:
 
             def open_stream(engine_request):  # each choice's deltas, observed
                 return timer.watch(self.engine.generate(engine_request))
+        hits = request.scope.get(PROMPT_HITS_KEY)
+        if hits is not None:  # a router in front asks what the routed prompt found cached
+            open_stream = _recording_first_prompt(hits, requests[:body.n], open_stream)
 
         choices = Choices(requests, body.n, open_stream, _refused)
 
@@ -153,6 +159,17 @@ class OpenAIServing:
         events = sse_events(shape, choices, body.include_usage(), self.logprobs)
         return StreamingResponse(slot.hold(events), media_type="text/event-stream")
 
+
+
+def _recording_first_prompt(hits: PromptHits, first: list[EngineRequest],
+                            open_stream: OpenStream) -> OpenStream:
+    first_ids = {r.request_id for r in first}
+
+    def open_recorded(engine_request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
+        stream = open_stream(engine_request)
+        return recording(hits, stream) if engine_request.request_id in first_ids else stream
+
+    return open_recorded
 
 
 def _refused(err: Exception) -> Exception:

@@ -10,7 +10,7 @@ from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
 
 from kv.hashing import block_hashes, namespace_root
-from router.cluster.route_ends import claim_of, refusal_of
+from router.cluster.route_ends import claim_of, end_of, refusal_of
 from router.serve import request_router as rr
 from router.serve.request_router import KVRouteRequestRouter
 from router.serve.route_calls import RouteCall
@@ -109,3 +109,23 @@ async def test_a_refused_route_takes_back_all_it_charged(monkeypatch):
     assert _load(router) > 2000
     router.routes_finished([claim_of("refused"), refusal_of("refused")])
     assert _load(router) == 0.0 and not router._direct_at and not router._unclaimed
+
+
+def _miss_tokens(router: KVRouteRequestRouter) -> dict[str, float]:
+    return {s.labels["cause"]: s.value for m in router.metrics.registry.collect()
+            if m.name == "kvroute_miss_tokens" for s in m.samples
+            if s.name == "kvroute_miss_tokens_total"}
+
+
+async def test_an_ended_route_counts_its_miss_causes_from_the_engines_cached_tokens():
+    router = _router()
+    router._started, router.mirror.num_polls = True, 1
+    assert _miss_tokens(router) == {"cold": 0, "capacity": 0, "placement": 0, "race": 0}
+    await _route_direct(router, "first", max_tokens=8)  # 64 tokens nobody saw
+    router.routes_finished([claim_of("first"), end_of("first", 0)])
+    await _route_direct(router, "no-count", max_tokens=8)
+    router.routes_finished([claim_of("no-count"), "no-count"])  # the engine sent none
+    await _route_direct(router, "refused", max_tokens=8)
+    router.routes_finished([claim_of("refused"), refusal_of("refused")])
+    assert _miss_tokens(router) == {"cold": 64, "capacity": 0, "placement": 0, "race": 0}
+    assert router.router.misses.num_outstanding() == 0

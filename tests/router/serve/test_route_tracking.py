@@ -4,13 +4,14 @@ whatever answers the request; a forged one is served as not routed, and counted.
 import asyncio
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 
-from router.cluster.route_ends import claim_of, refusal_of, split_reports
+from router.cluster.route_ends import claim_of, end_of, refusal_of, split_reports
 from router.serve.route_header import ROUTE_HEADER, Route, RouteSigner, new_route_key
 from router.serve.route_tracking import ROUTED_BY_HEADER, RouteReports, RouteTracking
+from worker.openai.prompt_hits import PROMPT_HITS_KEY
 
 SIGNER = RouteSigner(new_route_key())
 ROUTE = Route("router-a", "0123abcd")
@@ -94,3 +95,24 @@ async def test_a_request_its_client_left_ends_as_run_under_any_root_path():
     with pytest.raises(asyncio.CancelledError):
         await tracking(scope, None, None)
     assert reports.take() == {"router-a": (claim_of(ROUTE.route_id), ROUTE.route_id)}
+
+
+def test_an_end_carries_the_prompt_tokens_the_engine_served_from_cache():
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        request.scope[PROMPT_HITS_KEY].observe(48)  # as the serving layer fills it
+        return {}
+
+    reports = RouteReports()
+    app.add_middleware(RouteTracking, signer=SIGNER, reports=reports)
+    client = TestClient(app)
+    headers = {ROUTE_HEADER: SIGNER.header(ROUTE)}
+    assert client.post("/v1/chat/completions", headers=headers).status_code == 200
+    reported = reports.take()["router-a"]
+    assert reported == (claim_of(ROUTE.route_id), end_of(ROUTE.route_id, 48))
+    split = split_reports(reported)
+    assert split.ended == [ROUTE.route_id] and split.cached_tokens == {ROUTE.route_id: 48}
+    # an end without a count (the engine reported none) carries none
+    assert split_reports([end_of(ROUTE.route_id, None)]).cached_tokens == {}

@@ -1,0 +1,72 @@
+"""What a routed request found cached, handed to the router in front through the ASGI scope
+(worker/openai/prompt_hits.py): the first prompt's cached tokens, the least of its choices,
+streamed or not."""
+
+import asyncio
+import json
+
+import pytest
+from starlette.requests import Request
+
+from worker.engine_config import EngineConfig
+from worker.engine_factory import build_engine
+from worker.openai.prompt import PromptBuilder
+from worker.openai.prompt_hits import PROMPT_HITS_KEY, PromptHits
+from worker.openai_server.serving import OpenAIServing
+from worker.tokenizer_files import tokenizer_dir
+
+PROMPT = "a prompt of forty bytes, two full blocks"  # 40 bytes: 2 full blocks of 16
+
+
+def completion_request(hits: PromptHits | None, stream: bool, **fields) -> Request:
+    body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "ignore_eos": True,
+                       "stream": stream, **fields}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [],
+             "query_string": b""}
+    if hits is not None:
+        scope[PROMPT_HITS_KEY] = hits
+    return Request(scope, receive)
+
+
+@pytest.fixture
+async def serving():
+    engine = build_engine(EngineConfig(model="tiny", engine="sim", sim_preset="tiny",
+                                       num_blocks=64, block_size=16))
+    yield OpenAIServing(engine, PromptBuilder(tokenizer_dir("tiny"), "tiny", 16))
+    await engine.shutdown()
+
+
+async def _run(serving: OpenAIServing, hits: PromptHits | None, stream: bool, **fields
+               ) -> int:
+    """The response's usage.prompt_tokens_details.cached_tokens."""
+    response = await serving.completions(completion_request(hits, stream, **fields))
+    if not stream:
+        return json.loads(response.body)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    events = [chunk async for chunk in response.body_iterator]
+    usage = json.loads(events[-2].removeprefix(b"data: "))["usage"]
+    return usage["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_routed_prompts_cached_tokens_reach_the_scope(serving, stream):
+    first, again = PromptHits(), PromptHits()
+    fields = {"stream_options": {"include_usage": True}} if stream else {}
+    assert await _run(serving, first, stream, **fields) == 0
+    assert first.cached_tokens == 0
+    assert await _run(serving, again, stream, **fields) == 32
+    assert again.cached_tokens == 32
+
+
+async def test_of_n_choices_the_one_that_hit_least_counts(serving):
+    hits = PromptHits()
+    assert await _run(serving, hits, False, n=3) == 0  # its copies hit what the first computed
+    assert hits.cached_tokens == 0
+

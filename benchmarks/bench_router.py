@@ -12,8 +12,12 @@ requests/s into one router), so pending marks live their full 2 s TTL without ev
     python benchmarks/bench_router.py [--quick] [--decisions N] [--policy NAME]
                                       [--mark-whole-prompt true|false]
 
+    python benchmarks/bench_router.py --replicas 256 --blocks 4000000 --decisions 5000
+
 Prints a table, then as the last line one JSON object. Memory is what a first, traced build
-leaves allocated (tracemalloc), the build time that of a second, untraced one. Each
+leaves allocated (tracemalloc: every Python object and numpy array the router keeps), and
+`index_bytes_per_holding` that divided by the replica holdings (a block held by k replicas,
+on one medium each, is k holdings); `build_s` is the time of a second, untraced build. Each
 replica's snapshot and events carry their own hash objects, as deserialized ones do.
 """
 
@@ -180,7 +184,8 @@ def main() -> None:
     feed(router, prepared)
     del prepared
     gc.collect()
-    index_mib = (tracemalloc.get_traced_memory()[0] - traced0) / 2**20
+    index_bytes = tracemalloc.get_traced_memory()[0] - traced0
+    index_mib = index_bytes / 2**20
     tracemalloc.stop()
     del router
     gc.collect()
@@ -193,10 +198,9 @@ def main() -> None:
     del prepared
     gc.collect()
     blocks = router.index_blocks()
-    per_replica = [router.index.blocks_of(r, m) for r in replica_ids for m in ("device", "host")]
-    holdings = sum(len(x) for x in per_replica)
-    distinct = len(frozenset().union(*per_replica))
-    del per_replica
+    holdings = sum(len(router.index.held_view(r, m)) for r in replica_ids
+                   for m in ("device", "host"))
+    distinct = router.index.num_distinct_blocks()
 
     wall_ns: dict[str, list[int]] = {k: [] for k in KINDS}
     cpu_ns: dict[str, list[int]] = {k: [] for k in KINDS}  # immune to being descheduled
@@ -260,7 +264,8 @@ def main() -> None:
           f"{args.replicas} replicas, {distinct:,} distinct blocks "
           f"indexed ({blocks['device']:,} on some device, {blocks['host']:,} on some host; "
           f"{holdings:,} replica holdings) from {num_events:,} events + {args.replicas} "
-          f"snapshots: built in {build_s:.2f} s, {index_mib:.0f} MiB (tracemalloc)")
+          f"snapshots: built in {build_s:.2f} s, {index_mib:.0f} MiB (tracemalloc), "
+          f"{index_bytes / holdings:.1f} B per holding")
     print(f"load average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs; "
           "wall = perf_counter_ns, cpu = thread_time_ns")
     print(f"{'prompts (512 blocks)':<16}{'n':>6}{'wall p50':>10}{'p90':>9}{'p99':>9}{'max':>9}"
@@ -299,8 +304,9 @@ def main() -> None:
         "full_gc_count": len(gc_pauses_ns),
         "full_gc_max_us": round(max_gc_us, 1),
         "p99_target_us": 1000,
-        "index_build_s": round(build_s, 2),
+        "build_s": round(build_s, 2),
         "index_mib": round(index_mib, 1),
+        "index_bytes_per_holding": round(index_bytes / holdings, 1),
         "pending_marks_at_end": num_pending,
         "fallback_activation_ms": round(fallback_activation_ms, 2),
         "fallback_warmup_decisions": len(warmup_cpu),

@@ -1,39 +1,44 @@
 """The router's mirror of the KV index: block hash -> replicas holding it, by medium.
 
-Each replica gets a slot s and two bits in one int bitmask per block hash: bit 2s when the
-replica holds the block on the device, bit 2s + 1 when it holds it on the host tier. A
-prompt's cached prefix on every replica comes from one walk over its hashes with one dict
-lookup per block: `alive` holds the device bit of each replica still in its device run and
-the host bit of each replica in the host run after it, so "does every run go on?" is
-`alive & mask == alive`; only where a run ends does the walk do more. It stops as soon as
-no replica is left.
+Each replica gets a slot s and two bits in one bitmask per block hash: bit 2s when the
+replica holds the block on the device, bit 2s + 1 when it holds it on the host tier. The
+hashes and their bitmasks live in flat numpy arrays (router.core.block_table): about 20 B per
+holding at 256 replicas where Python objects took 81. A prompt's cached prefix on every
+replica comes from one vectorised lookup of its hashes, then one walk over their bitmasks:
+`alive` holds the device bit of each replica still in its device run and the host bit of
+each replica in the host run after it, so "does every run go on?" is `alive & mask ==
+alive`; only where a run ends does the walk do more. It stops as soon as no replica is left.
 
 Events feed it through one `kv.events.ReplicaEventTracker` per replica (gaps, reordering
-and restarts are the tracker's job); per-replica hash collections make clears, snapshots
-and `remove_replica` cost what that replica held, not the whole index. They are dicts with
-None values rather than sets: such dicts hold no GC-tracked objects, so CPython's cyclic
-collector never walks their millions of entries (sets are always tracked, and a full
-collection over them would stall a routing decision for tens of milliseconds).
+and restarts are the tracker's job); per-replica row lists (router.core.held_rows) make
+clears, snapshots and `remove_replica` cost what that replica held, not the whole index.
+The arrays hold no Python objects, so CPython's cyclic collector never walks them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from itertools import repeat
+
+import numpy as np
 
 from kv.events import MEDIA, EventBatch, Medium, ReplicaEventTracker, Snapshot
 from kv.hashing import BlockHash
-from router.core.hash_loops import num_leading_in
+from router.core.block_table import SLOTS_PER_WORD, BlockTable, key_words
+from router.core.held_rows import HeldRows, HeldView
 from router.core.pending import PendingMarks
 from router.core.prefix_match import PrefixMatch, collect_matches
 
 __all__ = ["PrefixIndex", "PrefixMatch"]
 
+_DEVICE_WORD = np.uint64(0x5555_5555_5555_5555)  # the device bits of a mask word
+
 
 class _Replica:
     __slots__ = ("slot", "device_bit", "held", "tracker")
 
-    def __init__(self, slot: int, held: dict[Medium, dict[BlockHash, None]],
+    def __init__(self, slot: int, held: dict[Medium, HeldRows],
                  tracker: ReplicaEventTracker):
         self.slot = slot
         self.device_bit = 1 << (2 * slot)  # the host bit is device_bit << 1
@@ -53,11 +58,7 @@ class PrefixIndex:
                  clock: Callable[[], float] = time.monotonic):
         self.clock = clock
         self.pending = PendingMarks(pending_ttl_s)
-        self._masks: dict[BlockHash, int] = {}
-        # One object per distinct hash, shared by every replica's contents: each replica's
-        # deserialized events bring their own copies, and keeping one saves most of the
-        # index's memory when blocks have several holders (and makes key compares `is`).
-        self._canonical: dict[BlockHash, BlockHash] = {}
+        self._table = BlockTable()
         self._device_bits = 0  # bit 2s of every slot s ever used: 0b0101...
         self._num_blocks: dict[Medium, int] = {m: 0 for m in MEDIA}  # hashes with a bit set
         self._replicas: dict[str, _Replica] = {}
@@ -91,14 +92,15 @@ class PrefixIndex:
             slot = self._free_slots.pop(0)
         else:
             slot = len(self._replica_of_slot)
-        held: dict[Medium, dict[BlockHash, None]] = {m: {} for m in MEDIA}
+        if slot >= SLOTS_PER_WORD * self._table.num_words:
+            self._table.widen(slot // SLOTS_PER_WORD + 1)
+        held = {"device": HeldRows(2 * slot), "host": HeldRows(2 * slot + 1)}
 
         def on_event(medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
             (self._add if op == "add" else self._remove)(rep, medium, hashes)
 
         def on_clear() -> None:
-            for m in MEDIA:
-                self._remove(rep, m, tuple(held[m]))
+            self._clear(rep)
 
         rep = _Replica(slot, held, ReplicaEventTracker(on_event, on_clear))
         self._replicas[replica_id] = rep
@@ -111,8 +113,7 @@ class PrefixIndex:
         rep = self._replicas.pop(replica_id, None)
         if rep is None:
             return
-        for m in MEDIA:
-            self._remove(rep, m, tuple(rep.held[m]))
+        self._clear(rep)
         self.pending.forget(rep.device_bit)
         del self._replica_of_slot[rep.slot]
         self._free_slots.append(rep.slot)
@@ -144,40 +145,47 @@ class PrefixIndex:
             return rep.device_bit, self._device_bits
         return rep.device_bit << 1, self._device_bits << 1
 
+    def _none_on(self, medium: Medium, masks: np.ndarray) -> np.ndarray:
+        """Per mask row ([n, W] uint64), True when no replica holds it on the medium."""
+        medium_word = _DEVICE_WORD if medium == "device" else _DEVICE_WORD << np.uint64(1)
+        return ~(masks & medium_word).any(axis=1)
+
     def _add(self, rep: _Replica, medium: Medium, block_hashes: Sequence[BlockHash]) -> None:
-        bit, medium_bits = self._medium_bits(rep, medium)
-        masks, mine = self._masks, rep.held[medium]
-        masks_get, canonical = masks.get, self._canonical.setdefault
-        num_new = 0
-        for h in block_hashes:
-            if h not in mine:
-                h = canonical(h, h)
-                mine[h] = None
-                m = masks_get(h, 0)
-                if not m & medium_bits:
-                    num_new += 1
-                masks[h] = m | bit
-        self._num_blocks[medium] += num_new
+        if not block_hashes:
+            return
+        table, held = self._table, rep.held[medium]
+        rows = np.unique(table.intern(key_words(block_hashes)))
+        new = rows[(table.masks[rows, held.word] & held.bit) == 0]
+        if new.size:
+            self._num_blocks[medium] += int(np.count_nonzero(
+                self._none_on(medium, table.masks[new])))
+            table.masks[new, held.word] |= held.bit
+            held.append(new)
         if medium == "device":
             self.pending.confirm(rep.device_bit, block_hashes)
 
     def _remove(self, rep: _Replica, medium: Medium, block_hashes: Iterable[BlockHash]) -> None:
-        bit, medium_bits = self._medium_bits(rep, medium)
-        keep = ~bit
-        masks, mine = self._masks, rep.held[medium]
-        num_gone = 0
-        for h in block_hashes:
-            if h in mine:
-                del mine[h]
-                m = masks[h] & keep
-                if not m & medium_bits:
-                    num_gone += 1
-                if m:
-                    masks[h] = m
-                else:
-                    del masks[h]
-                    del self._canonical[h]
-        self._num_blocks[medium] -= num_gone
+        keys = key_words(block_hashes)
+        if len(keys):
+            self._remove_rows(rep, medium, np.unique(self._table.lookup(keys)))
+
+    def _remove_rows(self, rep: _Replica, medium: Medium, rows: np.ndarray) -> None:
+        """Clears the replica's bit on rows (unique; rows it does not hold are skipped)."""
+        table, held = self._table, rep.held[medium]
+        rows = rows[(table.masks[rows, held.word] & held.bit) != 0]
+        if not rows.size:
+            return
+        table.masks[rows, held.word] &= ~held.bit
+        left = table.masks[rows]
+        self._num_blocks[medium] -= int(np.count_nonzero(self._none_on(medium, left)))
+        held.count -= len(rows)
+        table.free(rows[~left.any(axis=1)])
+        held.compact(table.masks)
+
+    def _clear(self, rep: _Replica) -> None:
+        for medium, held in rep.held.items():
+            self._remove_rows(rep, medium, held.held(self._table.masks).astype(np.intp))
+            held.clear()
 
     # -- pending marks ---------------------------------------------------------------------
 
@@ -227,14 +235,13 @@ class PrefixIndex:
         if not alive:
             return {}
         device_bits = self._device_bits
-        masks_get = self._masks.get
+        mask_ints = _as_ints(self._table.masks[self._table.lookup(key_words(block_hashes))])
         pend_by_bit, pend_bits = self.pending.by_bit, self.pending.bits_mask
         device_ends: list[tuple[int, int]] = []  # (device bits, device run length)
         total_ends: list[tuple[int, int]] = []  # (device bits, cached prefix length)
         carried = 0  # device bits whose run a pending mark has carried on
         confirmed_ends: list[tuple[int, int]] = []  # (device bit, its confirmed run length)
-        for i, h in enumerate(block_hashes):
-            m = masks_get(h, 0)
+        for i, m in enumerate(mask_ints):
             if alive & m == alive:
                 continue  # the common step: every run, device or host, goes on
             ending = alive & ~m
@@ -243,7 +250,7 @@ class PrefixIndex:
             rescued = device_ending & pend_bits
             while rescued:  # device runs about to end: does a pending mark carry them on?
                 bit = rescued & -rescued
-                if h in pend_by_bit[bit]:
+                if block_hashes[i] in pend_by_bit[bit]:
                     device_ending ^= bit
                     if not carried & bit:
                         carried |= bit
@@ -274,13 +281,19 @@ class PrefixIndex:
                                     block_hashes: Sequence[BlockHash]) -> int:
         """Leading blocks events confirm on the replica's device (pending marks not counted)."""
         rep = self._replicas.get(replica_id)
-        if rep is None:
+        if rep is None or not block_hashes:
             return 0
-        return num_leading_in(rep.held["device"], block_hashes)
+        held = rep.held["device"]
+        rows = self._table.lookup(key_words(block_hashes))
+        missing = np.flatnonzero((self._table.masks[rows, held.word] & held.bit) == 0)
+        return int(missing[0]) if missing.size else len(block_hashes)
 
     def holders(self, block_hash: BlockHash, medium: Medium = "device") -> set[str]:
         """Replicas holding the block on the medium (confirmed by events)."""
-        m = self._masks.get(block_hash, 0)
+        row = self._table.lookup_one(block_hash)
+        if row is None:
+            return set()
+        m = next(_as_ints(self._table.masks[[row]]))
         return {rid for rid, rep in self._replicas.items()
                 if m & self._medium_bits(rep, medium)[0]}
 
@@ -288,15 +301,26 @@ class PrefixIndex:
         """The replica's blocks as a live, read-only view (no copy): read it under the lock
         that guards the index, and do not keep it."""
         rep = self._replicas.get(replica_id)
-        return rep.held[medium].keys() if rep else ()
+        return HeldView(self._table, rep.held[medium]) if rep else ()
 
     def blocks_of(self, replica_id: str, medium: Medium = "device") -> frozenset[BlockHash]:
         rep = self._replicas.get(replica_id)
-        return frozenset(rep.held[medium]) if rep else frozenset()
+        if rep is None:
+            return frozenset()
+        return frozenset(self._table.hashes(rep.held[medium].held(self._table.masks)))
 
     def num_blocks(self, medium: Medium = "device") -> int:
         """Distinct block hashes indexed on the medium, over all replicas."""
         return self._num_blocks[medium]
+
+    def num_distinct_blocks(self) -> int:
+        """Distinct block hashes indexed on either medium."""
+        return self._table.num_live
+
+    def nbytes(self) -> int:
+        """Bytes of the arrays holding hashes, bitmasks and per-replica rows."""
+        return self._table.nbytes() + sum(held.nbytes() for rep in self._replicas.values()
+                                          for held in rep.held.values())
 
     def check_invariants(self) -> None:
         assert set(self._replica_of_slot.values()) == set(self._replicas), "slot map drifted"
@@ -307,21 +331,28 @@ class PrefixIndex:
             assert rep.device_bit == 1 << (2 * rep.slot)
             used |= rep.device_bit
         assert used & ~self._device_bits == 0, "a slot's bit is missing from device bits"
-        expected: dict[BlockHash, int] = {}
+        table = self._table
+        table.check_invariants()
+        masks = table.masks
+        expected = np.zeros_like(masks)
         for rep in self._replicas.values():
-            for medium in MEDIA:
-                bit = self._medium_bits(rep, medium)[0]
-                for h in rep.held[medium]:
-                    expected[h] = expected.get(h, 0) | bit
-        assert all(self._masks.values()), "an empty index entry"
-        assert self._canonical.keys() == self._masks.keys(), "canonical objects drifted"
-        for rep in self._replicas.values():
-            for medium in MEDIA:
-                assert all(self._canonical[h] is h for h in rep.held[medium]), "a stray copy"
-        assert self._masks == expected, "bitmasks != per-replica contents"
-        for medium, medium_bits in (("device", self._device_bits),
-                                    ("host", self._device_bits << 1)):
-            n = sum(1 for m in self._masks.values() if m & medium_bits)
+            for held in rep.held.values():
+                rows = held.held(masks)
+                assert len(rows) == held.count, "a replica's row count drifted"
+                expected[rows, held.word] |= held.bit
+        assert (expected == masks).all(), "bitmasks != per-replica contents"
+        for medium in MEDIA:
+            n = int(np.count_nonzero(~self._none_on(medium, masks)))
             assert self._num_blocks[medium] == n, f"{medium} block count drifted"
         self.pending.check_invariants()
         assert self.pending.bits_mask & ~used == 0, "pending marks of a removed replica"
+
+
+def _as_ints(masks: np.ndarray) -> Iterator[int]:
+    """Mask rows ([n, W] uint64) as Python ints, converted in growing chunks: a walk that
+    stops early (most misses stop at the first block) pays for little more than it read."""
+    row_bytes = masks.view(f"V{masks.itemsize * masks.shape[1]}").ravel()
+    start, size = 0, 16
+    while start < len(row_bytes):
+        yield from map(int.from_bytes, row_bytes[start:start + size].tolist(), repeat("little"))
+        start, size = start + size, size * 4

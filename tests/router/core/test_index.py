@@ -113,10 +113,11 @@ def test_remove_replica_forgets_everything_and_its_slot_is_reused_clean():
 def test_check_invariants_catches_a_corrupt_mask():
     index = PrefixIndex()
     synced(index, "r0", device=[h(1)])
-    index._masks[h(1)] = 0b11
+    row = index._table.lookup_one(h(1))
+    index._table.masks[row, 0] = 0b11
     with pytest.raises(AssertionError, match="bitmasks"):
         index.check_invariants()
-    index._masks[h(1)] = 0
+    index._table.masks[row, 0] = 0
     with pytest.raises(AssertionError, match="empty"):
         index.check_invariants()
 

@@ -1,0 +1,228 @@
+"""Interned block hashes in flat numpy arrays: 16-byte hash -> row, and each row's bitmask.
+
+The router's index holds millions of distinct hashes, each on a few of up to hundreds of
+replicas. As Python objects (a bytes key, a dict entry, an int bitmask of 2 bits per replica
+and a per-replica set entry per holding) that is about 81 B per holding at 256 replicas.
+Here a hash is a row of fixed-width arrays instead:
+
+    keys    [rows, 2] uint64   the hash's 16 bytes (native order, as np.frombuffer reads them)
+    masks   [rows, W] uint64   2 bits per replica slot, bit 2s device, 2s + 1 host
+    _next   [rows]    int32    next row in the same bucket's chain (row 0 ends it)
+    _heads  [buckets] int32    first row of each bucket's chain (row 0: empty)
+
+Lookups, inserts and deletes take whole arrays of hashes (one event's, one prompt's), so the
+interpreter runs per call, not per hash. Chained buckets rather than open addressing: a
+delete relinks its chain exactly, so no tombstones pile up and force a rehash under churn.
+Linking a batch into chains runs in rounds: every row writes itself as its bucket's head,
+one writer per bucket wins and keeps the old head as its next, the others retry; the number
+of rounds is the largest number of rows of the batch that share a bucket.
+
+Row 0 is never a hash's row and its mask stays zero: it ends every chain, and `lookup`
+answers absent hashes with it, so neither a probe nor a gather of masks needs a branch (a
+probe that reaches row 0 stops there whether or not its all-zero key compares equal). A
+lookup walks all chains in lock step, one gather per step, for as many steps as the longest
+chain it meets (load factor at most 1/2: about 4 steps for a 512-hash prompt). Freed rows are
+reused before the arrays grow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+HASH_BYTES = 16
+SLOTS_PER_WORD = 32  # two bits (device, host) per replica slot in a 64-bit word
+_MIN_BUCKET_BITS = 10
+_MIX1 = np.uint64(0x9E3779B97F4A7C15)
+_MIX2 = np.uint64(0xBF58476D1CE4E5B9)
+_MASK64 = (1 << 64) - 1
+
+
+def key_words(block_hashes: Iterable[bytes]) -> np.ndarray:
+    """The hashes as a read-only [n, 2] uint64 array (one join, no per-hash work)."""
+    hashes = block_hashes if isinstance(block_hashes, (list, tuple)) else list(block_hashes)
+    joined = b"".join(hashes)
+    if len(joined) != HASH_BYTES * len(hashes):
+        raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
+    return np.frombuffer(joined, dtype=np.uint64).reshape(-1, 2)
+
+
+class BlockTable:
+    """Hash -> row, plus one bitmask row per hash (see the module docstring)."""
+
+    def __init__(self, num_words: int = 1, initial_rows: int = 1024):
+        if num_words < 1 or initial_rows < 2:
+            raise ValueError(f"BlockTable: num_words >= 1 and initial_rows >= 2, got "
+                             f"{num_words}, {initial_rows}")
+        self.keys = np.zeros((initial_rows, 2), np.uint64)
+        self.masks = np.zeros((initial_rows, num_words), np.uint64)
+        self._next = np.zeros(initial_rows, np.int32)
+        self._used = np.zeros(initial_rows, bool)  # rows holding a hash
+        self._num_rows = 1  # rows ever handed out, row 0 included
+        self._free = np.zeros(0, np.int32)  # freed rows, reused last freed first
+        self._num_free = 0
+        self._bucket_bits = _MIN_BUCKET_BITS
+        self._heads = np.zeros(1 << self._bucket_bits, np.int32)
+        self.num_live = 0  # rows holding a hash
+
+    @property
+    def num_words(self) -> int:
+        return self.masks.shape[1]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.keys, self.masks, self._next, self._used,
+                                       self._free, self._heads))
+
+    def widen(self, num_words: int) -> None:
+        """Makes room for `SLOTS_PER_WORD * num_words` replica slots."""
+        if num_words > self.num_words:
+            masks = np.zeros((len(self.masks), num_words), np.uint64)
+            masks[:, :self.num_words] = self.masks
+            self.masks = masks
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def _buckets(self, keys: np.ndarray) -> np.ndarray:
+        x = (keys[:, 0] ^ (keys[:, 1] * _MIX1)) * _MIX2
+        return (x >> np.uint64(64 - self._bucket_bits)).astype(np.intp)
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """The row of each hash ([n, 2] uint64 words), 0 where absent. Returns [n] intp."""
+        if not len(keys):
+            return np.zeros(0, np.intp)
+        want0, want1 = keys[:, 0], keys[:, 1]
+        rows = self._heads[self._buckets(keys)]
+        while True:
+            found = self.keys[rows]
+            done = ((found[:, 0] == want0) & (found[:, 1] == want1)) | (rows == 0)
+            if done.all():
+                return rows.astype(np.intp)
+            rows = np.where(done, rows, self._next[rows])
+
+    def lookup_one(self, block_hash: bytes) -> int | None:
+        """One hash's row without numpy's per-call overhead (None: absent)."""
+        if len(block_hash) != HASH_BYTES:
+            return None
+        k0 = int.from_bytes(block_hash[:8], "little")
+        k1 = int.from_bytes(block_hash[8:], "little")
+        x = ((k0 ^ ((k1 * int(_MIX1)) & _MASK64)) * int(_MIX2)) & _MASK64
+        row = int(self._heads[x >> (64 - self._bucket_bits)])
+        keys, nxt = self.keys, self._next
+        while row:
+            if int(keys[row, 0]) == k0 and int(keys[row, 1]) == k1:
+                return row
+            row = int(nxt[row])
+        return None
+
+    def hashes(self, rows: np.ndarray) -> list[bytes]:
+        """The hashes of rows, as bytes."""
+        return self.keys[rows].view(f"V{HASH_BYTES}").ravel().tolist()
+
+    # -- inserts and deletes ---------------------------------------------------------------
+
+    def intern(self, keys: np.ndarray) -> np.ndarray:
+        """The row of each hash, inserting the absent ones (a zero mask). Returns [n] intp."""
+        rows = self.lookup(keys)
+        absent = np.flatnonzero(rows == 0)
+        if absent.size:
+            new_keys, inverse = np.unique(keys[absent].view(f"V{HASH_BYTES}").ravel(),
+                                          return_inverse=True)
+            new_keys = new_keys.view(np.uint64).reshape(-1, 2)
+            rows[absent] = self._insert(new_keys)[inverse.ravel()]
+        return rows
+
+    def _insert(self, keys: np.ndarray) -> np.ndarray:
+        n = len(keys)
+        if 2 * (self.num_live + n) > len(self._heads):  # load factor at most 1/2
+            bits = self._bucket_bits
+            while 2 * (self.num_live + n) > 1 << bits:
+                bits += 1
+            self._rehash(bits)
+        rows = self._alloc(n)
+        self.keys[rows] = keys
+        self._used[rows] = True
+        self._link(rows, self._buckets(keys))
+        self.num_live += n
+        return rows
+
+    def free(self, rows: np.ndarray) -> None:
+        """Deletes rows whose masks are zero: their hashes are gone, the rows reusable."""
+        if not rows.size:
+            return
+        self._used[rows] = False
+        buckets = np.unique(self._buckets(self.keys[rows]))
+        frontier = self._heads[buckets]
+        self._heads[buckets] = 0
+        chained = []
+        while frontier.size:
+            frontier = frontier[frontier != 0]
+            chained.append(frontier)
+            frontier = self._next[frontier]
+        kept = np.concatenate(chained).astype(np.intp)
+        kept = kept[self._used[kept]]
+        self._link(kept, self._buckets(self.keys[kept]))
+        self.num_live -= len(rows)
+        if self._num_free + len(rows) > len(self._free):
+            grown = np.zeros(max(2 * len(self._free), self._num_free + len(rows)), np.int32)
+            grown[:self._num_free] = self._free[:self._num_free]
+            self._free = grown
+        self._free[self._num_free:self._num_free + len(rows)] = rows
+        self._num_free += len(rows)
+
+    def _alloc(self, n: int) -> np.ndarray:
+        reused = min(n, self._num_free)
+        self._num_free -= reused
+        rows = self._free[self._num_free:self._num_free + reused].astype(np.intp)
+        fresh = n - reused
+        if fresh:
+            start = self._num_rows
+            self._num_rows += fresh
+            if self._num_rows > len(self.keys):
+                self._grow(max(self._num_rows, len(self.keys) * 3 // 2))
+            rows = np.concatenate([rows, np.arange(start, start + fresh)])
+        return rows
+
+    def _grow(self, num_rows: int) -> None:
+        for name in ("keys", "masks", "_next", "_used"):
+            old = getattr(self, name)
+            new = np.zeros((num_rows, *old.shape[1:]), old.dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+
+    def _rehash(self, bucket_bits: int) -> None:
+        self._bucket_bits = bucket_bits
+        self._heads = np.zeros(1 << bucket_bits, np.int32)
+        rows = np.flatnonzero(self._used[:self._num_rows])
+        self._link(rows, self._buckets(self.keys[rows]))
+
+    def _link(self, rows: np.ndarray, buckets: np.ndarray) -> None:
+        """Puts rows at the head of their buckets' chains (see the module docstring)."""
+        heads, nxt = self._heads, self._next
+        while rows.size:
+            old = heads[buckets]
+            heads[buckets] = rows
+            won = heads[buckets] == rows
+            nxt[rows[won]] = old[won]
+            lost = ~won
+            rows, buckets = rows[lost], buckets[lost]
+
+    def check_invariants(self) -> None:
+        assert not self.masks[0].any() and not self._used[0], "row 0 is not the empty row"
+        used = np.flatnonzero(self._used[:self._num_rows])
+        assert len(used) == self.num_live, "live row count drifted"
+        assert not self._used[self._num_rows:].any(), "a row past the high-water mark"
+        free = self._free[:self._num_free]
+        assert len(np.unique(free)) == len(free), "a row freed twice"
+        assert not self._used[free].any(), "a live row on the free list"
+        assert len(free) + len(used) == self._num_rows - 1, "a row neither live nor free"
+        assert self.masks[used].any(axis=1).all(), "an empty index entry"
+        assert not self.masks[free].any(), "a freed row kept bits"
+        assert (self.lookup(self.keys[used]) == used).all(), "a live row is not found"
+        chained = 0
+        for head in np.flatnonzero(self._heads):
+            row = int(self._heads[head])
+            while row:
+                chained += 1
+                row = int(self._next[row])
+        assert chained == len(used), "chains hold rows that are not live, or miss some"

@@ -1,0 +1,103 @@
+"""The index's flat hash table and per-replica row lists against plain dicts and sets."""
+
+import random
+
+import numpy as np
+import pytest
+
+from router.core.block_table import BlockTable, key_words
+from router.core.index import PrefixIndex, PrefixMatch
+from tests.router.core.core_helpers import h
+
+
+def _random_hash(rng: random.Random) -> bytes:
+    # half share their first 8 bytes (zero), as the readable test hashes do: the bucket
+    # must mix both words
+    return h(rng.randrange(1 << 20)) if rng.random() < 0.5 else rng.randbytes(16)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_table_matches_a_dict_through_growth_deletes_and_row_reuse(seed):
+    rng = random.Random(seed)
+    table = BlockTable(initial_rows=8)
+    model: dict[bytes, int] = {}  # hash -> row
+    peak = 0
+    for step in range(300):
+        if model and rng.random() < 0.35:  # free a random part
+            gone = rng.sample(sorted(model), rng.randint(1, len(model)))
+            rows = np.array([model.pop(x) for x in gone])
+            table.masks[rows] = 0
+            table.free(rows)
+        else:
+            batch = [_random_hash(rng) for _ in range(rng.randint(1, 40))]
+            batch += rng.sample(sorted(model), min(len(model), 5))  # present ones
+            batch += batch[:3]  # repeated within the batch
+            rows = table.intern(key_words(batch))
+            for x, row in zip(batch, rows.tolist()):
+                assert model.setdefault(x, row) == row, "a hash got two rows"
+            table.masks[rows, 0] = 1
+        assert len(set(model.values())) == len(model) == table.num_live
+        peak = max(peak, len(model))
+        probe = sorted(model)[:50] + [_random_hash(rng) for _ in range(20)]
+        want = [model.get(x, 0) for x in probe]
+        assert table.lookup(key_words(probe)).tolist() == want
+        assert [table.lookup_one(x) or 0 for x in probe] == want
+        assert table.hashes(np.array(want[:10], np.intp)) == [
+            x if row else bytes(16) for x, row in zip(probe[:10], want[:10])]
+        if step % 20 == 0:
+            table.check_invariants()
+    table.check_invariants()
+    assert len(table._heads) >= 2 * table.num_live
+    assert len(table.keys) <= 1.5 * (peak + 1) + 8  # freed rows were reused first
+
+
+def test_key_words_refuses_hashes_that_are_not_16_bytes():
+    with pytest.raises(ValueError, match="16 bytes"):
+        key_words([h(1), b"short"])
+    assert key_words([]).shape == (0, 2)
+
+
+def test_more_than_32_replicas_widen_the_masks_and_match_the_slow_way():
+    rng = random.Random(7)
+    index = PrefixIndex()
+    replicas = [f"r{i}" for i in range(70)]  # 140 bits: three mask words
+    prompt = [h(i) for i in range(40)]
+    truth = {}
+    for rid in replicas:
+        device = rng.randint(0, 40)
+        host = rng.randint(device, 40)
+        truth[rid] = (prompt[:device], prompt[device:host])
+        index.add_blocks(rid, "device", prompt[:device])
+        index.add_blocks(rid, "host", prompt[device:host])
+    assert index._table.num_words == 3
+    index.check_invariants()
+    want = {rid: PrefixMatch(len(d), len(hs)) for rid, (d, hs) in truth.items() if d or hs}
+    assert index.match(prompt, replicas) == want
+    assert index.holders(prompt[0]) == {rid for rid, (d, _) in truth.items() if d}
+    index.remove_replica("r69")
+    del want["r69"]
+    assert index.match(prompt, replicas) == want
+    index.check_invariants()
+
+
+def test_row_lists_stay_small_under_churn_and_survive_rows_reused_for_other_hashes():
+    index = PrefixIndex()
+    a, b = [h(i) for i in range(100)], [h(1000 + i) for i in range(100)]
+    for _ in range(50):  # a block leaves the index and its row is reused at once
+        index.add_blocks("r0", "device", a)
+        index.remove_blocks("r0", "device", a)
+        index.add_blocks("r1", "device", b)
+        index.add_blocks("r0", "device", b)
+        index.remove_blocks("r1", "device", b)
+        index.remove_blocks("r0", "device", b[:50])
+        index.check_invariants()
+        index.remove_blocks("r0", "device", b[50:])
+    index.add_blocks("r0", "device", a[:10])
+    index.check_invariants()
+    assert index.blocks_of("r0") == frozenset(a[:10]) and index.blocks_of("r1") == frozenset()
+    assert len(index.held_view("r0")) == 10 and a[3] in index.held_view("r0")
+    assert b[3] not in index.held_view("r0") and "not a hash" not in index.held_view("r0")
+    assert sorted(index.held_view("r0")) == a[:10]
+    held = index._replicas["r0"].held["device"]
+    assert held._len <= 64 + 10, "stale rows were never dropped"
+    assert index.num_blocks("device") == index.num_distinct_blocks() == 10

@@ -276,5 +276,7 @@ def contents_digest(device_hashes: Collection[BlockHash],
 def _xor_of(block_hashes: Collection[BlockHash]) -> bytes:
     if not block_hashes:
         return bytes(16)
-    words = np.frombuffer(b"".join(block_hashes), dtype=np.uint64).reshape(-1, 2)
+    key_words = getattr(block_hashes, "key_words", None)  # the index's views: no bytes copies
+    words = (key_words() if key_words is not None
+             else np.frombuffer(b"".join(block_hashes), dtype=np.uint64).reshape(-1, 2))
     return np.bitwise_xor.reduce(words, axis=0).tobytes()

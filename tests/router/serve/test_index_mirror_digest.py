@@ -108,3 +108,21 @@ def test_without_a_restart_removed_replicas_go_at_once():
     mirror._apply(PollReply((snap,), (), {}, (), incarnation="actor-1"))
     mirror._apply(PollReply((), (), {}, ("r0",), incarnation="actor-1"))
     assert router.index.replica_ids == []
+
+
+def test_the_index_view_digests_from_its_arrays_as_the_replica_side_does_from_bytes(
+        monkeypatch):
+    from router.core.held_rows import HeldView
+
+    def no_bytes(self):
+        raise AssertionError("the digest made a bytes object per held hash")
+
+    router = Router(RouterConfig(block_size=16))
+    hashes = [os.urandom(16) for _ in range(300)]
+    router.apply_snapshot(EventLog("r0", epoch="e0").snapshot(hashes[:200], hashes[200:]))
+    router.index.remove_blocks("r0", "device", hashes[:50])
+    view = router.index.held_view("r0", "device")
+    assert view.key_words().shape == (150, 2)
+    monkeypatch.setattr(HeldView, "__iter__", no_bytes)
+    assert contents_digest(view, router.index.held_view("r0", "host")) == contents_digest(
+        frozenset(hashes[50:200]), frozenset(hashes[200:]))

@@ -57,7 +57,9 @@ def draw_panel(ax, panel: dict, prometheus: PrometheusAPI, variables: dict, star
     """Draws one panel; returns 'legend: last value' lines of what it drew."""
     unit = panel["fieldConfig"]["defaults"]["unit"]
     scale, axis_label = UNITS[unit]
-    stacked = panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    # A bar gauge (the miss-ratio curve) has no stacking: drawn as lines over time here
+    stacked = panel["fieldConfig"]["defaults"].get("custom", {}).get(
+        "stacking", {}).get("mode") == "normal"
     drawn, summary = [], []  # drawn: (legend, {minute: scaled value})
     for target in panel["targets"]:
         for labels, times_s, values in prometheus.query_range(

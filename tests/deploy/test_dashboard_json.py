@@ -87,7 +87,12 @@ def test_dashboard_covers_cache_routing_latency_and_capacity():
         "Evictions by medium",
         "Preemptions per replica",
         "Queue lengths per replica",
+        "Hit ladder: infinite memory, pooled at capacity, routed, delivered",
+        "Hits lost at each step: capacity, routing, prediction",
+        "Miss causes: uncached prompt tokens by cause",
+        "Miss-ratio curve: pooled hit ratio by KV capacity",
     }
     rows = [panel["title"] for panel in load_dashboard()["panels"] if panel["type"] == "row"]
-    assert rows == ["Cache", "Routing", "Latency and traffic", "Capacity", "Gateway latency"]
+    assert rows == ["Cache", "Routing", "Latency and traffic", "Capacity", "Gateway latency",
+                    "Where the hits go"]
 

@@ -90,7 +90,7 @@ def test_every_panel_query_parses(empty_prometheus, query):
 
 def test_rules_load_into_prometheus(empty_prometheus):
     health = empty_prometheus.rule_health()
-    assert len(health) == 17
+    assert len(health) == 19
     assert set(health.values()) <= {"ok", "unknown"}
 
 
@@ -121,7 +121,7 @@ def test_recording_rules_evaluate_on_live_series(loaded_prometheus):
     health = loaded_prometheus.rule_health()
     assert set(health.values()) == {"ok"}
     records = [name for name in health if ":" in name]
-    assert len(records) == 9
+    assert len(records) == 10
     for record in records:
         samples = wait_until(lambda r=record: loaded_prometheus.query(r) or None, 10,
                              f"{record} evaluated")

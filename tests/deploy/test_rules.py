@@ -41,7 +41,8 @@ def test_promtool_unit_tests_pass(promtool_bin):
 def test_required_alerts_exist():
     assert {rule["alert"] for rule in rules_of("alert")} == {
         "KvrouteTargetAbsent", "KvrouteTargetDown", "KvrouteHigh5xxRate",
-        "KvrouteLowDeliveredHitRate", "KvroutePredictionGap", "KvrouteReplicaDown",
+        "KvrouteLowDeliveredHitRate", "KvroutePredictionGap", "KvrouteRoutingLoss",
+        "KvrouteReplicaDown",
         "KvrouteKVPressure", "KvrouteHighTTFT"}
 
 

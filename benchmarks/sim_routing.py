@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--share-pending-delay-s", type=float, default=None,
                    help="with --gateways: also run the largest count with its routers sharing "
                         "pending marks, each reaching the others this much later")
+    p.add_argument("--share-work", action="store_true",
+                   help="with --share-pending-delay-s: also run the largest count with its "
+                        "routers sharing routed work too (each router counts every request)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     p.add_argument("--trace", type=Path, default=ex.MOONCAKE_TRACE)
@@ -106,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--spread: each of {', '.join(SPREADS)}")
     elif args.share_pending_delay_s is not None:
         p.error("--share-pending-delay-s needs --gateways")
+    if args.share_work and args.share_pending_delay_s is None:
+        p.error("--share-work needs --share-pending-delay-s (the sharing's delay)")
     return args
 
 
@@ -154,14 +159,15 @@ def main(argv: list[str] | None = None) -> dict:
         entrants = ex.contenders(args.policy, base, others)
     else:
         entrants = gateway_contenders(args.policy, base, args.gateways, args.spread,
-                                      args.share_pending_delay_s)
+                                      args.share_pending_delay_s, args.share_work)
     t0, cpu0 = time.perf_counter(), time.process_time()
     by_label: dict[str, list[Summary]] = {c.label: [] for c in entrants}
     tasks = [ex.Task(ClusterConfig(args.replicas, replica, c.router, args.event_delay_s,
                                    args.publish_interval_s, seed=args.seed,
                                    first_token_signal=args.first_token_signal,
                                    num_routers=c.num_routers, router_spread=c.router_spread,
-                                   share_pending_delay_s=c.share_pending_delay_s),
+                                   share_pending_delay_s=c.share_pending_delay_s,
+                                   share_work=c.share_work),
                      ex.WorkloadSpec(args.workload, per_replica, args.replicas, args.seed,
                                      args.quick, args.trace), c.label)
              for per_replica in rates_per_replica(args, d) for c in entrants]

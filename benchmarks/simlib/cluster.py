@@ -9,8 +9,9 @@ Events, in time order (ties in the order they were scheduled, so a seed fixes th
     publish    every publish_interval_s a replica with news drains its event log and stats
                (worker/publisher.py does the same), which reach the router after
                event_delay_s: Router.apply_batch (a snapshot when it asks), update_stats
-    share      with several gateways sharing pending marks, the marks one router set reach
-               the others after share_pending_delay_s (benchmarks/simlib/gateways.py)
+    share      with several gateways sharing, what one router shares of a decision (its
+               marks; its routed work, then its end) reaches the others after
+               share_pending_delay_s (benchmarks/simlib/gateways.py)
 
 In approximate mode the router gets neither events nor stats: that mode stands for "no
 index feed at all", so it decides from its routed history and its own load count.
@@ -63,6 +64,8 @@ class ClusterConfig:
     # Not None: the pending marks a router sets reach the other routers this much later
     # (through the index actor), where they count as timed marks.
     share_pending_delay_s: float | None = None
+    # The routed work too (and when it ends), with the same delay: every router counts it.
+    share_work: bool = False
 
     def __post_init__(self):
         if not 1 <= self.num_replicas <= 1024:
@@ -78,6 +81,8 @@ class ClusterConfig:
         delay_s = self.share_pending_delay_s
         if delay_s is not None and not (math.isfinite(delay_s) and delay_s >= 0):
             raise ValueError(f"share_pending_delay_s must be finite and >= 0, got {delay_s}")
+        if self.share_work and delay_s is None:
+            raise ValueError("share_work needs share_pending_delay_s (the sharing's delay)")
         if not (math.isfinite(self.event_delay_s) and self.event_delay_s >= 0):
             raise ValueError(f"event_delay_s must be finite and >= 0, got {self.event_delay_s}")
         if not (math.isfinite(self.publish_interval_s) and self.publish_interval_s > 0):
@@ -113,8 +118,9 @@ class RunResult:
     wall_s: float
     num_events: int
     num_snapshots: int
-    num_shared_messages: int = 0  # SharedMarks one router sent the others
+    num_shared_routes: int = 0  # decisions one router shared with the others
     num_shared_blocks: int = 0  # block hashes in them
+    num_marked_blocks: int = 0  # of them, marked by a receiver (past its confirmed run)
 
 
 class ClusterSim:
@@ -126,8 +132,10 @@ class ClusterSim:
         self.replicas = [SimReplica(f"r{i}", rc) for i in range(config.num_replicas)]
         self.replica_ids = [r.replica_id for r in self.replicas]
         self._index_of = {rid: i for i, rid in enumerate(self.replica_ids)}
+        sharing = config.share_pending_delay_s is not None
         self.gateways = Gateways(config.router, config.num_routers, config.router_spread,
-                                 config.seed, clock=lambda: self.now)
+                                 config.seed, clock=lambda: self.now, share_marks=sharing,
+                                 share_work=config.share_work)
         self.routers = self.gateways.routers
         self.router = self.routers[0]
         self.feed_index = not config.router.approximate
@@ -160,7 +168,7 @@ class ClusterSim:
                 self._push(item.arrival_s, _ARRIVAL, item)
         heap, pop = self._heap, heapq.heappop
         handlers = (self._on_arrival, self._on_step_done, self._on_publish, self._on_deliver,
-                    self.gateways.apply_shared)
+                    self.gateways.apply)
         while heap:
             t, _, kind, arg = pop(heap)
             self.now = t
@@ -169,8 +177,8 @@ class ClusterSim:
         assert len(self.records) == self.workload.num_requests, "a request never arrived"
         return RunResult(self.config, self.workload.name, list(self.records.values()),
                          self.replicas, self.pooled, self.now, time.perf_counter() - wall0,
-                         self.num_events, self.num_snapshots, self.gateways.num_shared_messages,
-                         self.gateways.num_shared_blocks)
+                         self.num_events, self.num_snapshots, self.gateways.num_shared_routes,
+                         self.gateways.num_shared_blocks, self.gateways.num_marked_blocks)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -186,10 +194,9 @@ class ClusterSim:
         gateway = self.gateways.pick(item)
         decision = self.routers[gateway].route(item.request_id, hashes, n, self.replica_ids,
                                                item.max_tokens)
-        if self.config.share_pending_delay_s is not None:
-            marks = self.gateways.marks_to_share(gateway, decision, hashes)
-            if marks is not None:
-                self._push(self.now + self.config.share_pending_delay_s, _SHARE, marks)
+        shared = self.gateways.shared_route(item.request_id, decision, hashes, item.max_tokens)
+        if shared is not None:
+            self._push(self.now + self.config.share_pending_delay_s, _SHARE, shared)
         rec.replica_id = decision.replica_id
         rec.predicted_hit_tokens = (decision.predicted_device_hit_tokens
                                     + decision.predicted_host_hit_tokens)
@@ -219,6 +226,7 @@ class ClusterSim:
                 rec.first_token_s = self.now
                 if self.config.first_token_signal:
                     self.gateways.router_of(req.request_id).on_first_token(req.request_id)
+                    self._share_end(req.request_id, first_token=True)
             if req.is_finished:
                 self._finish(req)
         self._start_step(i)
@@ -231,8 +239,14 @@ class ClusterSim:
         rec.cached_host_tokens = req.num_cached_host_tokens
         rec.num_preemptions = req.num_preemptions
         self.gateways.router_of(req.request_id).on_finished(req.request_id)
+        self._share_end(req.request_id, first_token=False)
         self.pooled.release(req.block_hashes)
         self._end(rec, req.finish_reason or "error", req.token_ids, req.block_hashes)
+
+    def _share_end(self, request_id: str, first_token: bool) -> None:
+        shared = self.gateways.shared_end(request_id, first_token)
+        if shared is not None:
+            self._push(self.now + self.config.share_pending_delay_s, _SHARE, shared)
 
     def _end(self, rec: RequestRecord, reason: str, token_ids: list[int],
              hashes: list[bytes]) -> None:

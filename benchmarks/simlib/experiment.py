@@ -102,13 +102,15 @@ def offered_qps(workload: wl.Workload) -> float:
 @dataclass(frozen=True)
 class Contender:
     """A router setting to compare: a policy, possibly in approximate mode, behind one
-    gateway or several (ClusterConfig's num_routers, router_spread, share_pending_delay_s)."""
+    gateway or several (ClusterConfig's num_routers, router_spread, share_pending_delay_s,
+    share_work)."""
 
     label: str
     router: RouterConfig
     num_routers: int = 1
     router_spread: str = "random"
     share_pending_delay_s: float | None = None
+    share_work: bool = False
 
 
 def contenders(policy: str, base: RouterConfig, others: tuple[str, ...] = ()

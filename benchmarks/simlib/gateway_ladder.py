@@ -6,7 +6,8 @@ Contenders, by label:
 - `round_robin`: one gateway, the baseline that fixes the saturation rate;
 - `<policy>@<G>gw[/<spread>]`: G gateways, each with its own marks, load and history;
 - `<policy>@<G>gw[/<spread>]+marks`: the largest G again, its routers sharing pending marks
-  (with --share-pending-delay-s).
+  (with --share-pending-delay-s);
+- `<policy>@<G>gw[/<spread>]+marks+work`: sharing their routed work too (with --share-work).
 `/<spread>` names a spread other than round robin (benchmarks/simlib/gateways.py).
 
 Figures, over the rungs below round robin's saturation rate (every rung when it never
@@ -14,8 +15,10 @@ saturates):
 - worst_hit_loss_vs_one_gateway: max over rungs and over G > 1 without sharing of the hit
   rate at one gateway minus the hit rate at G;
 - max_load_share: max over rungs of the load share, at G = 1 and every G > 1 without sharing;
-- the same two for the contenders that share marks (`..._shared`);
-- per contender: its worst hit loss and its max load share.
+- the same two for the contenders that share marks (`..._marks`) and marks and routed work
+  (`..._marks_work`);
+- per contender: its worst hit loss, its max load share, and the block hashes its routers
+  shared (sent; marked by the receivers, all of them together) per decision.
 """
 
 from __future__ import annotations
@@ -27,18 +30,19 @@ from benchmarks.simlib.report import Summary
 from router.core.config import RouterConfig
 
 
-def gateway_label(policy: str, num_routers: int, spread: str, shared: bool) -> str:
+def gateway_label(policy: str, num_routers: int, spread: str, marks: bool = False,
+                  work: bool = False) -> str:
     if num_routers == 1:
         return policy
     return (f"{policy}@{num_routers}gw" + ("" if spread == "round_robin" else f"/{spread}")
-            + ("+marks" if shared else ""))
+            + ("+marks" if marks else "") + ("+work" if work else ""))
 
 
 def gateway_contenders(policy: str, base: RouterConfig, gateways: list[int],
-                       spreads: list[str], share_pending_delay_s: float | None
-                       ) -> list[Contender]:
+                       spreads: list[str], share_pending_delay_s: float | None,
+                       share_work: bool = False) -> list[Contender]:
     """One gateway, the round robin baseline, then every G > 1 under every spread, then the
-    largest G sharing pending marks (when a delay is given)."""
+    largest G sharing pending marks (when a delay is given), then sharing routed work too."""
     router = replace(base, policy=policy, approximate=False)
     out = [Contender(policy, router)]
     if policy != "round_robin":
@@ -46,11 +50,12 @@ def gateway_contenders(policy: str, base: RouterConfig, gateways: list[int],
     larger = sorted(g for g in set(gateways) if g > 1)
     for g in larger:
         for spread in spreads:
-            out.append(Contender(gateway_label(policy, g, spread, False), router, g, spread))
+            out.append(Contender(gateway_label(policy, g, spread), router, g, spread))
     if share_pending_delay_s is not None and larger:
-        for spread in spreads:
-            out.append(Contender(gateway_label(policy, larger[-1], spread, True), router,
-                                 larger[-1], spread, share_pending_delay_s))
+        for work in (False, True)[:1 + share_work]:
+            for spread in spreads:
+                out.append(Contender(gateway_label(policy, larger[-1], spread, True, work),
+                                     router, larger[-1], spread, share_pending_delay_s, work))
     return out
 
 
@@ -68,17 +73,20 @@ def gateway_figures(by_label: dict[str, list[Summary]], contenders: list[Contend
             "worst_hit_loss": max(one[i].hit_rate - runs[i].hit_rate for i in below),
             "max_load_share": max(runs[i].load_share for i in below),
             "shared_blocks_per_decision": max(runs[i].shared_blocks_per_decision
+                                              for i in below),
+            "marked_blocks_per_decision": max(runs[i].marked_blocks_per_decision
                                               for i in below)}
-    plain = [c.label for c in contenders if c.router.policy == policy
-             and c.share_pending_delay_s is None]
-    shared = [c.label for c in contenders if c.share_pending_delay_s is not None]
-    out: dict = {"gateway_rungs_below_saturation": len(below),
-                 "worst_hit_loss_vs_one_gateway": max(per[k]["worst_hit_loss"] for k in plain),
-                 "max_load_share": max(per[k]["max_load_share"] for k in plain)}
-    if shared:
-        out["worst_hit_loss_vs_one_gateway_shared"] = max(per[k]["worst_hit_loss"]
-                                                          for k in shared)
-        out["max_load_share_shared"] = max(per[k]["max_load_share"] for k in shared)
+    groups = {"": [c.label for c in contenders if c.router.policy == policy
+                   and c.share_pending_delay_s is None],
+              "_marks": [c.label for c in contenders
+                         if c.share_pending_delay_s is not None and not c.share_work],
+              "_marks_work": [c.label for c in contenders if c.share_work]}
+    out: dict = {"gateway_rungs_below_saturation": len(below)}
+    for suffix, labels in groups.items():
+        if labels:
+            out[f"worst_hit_loss_vs_one_gateway{suffix}"] = max(per[k]["worst_hit_loss"]
+                                                                for k in labels)
+            out[f"max_load_share{suffix}"] = max(per[k]["max_load_share"] for k in labels)
     out["per_contender"] = {k: {f: round(v, 4) for f, v in d.items()} for k, d in per.items()}
     return out
 

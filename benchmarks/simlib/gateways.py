@@ -9,11 +9,15 @@ How a request reaches a gateway (`SPREADS`):
     session      a session's first request round robin, each later round (a request that
                  continues another) to the gateway of the round it continues
 
-What the gateways may share, each after a delay (the index actor relays it to the others in
-their next long-poll reply):
+What the gateways may share, each reaching the other routers a delay later (the index actor
+relays it in their next long-poll reply):
 
-    pending marks  the (replica, block hashes) a router marked pending for a request reach
-                   the other routers, which apply them as timed marks (`pending_ttl_s`)
+    pending marks  a decision's replica and prompt block hashes (the first
+                   `MAX_SHARED_MARK_BLOCKS`); a receiver marks the blocks past the run its
+                   own index confirms there, as timed marks (`pending_ttl_s`), as
+                   router/serve/mark_sharing.py does live
+    routed work    a decision's work tokens on its replica, then its end: the receivers
+                   count it in their load as their own until it ends (no live counterpart)
 """
 
 from __future__ import annotations
@@ -28,18 +32,31 @@ from kv.hashing import BlockHash
 from router.core.router import Router, RouterConfig, RoutingDecision
 
 SPREADS = ("random", "round_robin", "session")
+MAX_SHARED_MARK_BLOCKS = 4096  # router/serve/mark_sharing.py's max_mark_blocks
 
 
-class SharedMarks(NamedTuple):
-    """What one router tells the others it marked pending for a request."""
+class SharedRoute(NamedTuple):
+    """What one router tells the others about a request it routed."""
 
     origin: int  # the router's index
+    request_id: str
     replica_id: str
-    block_hashes: tuple[BlockHash, ...]
+    block_hashes: tuple[BlockHash, ...]  # () when marks are not shared
+    # LoadTracker.add's (work tokens, decode tokens, first-token part, recent part); None
+    # when routed work is not shared
+    work: tuple[float, int, float, float] | None
+
+
+class SharedEnd(NamedTuple):
+    """A request's end (or its first token), for the routers that count its work."""
+
+    origin: int
+    request_id: str
+    first_token: bool  # only its prefill ended
 
 
 class Gateways:
-    """The routers, which one each request meets, and the marks they share.
+    """The routers, which one each request meets, and what they share.
 
     Args:
         config: every router's settings.
@@ -47,20 +64,25 @@ class Gateways:
         spread: one of `SPREADS`.
         seed: the random spread's draws.
         clock: the simulation's clock (drives the routers' pending marks and history).
+        share_marks, share_work: what `shared_route` returns.
     """
 
     def __init__(self, config: RouterConfig, num_routers: int, spread: str, seed: int,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], share_marks: bool = False,
+                 share_work: bool = False):
         if spread not in SPREADS:
             raise ValueError(f"unknown gateway spread {spread!r}; choose one of "
                              f"{', '.join(SPREADS)}")
         self.routers = [Router(config, clock=clock) for _ in range(num_routers)]
         self.spread = spread
+        self.share_marks = share_marks and num_routers > 1
+        self.share_work = share_work and num_routers > 1
         self._rng = np.random.default_rng([seed, 5])
         self._next = 0  # round robin's next gateway
         self._gateway_of: dict[str, int] = {}  # request id -> the gateway that routed it
-        self.num_shared_messages = 0  # SharedMarks sent
+        self.num_shared_routes = 0  # SharedRoute messages sent
         self.num_shared_blocks = 0  # block hashes in them
+        self.num_marked_blocks = 0  # hashes the receivers marked (past their confirmed run)
 
     def pick(self, item: WorkItem) -> int:
         """The gateway `item` reaches (and is routed and finished by)."""
@@ -79,25 +101,46 @@ class Gateways:
     def router_of(self, request_id: str) -> Router:
         return self.routers[self._gateway_of[request_id]]
 
-    def marks_to_share(self, origin: int, decision: RoutingDecision,
-                       block_hashes: list[BlockHash]) -> SharedMarks | None:
-        """The marks router `origin` just set for a request it routed: the prompt's blocks
-        past the run events confirm on its replica (what `Router.route` marks pending); None
-        when it set none (routed on history, or the whole prompt is confirmed there)."""
-        if len(self.routers) == 1 or decision.approximate:
+    def shared_route(self, request_id: str, decision: RoutingDecision,
+                     block_hashes: list[BlockHash], max_tokens: int) -> SharedRoute | None:
+        """What the request's router shares of its decision; None when it shares nothing."""
+        if not (self.share_marks or self.share_work):
             return None
-        router = self.routers[origin]
-        num_confirmed = router.index.num_confirmed_device_blocks(decision.replica_id,
-                                                                 block_hashes)
-        if num_confirmed == len(block_hashes):
-            return None
-        self.num_shared_messages += 1
-        self.num_shared_blocks += len(block_hashes) - num_confirmed
-        return SharedMarks(origin, decision.replica_id, tuple(block_hashes[num_confirmed:]))
+        origin = self._gateway_of[request_id]
+        marks = tuple(block_hashes[:MAX_SHARED_MARK_BLOCKS]) if self.share_marks else ()
+        work = None
+        if self.share_work:
+            # The router keeps a request's work private; read it as the router would send it.
+            _, work_tokens, first_token_tokens, recent_tokens = (
+                self.routers[origin].loads._requests[request_id])
+            work = (work_tokens, max_tokens, first_token_tokens, recent_tokens)
+        self.num_shared_routes += 1
+        self.num_shared_blocks += len(marks)
+        return SharedRoute(origin, request_id, decision.replica_id, marks, work)
 
-    def apply_shared(self, marks: SharedMarks) -> None:
-        """Every other router marks the blocks pending on the replica for its TTL (a mark
-        it holds for a request of its own stays held)."""
+    def shared_end(self, request_id: str, first_token: bool) -> SharedEnd | None:
+        if not self.share_work:
+            return None
+        return SharedEnd(self._gateway_of[request_id], request_id, first_token)
+
+    def apply(self, message: SharedRoute | SharedEnd) -> None:
+        """Every router but the sender applies the message."""
         for i, router in enumerate(self.routers):
-            if i != marks.origin:
-                router.index.mark_pending(marks.replica_id, marks.block_hashes)
+            if i == message.origin:
+                continue
+            if isinstance(message, SharedEnd):
+                if message.first_token:
+                    router.loads.first_token(message.request_id)
+                else:
+                    router.loads.finish(message.request_id)
+                continue
+            replica_id, block_hashes = message.replica_id, message.block_hashes
+            if block_hashes and not router.is_approximate(replica_id):
+                k = router.index.num_confirmed_device_blocks(replica_id, block_hashes)
+                if k < len(block_hashes):
+                    router.index.mark_pending(replica_id, block_hashes[k:])
+                    self.num_marked_blocks += len(block_hashes) - k
+            if message.work is not None:
+                work_tokens, decode_tokens, first_token_tokens, recent_tokens = message.work
+                router.loads.add(message.request_id, replica_id, work_tokens, decode_tokens,
+                                 first_token_tokens, recent_tokens)

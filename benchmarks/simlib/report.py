@@ -52,9 +52,10 @@ class Summary:
     sim_duration_s: float
     wall_s: float
     cpu_s: float  # CPU time of the run: what the wall time is on an idle core
-    # several gateways sharing pending marks: block hashes one router sent the others, per
-    # routed request
+    # several gateways sharing pending marks, per routed request: the block hashes its
+    # router sent the others, and those the others marked (summed over them)
     shared_blocks_per_decision: float = 0.0
+    marked_blocks_per_decision: float = 0.0
 
     def as_dict(self) -> dict:
         return {k: (round(v, 6) if isinstance(v, float) else v)
@@ -107,7 +108,8 @@ def summarize(run: RunResult, label: str, rate_qps: float, wall_s: float, cpu_s:
         min_request_share=min(routed) / (sum(routed) / len(routed)) if sum(routed) else 1.0,
         num_preemptions=sum(rep.core.scheduler.num_preemptions for rep in run.replicas),
         sim_duration_s=run.sim_duration_s, wall_s=wall_s, cpu_s=cpu_s,
-        shared_blocks_per_decision=run.num_shared_blocks / len(served) if served else 0.0)
+        shared_blocks_per_decision=run.num_shared_blocks / len(served) if served else 0.0,
+        marked_blocks_per_decision=run.num_marked_blocks / len(served) if served else 0.0)
 
 
 _COLUMNS = [("policy", "label", "{:<16}"), ("qps", "rate_qps", "{:>7.2f}"),

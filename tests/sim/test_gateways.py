@@ -33,11 +33,12 @@ def script() -> Workload:
                                  item("C", 0.002, "R", "c"), item("A2", 0.003, "P", "a2")))
 
 
-def run(workload, num_routers, spread="round_robin", share_pending_delay_s=None, **kw):
+def run(workload, num_routers, spread="round_robin", share_pending_delay_s=None,
+        share_work=False, **kw):
     config = make_sim(workload, **kw).config
     sim = ClusterSim(dataclasses.replace(
         config, num_routers=num_routers, router_spread=spread,
-        share_pending_delay_s=share_pending_delay_s), workload)
+        share_pending_delay_s=share_pending_delay_s, share_work=share_work), workload)
     return sim, sim.run()
 
 
@@ -50,12 +51,14 @@ def test_a_gateway_that_hears_the_others_marks_follows_their_prefix():
     sim, alone = run(script(), 2)
     assert routes_and_hits(alone) == ({"A": "r0", "B": "r0", "C": "r1", "A2": "r1"},
                                       {"A": 0, "B": 0, "C": 0, "A2": 0})
-    assert (alone.num_shared_messages, alone.num_shared_blocks) == (0, 0)
+    assert (alone.num_shared_routes, alone.num_shared_blocks) == (0, 0)
     sim, shared = run(script(), 2, share_pending_delay_s=0.0005)
     assert routes_and_hits(shared) == ({"A": "r0", "B": "r0", "C": "r1", "A2": "r0"},
                                        {"A": 0, "B": 0, "C": 0, "A2": 128})
-    # every request shared its 9 blocks (nothing confirmed anywhere when it was routed)
-    assert (shared.num_shared_messages, shared.num_shared_blocks) == (4, 36)
+    # every request shared its 9 blocks, and the other router marked them all (nothing was
+    # confirmed anywhere yet)
+    assert (shared.num_shared_routes, shared.num_shared_blocks,
+            shared.num_marked_blocks) == (4, 36, 36)
     # one gateway (which also counts B's load, so sends B to r1) puts A2 behind A too
     routes, hits = routes_and_hits(run(script(), 1)[1])
     assert (routes["A2"], hits["A2"]) == ("r0", 128)
@@ -70,7 +73,7 @@ def test_sharing_with_one_gateway_changes_nothing():
     _, shared = run(w, 1, share_pending_delay_s=0.0, num_replicas=3)
     assert routes_and_hits(plain) == routes_and_hits(shared)
     assert [r.finish_s for r in plain.records] == [r.finish_s for r in shared.records]
-    assert shared.num_shared_messages == 0
+    assert shared.num_shared_routes == 0
 
 
 def test_round_robin_takes_turns_and_session_keeps_a_conversation_on_its_gateway():
@@ -102,3 +105,19 @@ def test_bad_gateway_settings_are_refused(field, value, message):
     with pytest.raises(ValueError, match=message):
         ClusterConfig(**{**{f.name: getattr(config, f.name)
                             for f in dataclasses.fields(config)}, field: value})
+
+
+def test_a_gateway_that_hears_the_others_routed_work_spreads_as_one_would():
+    # B: gateway 1 counts A's work on r0 (shared at 0.0005) and, with no cached prefix
+    # anywhere, takes the idle r1, as one gateway does. C finds equal costs on r0 and r1
+    # at gateway 0, which breaks the tie by the work its own policy routed (A, on r0) and
+    # so takes r1; one gateway's policy routed both and breaks it the other way.
+    sim, shared = run(script(), 2, share_pending_delay_s=0.0005, share_work=True)
+    routes, hits = routes_and_hits(shared)
+    assert routes == {"A": "r0", "B": "r1", "C": "r1", "A2": "r0"}
+    assert hits == {"A": 0, "B": 0, "C": 0, "A2": 128}
+    one_routes, _ = routes_and_hits(run(script(), 1)[1])
+    assert one_routes == {"A": "r0", "B": "r1", "C": "r0", "A2": "r0"}
+    for router in sim.routers:  # every router saw every request end
+        assert all(router.loads.num_outstanding(r) == 0 for r in sim.replica_ids)
+        router.check_invariants()

@@ -95,7 +95,7 @@ def test_a_gateway_ladder_measures_each_count_against_one(tmp_path, capsys):
     near = functools.partial(pytest.approx, abs=2e-6)
     assert out["worst_hit_loss_vs_one_gateway"] == near(max(
         one[i].hit_rate - two[i].hit_rate for i in below))
-    assert out["worst_hit_loss_vs_one_gateway_shared"] == near(max(
+    assert out["worst_hit_loss_vs_one_gateway_marks"] == near(max(
         one[i].hit_rate - shared[i].hit_rate for i in below))
     assert out["max_load_share"] == near(max(s[i].load_share for s in (one, two)
                                              for i in below))

@@ -56,6 +56,7 @@ class BlockTable:
             raise ValueError(f"BlockTable: num_words >= 1 and initial_rows >= 2, got "
                              f"{num_words}, {initial_rows}")
         self.keys = np.zeros((initial_rows, 2), np.uint64)
+        self._k1 = self.keys[:, 1]  # the word a probe compares (a view)
         self.masks = np.zeros((initial_rows, num_words), np.uint64)
         self._next = np.zeros(initial_rows, np.int32)
         self._used = np.zeros(initial_rows, bool)  # rows holding a hash
@@ -88,17 +89,27 @@ class BlockTable:
         return (x >> np.uint64(64 - self._bucket_bits)).astype(np.intp)
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """The row of each hash ([n, 2] uint64 words), 0 where absent. Returns [n] intp."""
+        """The row of each hash ([n, 2] uint64 words), 0 where absent. Returns [n] intp.
+
+        The probe compares the second word only (xxh3 output: as good as the whole key to
+        tell rows apart, and half the gathers); the first word is checked once at the end,
+        and the rare hash stopped by a row that shares only its second word is looked up
+        again one by one."""
         if not len(keys):
             return np.zeros(0, np.intp)
-        want0, want1 = keys[:, 0], keys[:, 1]
+        want = keys[:, 1]
+        k1, nxt = self._k1, self._next
         rows = self._heads[self._buckets(keys)]
         while True:
-            found = self.keys[rows]
-            done = ((found[:, 0] == want0) & (found[:, 1] == want1)) | (rows == 0)
+            done = (k1[rows] == want) | (rows == 0)
             if done.all():
-                return rows.astype(np.intp)
-            rows = np.where(done, rows, self._next[rows])
+                break
+            rows = np.where(done, rows, nxt[rows])
+        rows = rows.astype(np.intp)
+        wrong = np.flatnonzero((self.keys[rows, 0] != keys[:, 0]) & (rows != 0))
+        for i in wrong.tolist():
+            rows[i] = self.lookup_one(keys[i].tobytes()) or 0
+        return rows
 
     def lookup_one(self, block_hash: bytes) -> int | None:
         """One hash's row without numpy's per-call overhead (None: absent)."""
@@ -189,6 +200,7 @@ class BlockTable:
             new = np.zeros((num_rows, *old.shape[1:]), old.dtype)
             new[:len(old)] = old
             setattr(self, name, new)
+        self._k1 = self.keys[:, 1]
 
     def _rehash(self, bucket_bits: int) -> None:
         self._bucket_bits = bucket_bits

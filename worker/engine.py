@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from kv.events import EventBatch, EventLog, Snapshot
@@ -78,6 +78,9 @@ class Engine:
         self._roots: dict[tuple[str, str], bytes] = {}
         self._num_failed_steps = 0  # consecutive; any step that succeeds resets it
         self._last_step_error = ""
+        # told each finished sequence's block hashes (prompt and generated blocks): the
+        # serving layer samples them for the pooled bound
+        self.on_finished: Callable[[list[bytes]], None] | None = None
         self._update_metrics()  # every gauge exists from the start, not after a first step
 
     @classmethod
@@ -327,6 +330,8 @@ class Engine:
                 self.metrics.series(self.metrics.tpot).observe(
                     (now - req.first_token_time) / (req.num_output_tokens - 1))
             self._finish_pin(req)
+            if self.on_finished is not None:
+                self.on_finished(req.block_hashes)
         output = self._outputs.get(req.request_id)
         if output is not None and not output.finished:
             output.put(token_id, text, finish_reason, usage, logprobs=logprobs)

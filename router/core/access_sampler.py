@@ -4,6 +4,9 @@ On the decision path a prompt costs one C-level filter of its block hashes again
 SHARDS threshold (router/core/shards.py) and a few additions; the kept hashes wait here
 until the router's link takes them as one `AccessBatch` (a few times a second, off the
 decision path) and sends it to the hit-bound actor (router/cluster/hit_bound.py).
+
+An engine replica samples its finished sequences the same way (`on_released`): the pooled
+LRU caches a sequence's generated blocks when it ends, and a router never sees those.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ class AccessBatch:
 
     Hashes travel concatenated (16 bytes each: one bytes object pickles in microseconds,
     a list of thousands does not); `prompt_sizes[i]` is how many of `prompt_hashes` belong
-    to the i-th routed prompt that had any sampled block, in prompt order.
+    to the i-th routed prompt that had any sampled block, in prompt order; the same for
+    `released_hashes` and finished sequences.
     """
 
     source_id: str
@@ -35,19 +39,29 @@ class AccessBatch:
     num_blocks: int  # every full block of every routed prompt, sampled or not
     num_prompt_tokens: int
     num_dropped_prompts: int = 0  # routed while the batch was full: not in the totals
+    released_hashes: bytes = b""
+    released_sizes: tuple[int, ...] = ()
 
     def prompts(self) -> list[list[BlockHash]]:
         """The sampled hashes of each prompt."""
-        out, start, data = [], 0, self.prompt_hashes
-        for size in self.prompt_sizes:
-            end = start + size * HASH_BYTES
-            out.append([data[i:i + HASH_BYTES] for i in range(start, end, HASH_BYTES)])
-            start = end
-        return out
+        return _split(self.prompt_hashes, self.prompt_sizes)
+
+    def released(self) -> list[list[BlockHash]]:
+        """The sampled hashes of each finished sequence."""
+        return _split(self.released_hashes, self.released_sizes)
 
     @property
     def num_sampled(self) -> int:
         return len(self.prompt_hashes) // HASH_BYTES
+
+
+def _split(data: bytes, sizes: Sequence[int]) -> list[list[BlockHash]]:
+    out, start = [], 0
+    for size in sizes:
+        end = start + size * HASH_BYTES
+        out.append([data[i:i + HASH_BYTES] for i in range(start, end, HASH_BYTES)])
+        start = end
+    return out
 
 
 @dataclass(frozen=True)
@@ -55,7 +69,7 @@ class SamplerConfig:
     sample_rate: float = 0.01  # R: a block hash is kept when it is below R x 2^64
     # prompts with a sampled block kept between two batches; beyond it (the actor
     # unreachable) every prompt is dropped whole and counted, sampled or not, so the totals
-    # and the sample stay alike
+    # and the sample stay alike; finished sequences beyond it are dropped
     max_pending_prompts: int = 65536
 
     def __post_init__(self):
@@ -82,6 +96,8 @@ class AccessSampler:
         self._num_blocks = 0
         self._num_prompt_tokens = 0
         self._num_dropped = 0
+        self._released: list[BlockHash] = []
+        self._released_sizes: list[int] = []
 
     def on_routed(self, block_hashes: Sequence[BlockHash], num_prompt_tokens: int) -> None:
         """Counts a routed prompt and keeps its sampled hashes (its full blocks' hashes,
@@ -96,12 +112,22 @@ class AccessSampler:
         self._num_blocks += len(block_hashes)
         self._num_prompt_tokens += num_prompt_tokens
 
+    def on_released(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Keeps a finished sequence's sampled hashes (prompt and generated blocks)."""
+        if len(self._released_sizes) >= self.config.max_pending_prompts:
+            return
+        sampled = list(filter(self._threshold.__gt__, block_hashes))
+        if sampled:
+            self._released += sampled
+            self._released_sizes.append(len(sampled))
+
     def take(self, capacity_blocks: int | None) -> AccessBatch | None:
-        """Everything kept since the last take, or None when no prompt was routed."""
-        if self._num_prompt_tokens == 0 and not self._num_dropped:
+        """Everything kept since the last take, or None when there is nothing."""
+        if self._num_prompt_tokens == 0 and not self._num_dropped and not self._released:
             return None
         batch = AccessBatch(self.source_id, self.block_size, self.config.sample_rate,
                             capacity_blocks, b"".join(self._hashes), tuple(self._sizes),
-                            self._num_blocks, self._num_prompt_tokens, self._num_dropped)
+                            self._num_blocks, self._num_prompt_tokens, self._num_dropped,
+                            b"".join(self._released), tuple(self._released_sizes))
         self._reset()
         return batch

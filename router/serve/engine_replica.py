@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from ray import serve
 
 from kv.events import ContentsDigest, contents_digest
+from router.cluster.hit_bound import HitBoundLink
 from router.cluster.index_actor import get_index_actor
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.serve.publisher import PublisherConfig, ReplicaPublisher
@@ -77,6 +78,11 @@ class EngineReplicaBody:
                                       pushed_registry(self.engine, self.replica_id),
                                       metrics_config)
         self._metrics.start()
+        # finished sequences, sampled for the pooled bound (router/cluster/hit_bound.py):
+        # their generated blocks are cached when they end, and no router sees them
+        self._bound = HitBoundLink(f"engine/{self.replica_id}", config.block_size)
+        self.engine.on_finished = self._bound.sampler.on_released
+        self._bound.start()
         log.info("engine replica %s ready (%s)", self.replica_id, config.model)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
@@ -112,6 +118,7 @@ class EngineReplicaBody:
         await self.engine.shutdown()
         await self._publisher.stop(self.replica_id)
         await self._metrics.stop()
+        self._bound.stop()
 
 
 EngineReplica = serve.deployment(name="EngineReplica")(EngineReplicaBody)

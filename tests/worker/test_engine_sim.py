@@ -190,3 +190,13 @@ async def test_health_check_fails_after_consecutive_failed_steps_and_recovers_af
     assert out[-1].finish_reason == "length"
     engine.check_health()
     await engine.shutdown()
+
+
+async def test_a_finished_sequence_is_told_with_its_generated_blocks_hashes():
+    engine = make_engine()
+    told = []
+    engine.on_finished = told.append
+    out = await collect(engine, EngineRequest("f", prompt(30), SamplingParams(max_tokens=10)))
+    tokens = prompt(30) + [t for d in out for t in d.token_ids]  # 40 tokens: 2 full blocks
+    assert told == [block_hashes(tokens, 16, namespace_root("tiny"))]
+    await engine.shutdown()

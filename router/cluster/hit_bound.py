@@ -1,0 +1,152 @@
+"""The hit-bound actor: the fleet's pooled LRU hit ratio, online, from sampled accesses.
+
+Every deciding router samples its routed prompts (router/core/access_sampler.py), every
+engine replica its finished sequences, and both send the samples here a few times a second
+(`HitBoundLink`). The named actor `kvroute-hit-bound`
+replays them in arrival order (router/core/hit_curve.py) and exports, through the metrics
+hub, what one LRU holding every replica's blocks would hit:
+
+    kvroute_pooled_hit_ratio{capacity="0.5x"|"1x"|"2x"|"4x"|"inf", window="recent"|"all"}
+    kvroute_pooled_sampled_accesses_total
+
+The capacity multiples are of the fleet's current device KV capacity in blocks, as the
+routers last saw it in the replicas' published stats (the sum of their `num_blocks`); until
+one has, only the "inf" rung is exported. Kept apart from the KV index actor so that its
+replay work never delays an index poll. A restarted actor starts its curve afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import ray
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from router.cluster.actor_link import ActorLink
+from router.cluster.actors import get_or_create_actor
+from router.cluster.metrics_hub import MetricsPusher
+from router.core.access_sampler import AccessBatch, AccessSampler, SamplerConfig
+from router.core.hit_curve import WINDOWS, HitCurveConfig, PooledHitCurve
+from router.core.shards import sample_threshold, sampled_hashes
+
+log = logging.getLogger(__name__)
+
+HIT_BOUND_NAME = "kvroute-hit-bound"
+CAPACITY_MULTIPLES = (("0.5x", 0.5), ("1x", 1.0), ("2x", 2.0), ("4x", 4.0), ("inf", math.inf))
+
+
+class HitBound:
+    """Replays routers' batches; owns the series. Plain Python: the actor wraps it."""
+
+    def __init__(self, config: HitCurveConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.curve = PooledHitCurve(config, clock)
+        self._threshold = sample_threshold(self.curve.config.sample_rate)
+        self.capacity_blocks: int | None = None  # as the latest batch that knew it said
+        self.num_rejected_batches = 0
+        self.registry = r = CollectorRegistry()
+        self._ratio = Gauge("kvroute_pooled_hit_ratio",
+                            "Online pooled LRU hit ratio in tokens (SHARDS sample) at a "
+                            "multiple of the fleet's device KV capacity",
+                            ("capacity", "window"), registry=r)
+        self._sampled = Counter("kvroute_pooled_sampled_accesses",
+                                "Sampled block accesses replayed for the pooled bound",
+                                registry=r)
+        self._num_counted = 0
+        self._pusher: MetricsPusher | None = None
+
+    def add(self, batch: AccessBatch) -> bool:
+        """Replays one batch; False (and nothing counted) when it was sampled more sparsely
+        than this actor's rate, which a denser sample cannot be rebuilt from."""
+        rate = self.curve.config.sample_rate
+        if batch.sample_rate < rate:
+            self.num_rejected_batches += 1
+            log.warning("a batch from %s sampled at %g < %g: dropped", batch.source_id,
+                        batch.sample_rate, rate)
+            return False
+        prompts, released = batch.prompts(), batch.released()
+        if batch.sample_rate > rate:  # thresholds nest: keep the hashes below ours
+            prompts = [sampled_hashes(p, self._threshold) for p in prompts]
+            released = [sampled_hashes(p, self._threshold) for p in released]
+        if batch.num_prompt_tokens:
+            self.curve.add_prompts(prompts, batch.num_blocks, batch.num_prompt_tokens,
+                                   batch.block_size)
+        self.curve.add_released(released)
+        if batch.capacity_blocks is not None:
+            self.capacity_blocks = batch.capacity_blocks
+        return True
+
+    def refresh(self) -> None:
+        """Sets the series from the curve (before each push to the metrics hub)."""
+        self._sampled.inc(self.curve.num_sampled_accesses - self._num_counted)
+        self._num_counted = self.curve.num_sampled_accesses
+        for window in WINDOWS:
+            counts = self.curve.counts(window)
+            for label, multiple in CAPACITY_MULTIPLES:
+                capacity = (math.inf if multiple == math.inf
+                            else None if self.capacity_blocks is None
+                            else multiple * self.capacity_blocks)
+                ratio = (None if capacity is None
+                         else counts.hit_ratio(capacity, self.curve.config.sample_rate))
+                if ratio is None:
+                    try:
+                        self._ratio.remove(label, window)
+                    except KeyError:
+                        pass
+                else:
+                    self._ratio.labels(label, window).set(ratio)
+
+    # ---- the actor's remote methods ----
+
+    async def record(self, batch: AccessBatch) -> bool:
+        if self._pusher is None and ray.is_initialized():
+            self._pusher = MetricsPusher("hit-bound", self.registry, before_push=self.refresh)
+            self._pusher.start()
+        return self.add(batch)
+
+    def hit_ratio(self, capacity_blocks: float, window: str) -> float | None:
+        return self.curve.hit_ratio(capacity_blocks, window)
+
+    def stats(self) -> dict[str, float | int | None]:
+        return {"num_sampled_accesses": self.curve.num_sampled_accesses,
+                "capacity_blocks": self.capacity_blocks,
+                "num_rejected_batches": self.num_rejected_batches}
+
+
+HitBoundActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(HitBound)
+
+
+def get_hit_bound(config: HitCurveConfig | None = None) -> ray.actor.ActorHandle:
+    """The cluster's `kvroute-hit-bound` actor, created by the first process that asks."""
+    return get_or_create_actor(HitBoundActor, HIT_BOUND_NAME, config or HitCurveConfig())
+
+
+class HitBoundLink:
+    """A router's sampler and the loop that sends its batches to the actor."""
+
+    def __init__(self, source_id: str, block_size: int, config: HitCurveConfig | None = None,
+                 send_interval_s: float = 0.5):
+        self.config = config or HitCurveConfig()
+        self.sampler = AccessSampler(source_id, block_size,
+                                     SamplerConfig(sample_rate=self.config.sample_rate))
+        self.capacity_blocks: int | None = None  # the router sets it from replica stats
+        self._interval_s = send_interval_s
+        self._link = ActorLink(f"pooled-bound samples from {source_id}",
+                               lambda: get_hit_bound(self.config))
+
+    def start(self) -> None:
+        self._link.start(self._send, self._interval_s, retry_interval_s=self._interval_s)
+
+    def stop(self) -> None:
+        self._link.stop()
+
+    async def send_once(self) -> None:
+        await self._link.call(self._send)
+
+    async def _send(self, actor: ray.actor.ActorHandle) -> None:
+        batch = self.sampler.take(self.capacity_blocks)
+        if batch is not None:
+            await actor.record.remote(batch)

@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ray import serve
@@ -124,13 +124,14 @@ class KVRouteRequestRouter(RequestRouter):
         # through the index actor (`routes_finished`).
         route_id = getattr(call, "route_id", None)
         request_id = route_id or pending_request.metadata.internal_request_id
+        block_hashes = getattr(call, "block_hashes", None) or []
         start_s = time.perf_counter()
         with self._lock:
             reason = self.mirror.check_stale()
-            decision = self.router.route(
-                request_id, getattr(call, "block_hashes", None) or [], len(token_ids),
-                list(by_id), _max_tokens(call))
+            decision = self.router.route(request_id, block_hashes, len(token_ids),
+                                         list(by_id), _max_tokens(call))
         elapsed_s = time.perf_counter() - start_s
+        self.mirror.share_marks(decision.replica_id, block_hashes)  # for the other routers
         if reason is not None and not self.router.config.approximate:
             self.metrics.observe_fallback(reason)
         if route_id is not None:
@@ -163,6 +164,9 @@ class KVRouteRequestRouter(RequestRouter):
         if decision.replica_id != replica_id.unique_id:  # spilled down the ranking
             with self._lock:
                 decision = self.router.move(request_id, replica_id.unique_id) or decision
+            call = pending_request.args[0] if pending_request.args else None
+            self.mirror.share_marks(decision.replica_id,
+                                    getattr(call, "block_hashes", None) or [])
         self.metrics.observe_decision(decision, num_prompt_tokens, elapsed_s)
         self._update_outstanding(replica_id.unique_id)
 
@@ -182,23 +186,29 @@ class KVRouteRequestRouter(RequestRouter):
         reports = split_reports(reported)
         for route_id in reports.claimed:
             self._unclaimed.pop(route_id, None)
-        self._release_routes(reports.ended)
+        self._release_routes(reports.ended, cached_tokens=reports.cached_tokens)
         self._release_routes(reports.refused, ran=False)
 
-    def _release_routes(self, route_ids: Sequence[str], ran: bool = True) -> None:
+    def _release_routes(self, route_ids: Sequence[str], ran: bool = True,
+                        cached_tokens: Mapping[str, int] | None = None) -> None:
         """Ends the routes' records; `ran=False`: they did no work where they were routed
-        (never got there, or refused), so their recent work goes too."""
+        (never got there, or refused), so their recent work goes too. `cached_tokens`: what
+        their engines served from cache, for the miss causes."""
         for route_id in route_ids:
             self._direct_at.pop(route_id, None)
             self._unclaimed.pop(route_id, None)
             replica_id = self._routed.pop(route_id, None)
             if replica_id is None:
                 continue
+            causes = None
             with self._lock:
                 if ran:
-                    self.router.on_finished(route_id)
+                    causes = self.router.on_finished(
+                        route_id, cached_tokens.get(route_id) if cached_tokens else None)
                 else:
                     self.router.withdraw(route_id)
+            if causes is not None:
+                self.metrics.observe_misses(causes)
             self._update_outstanding(replica_id)
 
     def _reconcile(self, reply: Any) -> None:

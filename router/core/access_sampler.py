@@ -1,9 +1,11 @@
 """A router's side of the online pooled bound: sample each routed prompt, send in batches.
 
-On the decision path a prompt costs one C-level filter of its block hashes against the
-SHARDS threshold (router/core/shards.py) and a few additions; the kept hashes wait here
-until the router's link takes them as one `AccessBatch` (a few times a second, off the
-decision path) and sends it to the hit-bound actor (router/cluster/hit_bound.py).
+On the decision path a prompt costs a list append and two additions: its hash list is
+kept by reference. The router's link takes everything as one `AccessBatch` a few times a
+second, off the decision path, and sends it to the hit-bound actor
+(router/cluster/hit_bound.py); `take` applies the SHARDS threshold (router/core/shards.py)
+to all the hashes at once in numpy (a few passes in C) where a Python filter on the decision
+path cost 30-90 ns a hash, 15-45 us for a 500-block prompt.
 
 An engine replica samples its finished sequences the same way (`on_released`): the pooled
 LRU caches a sequence's generated blocks when it ends, and a router never sees those.
@@ -13,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
 
 from kv.hashing import BlockHash
-from router.core.shards import sample_threshold
+from router.core.shards import sample_threshold, sampled_hashes
 
 HASH_BYTES = 16
 
@@ -67,9 +72,9 @@ def _split(data: bytes, sizes: Sequence[int]) -> list[list[BlockHash]]:
 @dataclass(frozen=True)
 class SamplerConfig:
     sample_rate: float = 0.01  # R: a block hash is kept when it is below R x 2^64
-    # prompts with a sampled block kept between two batches; beyond it (the actor
-    # unreachable) every prompt is dropped whole and counted, sampled or not, so the totals
-    # and the sample stay alike; finished sequences beyond it are dropped
+    # routed prompts (and finished sequences) held between two batches; beyond it (the
+    # actor unreachable) every prompt is dropped whole and counted, so the totals and the
+    # sample stay alike, and finished sequences are dropped
     max_pending_prompts: int = 65536
 
     def __post_init__(self):
@@ -80,8 +85,30 @@ class SamplerConfig:
                              f"{self.max_pending_prompts}")
 
 
+def sample_lists(hash_lists: Sequence[Sequence[BlockHash]], threshold: bytes
+                 ) -> tuple[bytes, tuple[int, ...]]:
+    """The hashes below `threshold` of each list, concatenated, and how many each list
+    kept (lists that kept none left out). Vectorized over all of them: every hash's first
+    8 bytes read as a big-endian uint64 against the threshold's value."""
+    joined = b"".join([b"".join(hashes) for hashes in hash_lists])
+    num_hashes = sum(len(hashes) for hashes in hash_lists)
+    if len(joined) != num_hashes * HASH_BYTES:  # not all 16-byte digests: one at a time
+        kept = [sampled_hashes(hashes, threshold) for hashes in hash_lists]
+        return b"".join(chain.from_iterable(kept)), tuple(len(k) for k in kept if k)
+    if len(threshold) > 8:  # R = 1: every hash
+        keep = np.arange(num_hashes)
+    else:
+        keys = np.frombuffer(joined, dtype=">u8")[::2]
+        keep = np.flatnonzero(keys < np.uint64(int.from_bytes(threshold, "big")))
+    starts = np.cumsum([0] + [len(hashes) for hashes in hash_lists])
+    sizes = np.bincount(np.searchsorted(starts, keep, side="right") - 1,
+                        minlength=len(hash_lists))
+    data = b"".join(joined[i * HASH_BYTES:(i + 1) * HASH_BYTES] for i in keep.tolist())
+    return data, tuple(int(n) for n in sizes if n)
+
+
 class AccessSampler:
-    """Samples routed prompts; `take` empties what was kept into one batch."""
+    """Holds routed prompts and finished sequences; `take` samples them into one batch."""
 
     def __init__(self, source_id: str, block_size: int, config: SamplerConfig | None = None):
         self.source_id = source_id
@@ -91,43 +118,36 @@ class AccessSampler:
         self._reset()
 
     def _reset(self) -> None:
-        self._hashes: list[BlockHash] = []
-        self._sizes: list[int] = []
+        self._routed: list[Sequence[BlockHash]] = []
+        self._released: list[Sequence[BlockHash]] = []
         self._num_blocks = 0
         self._num_prompt_tokens = 0
         self._num_dropped = 0
-        self._released: list[BlockHash] = []
-        self._released_sizes: list[int] = []
 
     def on_routed(self, block_hashes: Sequence[BlockHash], num_prompt_tokens: int) -> None:
-        """Counts a routed prompt and keeps its sampled hashes (its full blocks' hashes,
-        in prompt order)."""
-        if len(self._sizes) >= self.config.max_pending_prompts:
+        """Counts a routed prompt (its full blocks' hashes, in prompt order; kept by
+        reference, so never changed afterwards)."""
+        if len(self._routed) >= self.config.max_pending_prompts:
             self._num_dropped += 1
             return
-        sampled = list(filter(self._threshold.__gt__, block_hashes))
-        if sampled:
-            self._hashes += sampled
-            self._sizes.append(len(sampled))
+        self._routed.append(block_hashes)
         self._num_blocks += len(block_hashes)
         self._num_prompt_tokens += num_prompt_tokens
 
     def on_released(self, block_hashes: Sequence[BlockHash]) -> None:
-        """Keeps a finished sequence's sampled hashes (prompt and generated blocks)."""
-        if len(self._released_sizes) >= self.config.max_pending_prompts:
-            return
-        sampled = list(filter(self._threshold.__gt__, block_hashes))
-        if sampled:
-            self._released += sampled
-            self._released_sizes.append(len(sampled))
+        """A finished sequence's hashes (prompt and generated blocks)."""
+        if len(self._released) < self.config.max_pending_prompts:
+            self._released.append(block_hashes)
 
     def take(self, capacity_blocks: int | None) -> AccessBatch | None:
-        """Everything kept since the last take, or None when there is nothing."""
-        if self._num_prompt_tokens == 0 and not self._num_dropped and not self._released:
+        """Everything held since the last take, sampled; None when there is nothing."""
+        if not (self._routed or self._released or self._num_dropped):
             return None
+        prompt_hashes, prompt_sizes = sample_lists(self._routed, self._threshold)
+        released_hashes, released_sizes = sample_lists(self._released, self._threshold)
         batch = AccessBatch(self.source_id, self.block_size, self.config.sample_rate,
-                            capacity_blocks, b"".join(self._hashes), tuple(self._sizes),
-                            self._num_blocks, self._num_prompt_tokens, self._num_dropped,
-                            b"".join(self._released), tuple(self._released_sizes))
+                            capacity_blocks, prompt_hashes, prompt_sizes, self._num_blocks,
+                            self._num_prompt_tokens, self._num_dropped, released_hashes,
+                            released_sizes)
         self._reset()
         return batch

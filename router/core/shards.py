@@ -39,8 +39,8 @@ def sample_threshold(sample_rate: float) -> bytes:
 
 
 def sampled_hashes(block_hashes: Sequence[BlockHash], threshold: bytes) -> list[BlockHash]:
-    """The hashes below `threshold`, in order (a C-level filter: ~1 us for 128 hashes)."""
-    return list(filter(threshold.__gt__, block_hashes))
+    """The hashes below `threshold`, in order."""
+    return [h for h in block_hashes if h < threshold]
 
 
 class ReuseDistances:

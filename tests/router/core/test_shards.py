@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.simlib.pooled import PooledLRU
 from kv.hashing import block_hashes, namespace_root
-from router.core.access_sampler import AccessSampler, SamplerConfig
+from router.core.access_sampler import AccessSampler, SamplerConfig, sample_lists
 from router.core.hit_curve import HitCurveConfig, PooledHitCurve
 from router.core.shards import ReuseDistances, sample_threshold, sampled_hashes
 
@@ -100,16 +100,29 @@ def test_recent_window_forgets_whole_buckets_and_all_keeps_everything():
 
 
 def test_sampler_batches_what_it_kept_and_drops_whole_prompts_when_full():
-    sampler = AccessSampler("g", B, SamplerConfig(sample_rate=0.5, max_pending_prompts=2))
+    sampler = AccessSampler("g", B, SamplerConfig(sample_rate=0.5, max_pending_prompts=3))
     assert sampler.take(None) is None
     hashes = [bytes([i * 16]) * 16 for i in range(16)]  # first bytes 0x00..0xf0
     sampler.on_routed(hashes[:4], 4 * B + 3)  # 0x00..0x30: all four below 0x80
     sampler.on_routed(hashes[8:], 8 * B)  # none below: counted, nothing kept
     sampler.on_routed(hashes[6:10], 4 * B)  # 0x60, 0x70 kept
-    sampler.on_routed(hashes[:1], B)  # two prompts pending already: dropped
+    sampler.on_routed(hashes[:1], B)  # three prompts pending already: dropped
     batch = sampler.take(capacity_blocks=100)
     assert batch.prompts() == [hashes[:4], hashes[6:8]]
     assert (batch.num_blocks, batch.num_prompt_tokens, batch.num_dropped_prompts) == (
         16, 16 * B + 3, 1)
     assert (batch.capacity_blocks, batch.num_sampled, batch.sample_rate) == (100, 6, 0.5)
     assert sampler.take(None) is None
+
+
+@pytest.mark.parametrize("rate", [0.01, 0.3, 1.0])
+def test_vectorized_sampling_keeps_what_the_per_hash_comparison_keeps(rate):
+    rng = random.Random(5)
+    lists = [block_hashes([rng.randrange(1000) for _ in range(B * rng.randint(0, 300))], B,
+                          ROOT) for _ in range(50)]
+    t = sample_threshold(rate)
+    kept = [sampled_hashes(hashes, t) for hashes in lists]
+    expected = (b"".join(h for k in kept for h in k), tuple(len(k) for k in kept if k))
+    assert sample_lists(lists, t) == expected
+    assert sample_lists(lists + [[b"short"]], t)[1] == expected[1] + (
+        (1,) if b"short" < t else ())  # not all digests: compared one at a time

@@ -1,0 +1,227 @@
+"""The online pooled bound (SHARDS) against the exact pooled LRU, its cost on the routing
+path, and how many sampled accesses the hit-bound actor absorbs.
+
+    python benchmarks/bench_loss_ladder.py [--rate 0.01] [--skip-actor] [--quick]
+
+For each workload (generated_shared_prefix, shared_prefix, conversation, mooncake; 8
+replicas, the simulator's defaults) one simulated run records the pooled LRU's accesses in
+order (benchmarks/simlib/access_log.py). Replayed, they give the exact pooled hit ratio at
+0.5x, 1x and 2x the fleet's device KV capacity, and the online estimate the live routers
+and actor compute (router/core/hit_curve.py) from what they are sent, sampled at R: each
+routed prompt (from the routers) and each finished sequence, prompt and generated blocks
+(from the engine replicas). `*_routers_only` leaves the finished sequences out, to show
+what they are worth. `*_spread` repeats the estimate with 8 other 64-bit windows of the
+same hashes as the sampling key: other samples of the same size, the luck in one sample.
+
+- bound_abs_err_max: max |online - exact| at 1x over the workloads;
+- curve_abs_err_max: the same at 0.5x and 2x;
+- gateway_cost_us_p50: `AccessSampler.on_routed` per prompt over every workload's prompts
+  (what a routing decision pays); sampling_off_path_us_per_prompt: the vectorized sampling
+  of `take`, in the router's background send task, a prompt;
+- actor_accesses_per_s: sampled lookups + touches the real Ray actor replays per second,
+  batches sent as the routers send them (run under the heavy lock: it starts Ray);
+- causes_sum_ok: the routers' miss causes (router/core/miss_causes.py) add up exactly to the
+  uncached prompt tokens in every run (benchmarks/simlib/miss_classes.py's check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.simlib import experiment as ex  # noqa: E402
+from benchmarks.simlib.access_log import Released, Served, exact_hit_ratio, record_run  # noqa: E402
+from benchmarks.simlib.cluster import ClusterConfig  # noqa: E402
+from benchmarks.simlib.prompts import PromptBuilder, TokenSource  # noqa: E402
+from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
+from kv.hashing import namespace_root  # noqa: E402
+from router.core.access_sampler import AccessSampler, SamplerConfig  # noqa: E402
+from router.core.config import RouterConfig  # noqa: E402
+from router.core.hit_curve import HitCurveConfig, PooledHitCurve  # noqa: E402
+from router.core.shards import sample_threshold  # noqa: E402
+
+WORKLOADS = ("generated_shared_prefix", "shared_prefix", "conversation", "mooncake")
+MULTIPLES = (0.5, 1.0, 2.0)
+NUM_REPLICAS = 8
+BLOCK_SIZE = 16
+
+
+def online(log: list, rate: float, capacity_blocks: int, releases: bool = True,
+           key_offset: int = 0) -> dict[float, float]:
+    """The online estimate at each multiple; the sampling key is the hash's 8 bytes from
+    `key_offset` (0: the live key)."""
+    bound = int(rate * 2**64)
+    if key_offset == 0:
+        threshold = sample_threshold(rate)
+
+        def sample(hashes):
+            return list(filter(threshold.__gt__, hashes))
+    else:
+        def sample(hashes):
+            return [h for h in hashes if int.from_bytes(h[key_offset:key_offset + 8],
+                                                        "big") < bound]
+    curve = PooledHitCurve(HitCurveConfig(sample_rate=rate), clock=lambda: 0.0)
+    for op in log:
+        if isinstance(op, Served):
+            curve.add_prompts([sample(op.block_hashes)], len(op.block_hashes),
+                              op.num_prompt_tokens, BLOCK_SIZE)
+        elif releases:
+            curve.add_released([sample(op.block_hashes)])
+    return {m: curve.hit_ratio(m * capacity_blocks, "all") for m in MULTIPLES}
+
+
+def gateway_cost_us(logs: list[list], rate: float) -> tuple[float, float, float]:
+    """One `on_routed` call over every routed prompt, p50 and p90 in microseconds (the
+    decision path), and the sampling `take` does off it, in microseconds a prompt."""
+    sampler = AccessSampler("bench", BLOCK_SIZE, SamplerConfig(sample_rate=rate))
+    clock = time.perf_counter_ns
+    costs, take_ns = [], 0
+    for log in logs:
+        for op in log:
+            if isinstance(op, Served):
+                t0 = clock()
+                sampler.on_routed(op.block_hashes, op.num_prompt_tokens)
+                costs.append(clock() - t0)
+                if len(costs) % 64 == 0:  # as the router's link takes them, twice a second
+                    t0 = clock()
+                    sampler.take(None)
+                    take_ns += clock() - t0
+    q = statistics.quantiles(costs, n=10)
+    return statistics.median(costs) / 1e3, q[8] / 1e3, take_ns / len(costs) / 1e3
+
+
+def mooncake_prompts(num_prompts: int) -> list[tuple[list[bytes], int]]:
+    """The first Mooncake prompts' block hashes and lengths, built as the simulator builds
+    them (no run needed)."""
+    workload = ex.build_workload("mooncake", 1.0, NUM_REPLICAS, 0)
+    source = TokenSource(0, 3, ReplicaConfig(num_blocks=1).vocab_size, workload.shared_keys())
+    builder = PromptBuilder(source, BLOCK_SIZE, namespace_root(ClusterConfig.model_name))
+    out = []
+    for item in workload.items[:num_prompts]:
+        token_ids, hashes = builder.build(item.segments, [], [])
+        out.append((hashes, len(token_ids)))
+    return out
+
+
+def actor_accesses_per_s(num_prompts: int) -> tuple[float, int]:
+    """Mooncake prompts sent whole (R = 1: every block a sampled access, with the trace's
+    own reuse) in batches of 256 prompts to a real actor; sampled accesses replayed a
+    second, from the first send to the last reply."""
+    import ray
+
+    from router.cluster.hit_bound import HitBoundActor
+
+    prompts = mooncake_prompts(num_prompts)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+             object_store_memory=128 * 1024**2, namespace="bench-loss-ladder")
+    try:
+        actor = HitBoundActor.remote(HitCurveConfig(sample_rate=1.0))
+        batches, sampler = [], AccessSampler("bench", BLOCK_SIZE, SamplerConfig(sample_rate=1.0))
+        for i, (hashes, num_tokens) in enumerate(prompts, 1):
+            sampler.on_routed(hashes, num_tokens)
+            if i % 256 == 0 or i == len(prompts):
+                batches.append(sampler.take(25000))
+        ray.get(actor.stats.remote())  # started
+        t0 = time.perf_counter()
+        ray.get([actor.record.remote(b) for b in batches])
+        elapsed_s = time.perf_counter() - t0
+        n = ray.get(actor.stats.remote())["num_sampled_accesses"]
+        return n / elapsed_s, n
+    finally:
+        ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=0.01, help="SHARDS sample rate R")
+    p.add_argument("--skip-actor", action="store_true", help="no Ray: leave out the actor")
+    p.add_argument("--actor-only", action="store_true",
+                   help="only the actor (run it under the heavy lock: it starts Ray)")
+    p.add_argument("--actor-prompts", type=int, default=600)
+    p.add_argument("--no-spread", action="store_true", help="only the live sampling key")
+    p.add_argument("--quick", action="store_true", help="smoke-test sizes only")
+    args = p.parse_args(argv)
+    t_start = time.perf_counter()
+    rows, logs = {}, []
+    for name in () if args.actor_only else WORKLOADS:
+        d = ex.DEFAULTS[name]
+        workload = ex.build_workload(name, d.rate_per_replica, NUM_REPLICAS, 0, quick=args.quick)
+        config = ClusterConfig(NUM_REPLICAS, ReplicaConfig(num_blocks=d.num_blocks),
+                               RouterConfig())
+        log, sim_bound, causes = record_run(config, workload)
+        logs.append(log)
+        capacity = NUM_REPLICAS * d.num_blocks
+        exact = {m: exact_hit_ratio(log, int(m * capacity), BLOCK_SIZE) for m in MULTIPLES}
+        assert math.isclose(exact[1.0], sim_bound), "the replay is not the simulator's LRU"
+        live = online(log, args.rate, capacity)
+        routed = online(log, args.rate, capacity, releases=False)
+        row = {"capacity_blocks": capacity,
+               "num_requests": sum(isinstance(op, Served) for op in log),
+               "num_finished": sum(isinstance(op, Released) for op in log),
+               "exact": exact, "online": live, "online_routers_only": routed,
+               "err": {m: live[m] - exact[m] for m in MULTIPLES},
+               "err_routers_only": {m: routed[m] - exact[m] for m in MULTIPLES},
+               "miss_causes_tokens": causes.causes._asdict(),
+               "uncached_tokens": causes.uncached_tokens, "causes_sum_ok": causes.sum_ok}
+        if not args.no_spread:
+            errs = [[online(log, args.rate, capacity, True, k)[m] - exact[m]
+                     for k in range(1, 9)] for m in MULTIPLES]
+            row["err_spread_max"] = {m: max(map(abs, e)) for m, e in zip(MULTIPLES, errs)}
+            row["err_spread_mean"] = {m: statistics.fmean(map(abs, e))
+                                      for m, e in zip(MULTIPLES, errs)}
+        rows[name] = row
+        print(f"{name:<24} cap {capacity:>7} blocks  exact 0.5x/1x/2x "
+              + " ".join(f"{exact[m]:.4f}" for m in MULTIPLES) + "  online "
+              + " ".join(f"{live[m]:.4f}" for m in MULTIPLES) + "  routers only "
+              + " ".join(f"{routed[m]:.4f}" for m in MULTIPLES)
+              + ("  spread max |err| " + " ".join(f"{row['err_spread_max'][m]:.4f}"
+                                                  for m in MULTIPLES)
+                 if "err_spread_max" in row else ""), flush=True)
+    out: dict = {"rate": args.rate}
+    if rows:
+        out.update(sim_figures(rows, logs, args))
+    if not args.skip_actor:
+        per_s, n = actor_accesses_per_s(args.actor_prompts)
+        print(f"actor: {n} sampled accesses (Mooncake prompts, R = 1) at {per_s:,.0f}/s")
+        out["actor_accesses_per_s"] = round(per_s)
+    out["wall_s"] = round(time.perf_counter() - t_start, 1)
+    out["load_avg"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(json.dumps(out))
+    return out
+
+
+def sim_figures(rows: dict, logs: list, args: argparse.Namespace) -> dict:
+    p50_us, p90_us, take_us = gateway_cost_us(logs, args.rate)
+    print(f"decision path per routed prompt: p50 {p50_us:.2f} us, p90 {p90_us:.2f} us; "
+          f"sampling off the path (take) {take_us:.2f} us a prompt")
+    out = {
+        "bound_abs_err_max": max(abs(r["err"][1.0]) for r in rows.values()),
+        "curve_abs_err_max": max(abs(r["err"][m]) for r in rows.values() for m in (0.5, 2.0)),
+        "bound_abs_err_max_routers_only": max(abs(r["err_routers_only"][1.0])
+                                              for r in rows.values()),
+        "curve_abs_err_max_routers_only": max(abs(r["err_routers_only"][m])
+                                              for r in rows.values() for m in (0.5, 2.0)),
+        "causes_sum_ok": all(r["causes_sum_ok"] for r in rows.values()),
+        "gateway_cost_us_p50": round(p50_us, 3), "gateway_cost_us_p90": round(p90_us, 3),
+        "sampling_off_path_us_per_prompt": round(take_us, 3),
+    }
+    if not args.no_spread:
+        out["bound_abs_err_spread_max"] = max(r["err_spread_max"][1.0] for r in rows.values())
+        out["curve_abs_err_spread_max"] = max(r["err_spread_max"][m] for r in rows.values()
+                                              for m in (0.5, 2.0))
+    out["workloads"] = {n: {k: ({str(m): round(v, 5) for m, v in r[k].items()}
+                                if isinstance(r[k], dict) else r[k]) for k in r}
+                        for n, r in rows.items()}
+    return out
+
+
+if __name__ == "__main__":
+    main()

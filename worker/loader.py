@@ -3,14 +3,21 @@
 A checkpoint directory holds config.json, one or many *.safetensors (several are listed by
 model.safetensors.index.json), tokenizer.json, and optionally tokenizer_config.json (with
 the chat template), chat_template.jinja and generation_config.json.
+
+The safetensors files are mapped, not read: each tensor (or this rank's slice of it) is
+copied once, from the page cache straight into its parameter. (A parameter is never the
+mapping itself: BLAS kernels round differently on an unaligned tensor, and the logits
+would depend on where a tensor sits in its file.)
 """
 
 from __future__ import annotations
 
+import json
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from worker.model import LlamaForCausalLM
 from worker.model_config import ModelConfig
@@ -19,6 +26,9 @@ from worker.tp import Communicator
 from worker.weights import expected_weight_names, weight_target
 
 _INDEX = "model.safetensors.index.json"
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
@@ -57,33 +67,57 @@ def check_checkpoint(model_dir: str | Path, tp: int) -> ModelConfig:
     return config
 
 
+def mapped_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for each tensor of a safetensors file, as views of the file mapped
+    copy-on-write: a page is read when first touched, and writing to a view never changes
+    the file. ValueError for a file that is not safetensors."""
+    path = Path(path)
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        header_len = struct.unpack("<Q", head)[0] if len(head) == 8 else size
+        if header_len > size - 8:
+            raise ValueError(f"{path} is not a safetensors file (header of {header_len} bytes)")
+        header = json.loads(f.read(header_len))
+    data = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
+    raw = torch.empty(0, dtype=torch.uint8).set_(data)
+    base = 8 + header_len
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= size - base:
+            raise ValueError(f"{path}: tensor {name!r} lies outside the file")
+        part = raw[base + begin : base + end]
+        if (base + begin) % dtype.itemsize:  # unaligned: this one tensor is copied
+            part = part.clone()
+        yield name, part.view(dtype).view(info["shape"])
+
+
 def load_weights(model: LlamaForCausalLM, model_dir: str | Path) -> None:
     """Fill this rank's parameters, reading only its slices of each tensor."""
     loaded: set[str] = set()
     for path in find_weight_files(model_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                target = weight_target(model, name)
-                if target is None:
-                    continue
-                if target.dim is None:
-                    tensor = f.get_tensor(name)
-                    dst = target.param.data
-                else:
-                    part = f.get_slice(name)
-                    if target.dim == 0:
-                        tensor = part[target.src_start : target.src_end]
-                    else:
-                        tensor = part[:, target.src_start : target.src_end]
-                    size = target.src_end - target.src_start
-                    dst = target.param.data.narrow(target.dim, target.dst_start, size)
-                if tuple(tensor.shape) != tuple(dst.shape):
-                    raise ValueError(
-                        f"checkpoint tensor {name!r}: shard shape {tuple(tensor.shape)} "
-                        f"does not match the model's {tuple(dst.shape)}"
-                    )
-                dst.copy_(tensor)
-                loaded.add(name)
+        for name, tensor in mapped_tensors(path):
+            target = weight_target(model, name)
+            if target is None:
+                continue
+            dst = target.param.data
+            if target.dim is not None:  # slicing clamps: a short tensor fails the check below
+                rows = slice(target.src_start, target.src_end)
+                tensor = tensor[rows] if target.dim == 0 else tensor[:, rows]
+                size = target.src_end - target.src_start
+                dst = dst.narrow(target.dim, target.dst_start, size)
+            if tuple(tensor.shape) != tuple(dst.shape):
+                raise ValueError(
+                    f"checkpoint tensor {name!r}: shard shape {tuple(tensor.shape)} "
+                    f"does not match the model's {tuple(dst.shape)}"
+                )
+            dst.copy_(tensor)
+            loaded.add(name)
     missing = expected_weight_names(model) - loaded
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks tensors: {sorted(missing)[:8]}")

@@ -130,3 +130,32 @@ def test_config_parsing_of_old_and_new_fields():
     assert (qwen.qkv_bias, qwen.o_proj_bias, qwen.max_model_len_tokens) == (True, False, 32768)
     with pytest.raises(ValueError, match="unsupported hidden_act 'gelu'"):
         ModelConfig.from_hf(dict(base, model_type="llama", hidden_act="gelu"))
+
+
+def test_weights_equal_the_files_tensors_and_the_file_is_never_written(llama_dir):
+    from safetensors.torch import load_file
+
+    path = llama_dir / "model.safetensors"
+    before = path.read_bytes()
+    for dtype, torch_dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        model = make_runner(llama_dir, dtype=dtype).model
+        layer = model.layers[1]
+        reference = {name: t.to(torch_dtype) for name, t in load_file(path).items()}
+        assert torch.equal(layer.self_attn.o_proj.weight,
+                           reference["model.layers.1.self_attn.o_proj.weight"])
+        assert torch.equal(layer.mlp.gate_up_proj.weight,
+                           torch.cat([reference["model.layers.1.mlp.gate_proj.weight"],
+                                      reference["model.layers.1.mlp.up_proj.weight"]]))
+        assert torch.equal(model.embed_tokens.weight, reference["model.embed_tokens.weight"])
+        for param in model.parameters():  # the model's own memory, not the file's
+            assert param.untyped_storage().nbytes() == param.numel() * param.element_size()
+            param.data.fill_(7.0)
+    assert path.read_bytes() == before
+
+
+def test_a_file_that_is_not_safetensors_is_a_clear_error(llama_dir, tmp_path):
+    path = tmp_path / "m"
+    shutil.copytree(llama_dir, path)
+    (path / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match="is not a safetensors file"):
+        make_runner(path)

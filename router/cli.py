@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from router.serve.settings import LaunchSettings, ServeSettings
 from worker.openai_server.main import add_engine_arguments, run_engine
@@ -60,6 +61,23 @@ def start_ray(address: str | None, num_cpus: int | None, env: dict[str, str]) ->
                  object_store_memory=256 * 1024**2)
 
 
+class StartPhases:
+    """How long each phase of a start took, in the order they ran, for one line once up."""
+
+    def __init__(self) -> None:
+        self._start_s = self._last_s = time.monotonic()
+        self.spans_s: list[tuple[str, float]] = []
+
+    def done(self, name: str) -> None:
+        now_s = time.monotonic()
+        self.spans_s.append((name, now_s - self._last_s))
+        self._last_s = now_s
+
+    def summary(self) -> str:
+        spans = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.spans_s)
+        return f"up in {self._last_s - self._start_s:.1f} s ({spans})"
+
+
 def apply_serve_env(ingress: str, local: bool, routers_per_node: int) -> dict[str, str]:
     """Ray Serve's settings for this ingress (router/serve/serve_env.py) in this process's
     environment, before anything imports Ray Serve. Returns every RAY_SERVE_ variable, for
@@ -71,6 +89,7 @@ def apply_serve_env(ingress: str, local: bool, routers_per_node: int) -> dict[st
 
 
 def run_serve(ns: argparse.Namespace) -> int:
+    phases = StartPhases()
     try:
         settings = load_settings(ServeSettings, given_flags(ns, ServeSettings), os.environ,
                                  flag_name)
@@ -85,6 +104,7 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     from router.serve.app import serve_application
 
+    phases.done("imports")
     num_cpus = None if launch.address else (launch.num_cpus or os.cpu_count() or 1)
     settings = local_cpus_per_rank(settings, num_cpus)
     if settings.workers:
@@ -96,7 +116,9 @@ def run_serve(ns: argparse.Namespace) -> int:
             return 2
         model = settings.engine_config().served_model_name
         source = f"{settings.replicas} replica(s) x TP {settings.tp}"
+    phases.done("model found")
     start_ray(launch.address, num_cpus, env)
+    phases.done("ray")
     # A joined cluster's Serve controller takes the env from here (its proxies and our
     # replicas inherit the controller's and the job's); on a local instance it is there.
     controller = {"runtime_env": {"env_vars": env}}
@@ -105,14 +127,18 @@ def run_serve(ns: argparse.Namespace) -> int:
         from router.serve.workers_app import workers_application
 
         serve.start(proxy_location="Disabled", controller_options=controller)
+        phases.done("serve")
         serve.run(workers_application(settings, HttpConfig(launch.host, launch.port)),
                   name=APP_NAME, route_prefix=None)
     else:
         serve.start(http_options={"host": launch.host, "port": launch.port},
                     controller_options=controller)
+        phases.done("serve")
         serve.run(serve_application(settings), name=APP_NAME, route_prefix="/")
+    phases.done("app")
     base = f"http://{launch.host}:{launch.port}"
-    print(f"\nkvroute: serving {model!r} from {source}, policy {settings.policy}, at "
+    print(f"\nkvroute: {phases.summary()}", flush=True)
+    print(f"kvroute: serving {model!r} from {source}, policy {settings.policy}, at "
           f"{base}/v1\n"
           f"  try:    curl {base}/v1/completions -H 'Content-Type: application/json' "
           f"-d '{{\"model\": \"{model}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +29,6 @@ from worker.api import EngineRequest, PinRequest, PinResult, ReplicaQuery, Token
 from worker.engine import Engine
 from worker.engine_config import EngineConfig
 from worker.openai_server.vllm_metrics import VLLMGaugeCollector
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,9 +65,11 @@ class EngineReplicaBody:
                  publisher_config: PublisherConfig | None = None,
                  metrics_config: MetricsHubConfig | None = None,
                  take_route_ends: Callable[[], dict[str, tuple[str, ...]]] | None = None):
+        start_s = time.monotonic()
         self.replica_id = serve.get_replica_context().replica_tag
         config = dataclasses.replace(engine_config, replica_id=self.replica_id)
         self.engine = await asyncio.to_thread(Engine.from_config, config)
+        engine_s = time.monotonic() - start_s
         self._publisher = ReplicaPublisher(self.engine, get_index_actor, publisher_config,
                                            take_route_ends)
         await self._publisher.publish_once()  # known to the index before the first request
@@ -83,7 +83,11 @@ class EngineReplicaBody:
         self._bound = HitBoundLink(f"engine/{self.replica_id}", config.block_size)
         self.engine.on_finished = self._bound.sampler.on_released
         self._bound.start()
-        log.info("engine replica %s ready (%s)", self.replica_id, config.model)
+        # On stdout, which Ray streams to the console of `kvroute serve`: the start's
+        # slowest part, per replica.
+        print(f"kvroute: engine replica {self.replica_id} ({config.model}) up in "
+              f"{time.monotonic() - start_s:.1f} s (engine built in {engine_s:.1f} s)",
+              flush=True)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
         """Streams the request's deltas. Cancelled by the caller (client gone): the engine

@@ -151,8 +151,10 @@ class MissCauses:
         hashes, n = decision.block_hashes, decision.num_prompt_tokens
         block_size = self.block_size
         cacheable = min(len(hashes) * block_size, n - 1)
-        elsewhere = max((sum(m.hit_tokens(block_size, n)) for r, m in decision.matches.items()
-                         if r != replica_id), default=0)
+        # (in blocks, then tokens: split_causes caps it at the cacheable tokens)
+        elsewhere = block_size * max((m.num_device_blocks + m.num_host_blocks
+                                      for r, m in decision.matches.items() if r != replica_id),
+                                     default=0)
         seen_tokens = 0
         if max(predicted_tokens, elsewhere, delivered_tokens) < cacheable:
             seen_tokens = self.seen.num_leading_seen(hashes) * block_size

@@ -126,3 +126,28 @@ def test_recording_rules_evaluate_on_live_series(loaded_prometheus):
         samples = wait_until(lambda r=record: loaded_prometheus.query(r) or None, 10,
                              f"{record} evaluated")
         assert all(math.isfinite(value) for _, value in samples), record
+
+
+@pytest.mark.slow
+def test_miss_causes_add_up_to_the_uncached_prompt_tokens_live(loaded_prometheus):
+    """Each direct route's end came back with the tokens its engine served from cache, so
+    the routers' miss causes add up to the prompt tokens the engines looked up and did not
+    find, exactly; the first request of each prefix found nothing (cold)."""
+    seen: list[tuple[float, float]] = []
+
+    def causes_and_uncached() -> bool | None:
+        causes = loaded_prometheus.query("sum(kvroute_miss_tokens_total)")
+        uncached = loaded_prometheus.query(
+            "sum(kvroute_engine_prefix_cache_query_tokens_total)"
+            " - sum(kvroute_engine_prefix_cache_hit_tokens_total)")
+        if not causes or not uncached:
+            return None
+        seen.append((causes[0][1], uncached[0][1]))
+        return True if seen[-1][0] == seen[-1][1] else None
+
+    try:
+        wait_until(causes_and_uncached, 30, "miss causes equal to the uncached tokens")
+    except TimeoutError as error:
+        raise AssertionError(f"(causes, uncached) seen: {seen[-3:]}") from error
+    cold = loaded_prometheus.query('sum(kvroute_miss_tokens_total{cause="cold"})')
+    assert cold and cold[0][1] > 0

@@ -36,7 +36,7 @@ _DEVICE_WORD = np.uint64(0x5555_5555_5555_5555)  # the device bits of a mask wor
 
 
 class _Replica:
-    __slots__ = ("slot", "device_bit", "held", "tracker")
+    __slots__ = ("slot", "device_bit", "held", "tracker", "queued")
 
     def __init__(self, slot: int, held: dict[Medium, HeldRows],
                  tracker: ReplicaEventTracker):
@@ -44,6 +44,8 @@ class _Replica:
         self.device_bit = 1 << (2 * slot)  # the host bit is device_bit << 1
         self.held = held
         self.tracker = tracker
+        # per medium, a run of events with one op not applied yet: (op, their hashes)
+        self.queued: dict[Medium, tuple[str, list[tuple[BlockHash, ...]]]] = {}
 
 
 class PrefixIndex:
@@ -97,9 +99,20 @@ class PrefixIndex:
         held = {"device": HeldRows(2 * slot), "host": HeldRows(2 * slot + 1)}
 
         def on_event(medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
-            (self._add if op == "add" else self._remove)(rep, medium, hashes)
+            # A batch's events are applied in runs: consecutive adds (or removes) on one
+            # medium commute, and the other medium's bits are apart, so a run costs one
+            # vectorised update instead of one per event.
+            queued = rep.queued.get(medium)
+            if queued is not None and queued[0] != op:
+                self._flush(rep, medium)
+                queued = None
+            if queued is None:
+                rep.queued[medium] = (op, [hashes])
+            else:
+                queued[1].append(hashes)
 
         def on_clear() -> None:
+            self._flush_all(rep)  # the adds confirm pending marks, which a clear keeps
             self._clear(rep)
 
         rep = _Replica(slot, held, ReplicaEventTracker(on_event, on_clear))
@@ -123,10 +136,24 @@ class PrefixIndex:
     def apply_batch(self, batch: EventBatch) -> bool:
         """Applies one event batch. Returns True when the replica needs a snapshot (a gap, a
         restart, or a replica not synced yet)."""
-        return self._replica(batch.replica_id).tracker.apply_batch(batch).needs_snapshot
+        rep = self._replica(batch.replica_id)
+        needs_snapshot = rep.tracker.apply_batch(batch).needs_snapshot
+        self._flush_all(rep)
+        return needs_snapshot
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
-        self._replica(snapshot.replica_id).tracker.apply_snapshot(snapshot)
+        rep = self._replica(snapshot.replica_id)
+        rep.tracker.apply_snapshot(snapshot)
+        self._flush_all(rep)
+
+    def _flush(self, rep: _Replica, medium: Medium) -> None:
+        op, runs = rep.queued.pop(medium)
+        hashes = runs[0] if len(runs) == 1 else [h for run in runs for h in run]
+        (self._add if op == "add" else self._remove)(rep, medium, hashes)
+
+    def _flush_all(self, rep: _Replica) -> None:
+        for medium in list(rep.queued):
+            self._flush(rep, medium)
 
     def add_blocks(self, replica_id: str, medium: Medium, block_hashes: Sequence[BlockHash]
                    ) -> None:
@@ -154,8 +181,8 @@ class PrefixIndex:
         if not block_hashes:
             return
         table, held = self._table, rep.held[medium]
-        rows = np.unique(table.intern(key_words(block_hashes)))
-        new = rows[(table.masks[rows, held.word] & held.bit) == 0]
+        rows = table.intern(key_words(block_hashes))
+        new = table.unique_rows(rows[(table.masks[rows, held.word] & held.bit) == 0])
         if new.size:
             self._num_blocks[medium] += int(np.count_nonzero(
                 self._none_on(medium, table.masks[new])))
@@ -167,7 +194,7 @@ class PrefixIndex:
     def _remove(self, rep: _Replica, medium: Medium, block_hashes: Iterable[BlockHash]) -> None:
         keys = key_words(block_hashes)
         if len(keys):
-            self._remove_rows(rep, medium, np.unique(self._table.lookup(keys)))
+            self._remove_rows(rep, medium, self._table.unique_rows(self._table.lookup(keys)))
 
     def _remove_rows(self, rep: _Replica, medium: Medium, rows: np.ndarray) -> None:
         """Clears the replica's bit on rows (unique; rows it does not hold are skipped)."""

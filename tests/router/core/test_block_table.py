@@ -60,7 +60,7 @@ def test_key_words_refuses_hashes_that_are_not_16_bytes():
 def test_more_than_32_replicas_widen_the_masks_and_match_the_slow_way():
     rng = random.Random(7)
     index = PrefixIndex()
-    replicas = [f"r{i}" for i in range(70)]  # 140 bits: three mask words
+    replicas = [f"r{i}" for i in range(70)]  # 140 bits: three words, doubled to four
     prompt = [h(i) for i in range(40)]
     truth = {}
     for rid in replicas:
@@ -69,7 +69,7 @@ def test_more_than_32_replicas_widen_the_masks_and_match_the_slow_way():
         truth[rid] = (prompt[:device], prompt[device:host])
         index.add_blocks(rid, "device", prompt[:device])
         index.add_blocks(rid, "host", prompt[device:host])
-    assert index._table.num_words == 3
+    assert index._table.num_words == 4
     index.check_invariants()
     want = {rid: PrefixMatch(len(d), len(hs)) for rid, (d, hs) in truth.items() if d or hs}
     assert index.match(prompt, replicas) == want

@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run this router (repeat; default: all)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--sim-preset", default="h100-llama3-8b")
+    p.add_argument("--gateways", type=int, default=1,
+                   help="kvroute serve's gateway processes (each routes on its own)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--round-offset", type=int, default=0,
                    help="number the rounds from this one (a later invocation's rounds: "
@@ -137,7 +139,8 @@ def run_cell(args, spec: PeerWorkload, router: str, seed: int, log_dir: Path,
         urls = [w.url for w in workers]
         if args.record_events:
             recorder = EventRecorder([w.kv_events_endpoint for w in workers], MODEL)
-        running = start_router(router, workers, spec.num_blocks, log_dir, head)
+        running = start_router(router, workers, spec.num_blocks, log_dir, head,
+                               args.gateways)
         startup_s = time.monotonic() - t0
         warm_up(running.base_url, urls)
         before = [measure.worker_counters(u) for u in urls]
@@ -166,6 +169,7 @@ def run_cell(args, spec: PeerWorkload, router: str, seed: int, log_dir: Path,
                                                      MODEL)
     summary.update(workload=spec.name, router=router, seed=seed, num_workers=args.workers,
                    num_blocks=spec.num_blocks, sim_preset=args.sim_preset,
+                   num_gateways=args.gateways,
                    max_num_batched_tokens=MAX_BATCHED_TOKENS, max_num_seqs=MAX_SEQS,
                    startup_s=startup_s,
                    wall_s=time.monotonic() - t0, load_1m_start=load0,

@@ -10,10 +10,10 @@ number of replicas with the same pools and step budgets (each step stretched so 
 simulated time per output token is the live one), with the live event timings:
 the engine publishes every --publish-interval-s (kvroute engine's pump: 10 ms) and a batch
 reaches the router --event-delay-s later (ZMQ, the index actor, the mirror's long poll).
-Approximate runs get no events, as live. Requests are spread at random over --routers (1)
-routers, as many as the gateway processes `kvroute serve` ran (--gateways), each its own
-Router with its own pending marks, load count and routed history. It prints predicted
-against live hit rates; the error is predicted minus live.
+Approximate runs get no events, as live. Requests are spread at random over as many routers
+as the run had gateway processes (its summary's num_gateways; --routers for a run that does
+not say), each its own Router with its own pending marks, load count and routed history.
+It prints predicted against live hit rates; the error is predicted minus live.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLI
                           **(router_overrides or {}))
     config = ClusterConfig(summary["num_workers"], replica, router,
                            event_delay_s=event_delay_s, publish_interval_s=publish_interval_s,
-                           model_name="tiny", num_routers=num_routers)
+                           model_name="tiny",
+                           num_routers=summary.get("num_gateways", num_routers))
     sim = ClusterSim(config, Workload(summary["workload"], items))
     sim.prompts = ReplayPrompts(prompts, replica.block_size, sim.root)
     if classes is None:

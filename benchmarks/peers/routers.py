@@ -90,7 +90,9 @@ class RunningRouter:
 
 
 def start_router(name: str, workers: Sequence[EngineWorker], num_blocks: int, log_dir: Path,
-                 head: RayHead | None) -> RunningRouter:
+                 head: RayHead | None, num_gateways: int = 1) -> RunningRouter:
+    """`num_gateways`: kvroute serve's gateway processes, given explicitly so that a run
+    says what it measured whatever the default is (sim_vs_live.py replays as many)."""
     if name == "none":
         return RunningRouter(name, None)
     if name in KVROUTE:
@@ -102,7 +104,7 @@ def start_router(name: str, workers: Sequence[EngineWorker], num_blocks: int, lo
         else:
             targets, flags = [w.url for w in workers], ["--approximate"]
         # routed history assumes each worker caches what its pool holds
-        flags += ["--num-blocks", str(num_blocks)]
+        flags += ["--num-blocks", str(num_blocks), "--gateways", str(num_gateways)]
         gateway = start_gateway(targets, flags, log_dir / f"{name}.log", events=events,
                                 head=head)
         return RunningRouter(name, gateway.base_url, _gateway=gateway, _head=head)

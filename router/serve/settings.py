@@ -65,12 +65,11 @@ class ServeSettings(EngineSettings):
         description="cache_aware: cost of a host-cached prompt token as a fraction of "
                     "recomputing it (0: as good as a device hit, 1: no better than a miss)")
     gateways: PositiveInt = Field(
-        1, description="gateway processes: the HTTP ingress (ingress gateway), the worker "
+        2, description="gateway processes: the HTTP ingress (ingress gateway), the worker "
                        "gateways, or with ingress direct the ingress request routers on each "
-                       "node with a Serve proxy. One by default: each keeps its own pending "
-                       "marks, so with two a prompt may miss a prefix the other just routed "
-                       "(GSP: 0.823 -> 0.793 hit rate); two keep every POST served while one "
-                       "restarts")
+                       "node with a Serve proxy. Two by default, so every POST is served "
+                       "while one restarts; they share their pending marks through the KV "
+                       "index actor, so a prompt follows a prefix the other just routed")
     ingress: Literal["gateway", "direct"] = Field(
         "direct", description="direct (the default; with workers: gateway): HAProxy "
                               "(bundled with ray[serve]) asks kvroute's router for a replica "

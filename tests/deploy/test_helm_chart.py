@@ -70,7 +70,7 @@ def test_default_values(helm_bin):
                 "model": "tiny", "engine": "real", "replicas": 2, "tp": 1, "block_size": 16,
                 "num_blocks": 1024, "num_host_blocks": 0, "cpus_per_rank": 1,
                 "gpus_per_rank": 1, "policy": "cache_aware", "approximate": False,
-                "load_weight": 0.2, "host_cost_fraction": 0.2, "gateways": 1,
+                "load_weight": 0.2, "host_cost_fraction": 0.2, "gateways": 2,
                 "ingress": "direct",
             },
             # no head-only resource: Serve pins the routers to every proxy pod itself

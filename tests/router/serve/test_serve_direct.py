@@ -18,6 +18,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
+from tests.router.serve import shared_prefix_traffic as traffic
 from tests.router.serve.cli_server import kvroute_cli_server
 from tests.router.serve.serve_helpers import (
     assert_latency_histograms_count_each_request,
@@ -31,13 +32,17 @@ KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 SHARED = "You are a meticulous assistant. Answer briefly and cite sources. " * 10
 
 
+def direct_flags(workdir) -> list[str]:
+    keys_file = workdir / "keys.json"
+    keys_file.write_text(json.dumps(KEYS))
+    return ["--model", "tiny", "--ingress", "direct", "--engine", "sim", "--sim-preset", "tiny",
+            "--num-blocks", "256", "--api-keys-file", str(keys_file)]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("direct")
-    keys_file = workdir / "keys.json"
-    keys_file.write_text(json.dumps(KEYS))
-    flags = ["--model", "tiny", "--ingress", "direct", "--engine", "sim", "--sim-preset", "tiny",
-             "--num-blocks", "256", "--api-keys-file", str(keys_file)]
+    flags = direct_flags(workdir)  # the default number of ingress routers
     with kvroute_cli_server(flags, 2, workdir / "serve.log",
                             routed_probe={"Authorization": "Bearer key-a"}) as srv:
         yield srv
@@ -226,6 +231,24 @@ def test_gateway_latency_histograms_observe_each_finished_request(server, oai):
     """The gateway-side TTFT, TPOT, e2e, queue and preprocess histograms (docs/metrics.md,
     "Gateway latency") each observe every finished request once, streamed or not."""
     assert_latency_histograms_count_each_request(server, oai)
+
+
+def test_two_ingress_routers_hit_the_cache_as_one_does(server, tmp_path):
+    """The module's server (two ingress routers, the default) and one with a single router,
+    under the same shared-prefix traffic (shared_prefix_traffic.py)."""
+    headers = {"Authorization": "Bearer key-a"}
+    two = traffic.send_groups(server.base_url, headers)
+    with kvroute_cli_server([*direct_flags(tmp_path), "--gateways", "1"], 2,
+                            tmp_path / "serve-one-router.log", routed_probe=headers) as one:
+        single = traffic.send_groups(one.base_url, headers)
+    assert len({a.router_id for g in single for a in g}) == 1
+    assert len({a.router_id for g in two for a in g} - {None}) == 2  # both routers routed
+    expected = [0] + [traffic.SYSTEM_TOKENS] * (traffic.PROMPTS_PER_GROUP - 1)
+    for groups in (single, two):
+        for answers in groups:
+            assert [a.cached_tokens for a in answers] == expected, answers
+    # Stated tolerance: none. Both deliver the workload's bound, to the token.
+    assert traffic.hit_rate(two) == traffic.hit_rate(single)
 
 
 def test_a_killed_replica_leaves_the_survivor_serving(server, oai):

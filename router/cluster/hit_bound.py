@@ -17,6 +17,7 @@ replay work never delays an index poll. A restarted actor starts its curve afres
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -26,7 +27,7 @@ import ray
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from router.cluster.actor_link import ActorLink
-from router.cluster.actors import get_or_create_actor
+from router.cluster.actors import KVROUTE_NAMESPACE, get_or_create_actor
 from router.cluster.metrics_hub import MetricsPusher
 from router.core.access_sampler import AccessBatch, AccessSampler, SamplerConfig
 from router.core.hit_curve import WINDOWS, HitCurveConfig, PooledHitCurve
@@ -110,6 +111,9 @@ class HitBound:
     def hit_ratio(self, capacity_blocks: float, window: str) -> float | None:
         return self.curve.hit_ratio(capacity_blocks, window)
 
+    def sample_rate(self) -> float:
+        return self.curve.config.sample_rate
+
     def stats(self) -> dict[str, float | int | None]:
         return {"num_sampled_accesses": self.curve.num_sampled_accesses,
                 "capacity_blocks": self.capacity_blocks,
@@ -124,29 +128,57 @@ def get_hit_bound(config: HitCurveConfig | None = None) -> ray.actor.ActorHandle
     return get_or_create_actor(HitBoundActor, HIT_BOUND_NAME, config or HitCurveConfig())
 
 
+def find_hit_bound() -> ray.actor.ActorHandle:
+    """The actor if a router created it (raises ValueError until then)."""
+    return ray.get_actor(HIT_BOUND_NAME, namespace=KVROUTE_NAMESPACE)
+
+
 class HitBoundLink:
-    """A router's sampler and the loop that sends its batches to the actor."""
+    """A process's sampler and the loop that sends its batches to the actor.
+
+    A router (`config` given: the serve settings') creates the actor with its config. An
+    engine replica (`config` None) only finds it, and samples at the actor's own rate, asked
+    once: the routers' setting is the one rate, and a replica up before any router creates
+    nothing. Its held sequences wait (up to the sampler's cap) until the actor is found.
+    """
 
     def __init__(self, source_id: str, block_size: int, config: HitCurveConfig | None = None,
                  send_interval_s: float = 0.5):
-        self.config = config or HitCurveConfig()
-        self.sampler = AccessSampler(source_id, block_size,
-                                     SamplerConfig(sample_rate=self.config.sample_rate))
+        self.config = config
+        self.sampler = AccessSampler(source_id, block_size, SamplerConfig(
+            sample_rate=config.sample_rate if config is not None else 1.0))
+        self._rate_known = config is not None
         self.capacity_blocks: int | None = None  # the router sets it from replica stats
         self._interval_s = send_interval_s
+        self._task: asyncio.Task | None = None
         self._link = ActorLink(f"pooled-bound samples from {source_id}",
-                               lambda: get_hit_bound(self.config))
+                               find_hit_bound if config is None else
+                               lambda: get_hit_bound(config))
 
     def start(self) -> None:
-        self._link.start(self._send, self._interval_s, retry_interval_s=self._interval_s)
+        """Sends what was sampled every `send_interval_s`, on the running event loop; an
+        empty sampler asks nothing of the actor (an idle replica never looks for it)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
 
     def stop(self) -> None:
-        self._link.stop()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        while ray.is_initialized():
+            if not self.sampler.is_empty:
+                await self._link.try_call(self._send)
+            await asyncio.sleep(self._interval_s)
 
     async def send_once(self) -> None:
         await self._link.call(self._send)
 
     async def _send(self, actor: ray.actor.ActorHandle) -> None:
+        if not self._rate_known:
+            self.sampler.set_sample_rate(await actor.sample_rate.remote())
+            self._rate_known = True
         batch = self.sampler.take(self.capacity_blocks)
         if batch is not None:
             await actor.record.remote(batch)

@@ -117,12 +117,21 @@ class AccessSampler:
         self._threshold = sample_threshold(self.config.sample_rate)
         self._reset()
 
+    def set_sample_rate(self, sample_rate: float) -> None:
+        """Samples at `sample_rate` from the next `take` on (held hashes included)."""
+        self.config = SamplerConfig(sample_rate, self.config.max_pending_prompts)
+        self._threshold = sample_threshold(sample_rate)
+
     def _reset(self) -> None:
         self._routed: list[Sequence[BlockHash]] = []
         self._released: list[Sequence[BlockHash]] = []
         self._num_blocks = 0
         self._num_prompt_tokens = 0
         self._num_dropped = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self._routed or self._released or self._num_dropped)
 
     def on_routed(self, block_hashes: Sequence[BlockHash], num_prompt_tokens: int) -> None:
         """Counts a routed prompt (its full blocks' hashes, in prompt order; kept by
@@ -141,7 +150,7 @@ class AccessSampler:
 
     def take(self, capacity_blocks: int | None) -> AccessBatch | None:
         """Everything held since the last take, sampled; None when there is nothing."""
-        if not (self._routed or self._released or self._num_dropped):
+        if self.is_empty:
             return None
         prompt_hashes, prompt_sizes = sample_lists(self._routed, self._threshold)
         released_hashes, released_sizes = sample_lists(self._released, self._threshold)

@@ -72,25 +72,29 @@ def test_a_denser_batch_is_thinned_and_a_sparser_one_refused():
 
 
 @pytest.mark.slow
-def test_routers_samples_reach_the_actor_through_ray():
+def test_routers_and_replicas_samples_reach_the_actor_through_ray():
     ray.init(num_cpus=1, include_dashboard=False, object_store_memory=128 * 1024**2,
              log_to_driver=False, namespace="hit-bound-test")
     try:
         config = HitCurveConfig(sample_rate=1.0)
-        links = [HitBoundLink(f"g{i}", B, config) for i in range(2)]
-        for i, link in enumerate(links):  # two routers, each routing each prompt once
+        routers = [HitBoundLink(f"g{i}", B, config) for i in range(2)]
+        replica = HitBoundLink("engine/r0", B)  # finds the actor, learns its rate
+        for i, link in enumerate(routers):  # two routers, each routing each head once
             link.capacity_blocks = 64
             for head in range(3):
                 link.sampler.on_routed(_prompt(head, i), 3 * B)
+        replica.sampler.on_released(_prompt(0, 9))  # a finished sequence's blocks
 
-        async def send():
+        async def send(links):
             for link in links:
                 await link.send_once()
-        asyncio.run(send())
+        asyncio.run(send(routers + [replica]))
+        routers[0].sampler.on_routed(_prompt(0, 9), 3 * B)  # all three blocks cached
+        asyncio.run(send(routers[:1]))
         actor = get_hit_bound(config)
-        # 6 prompts, 18 blocks: the second router's 6 head blocks hit
-        assert ray.get(actor.hit_ratio.remote(64, "all")) == 6 / 18
-        assert ray.get(actor.stats.remote()) == {"num_sampled_accesses": 36,
+        # 7 prompts, 21 blocks: the second router's 6 head blocks and the last prompt's 3 hit
+        assert ray.get(actor.hit_ratio.remote(64, "all")) == 9 / 21
+        assert ray.get(actor.stats.remote()) == {"num_sampled_accesses": 45,
                                                  "capacity_blocks": 64,
                                                  "num_rejected_batches": 0}
     finally:

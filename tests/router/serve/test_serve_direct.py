@@ -97,14 +97,15 @@ def test_shared_prefix_lands_on_the_replica_that_holds_it(server, oai):
     assert all(c >= (len(SHARED) + 1) // 16 * 16 for c in cached[1:])
 
     def routed() -> list[float] | None:
-        """Routed per replica since `before`, once the routers' series include all five
-        (a router process pushes them to the hub every second; on a crowded box a push of
-        the previous test's decisions can land after `before` was read, hence >=)."""
+        """Routed per replica since `before`, once one replica's count includes all five
+        (each router process pushes its series to the hub every second, so with two the
+        five arrive in two pushes; on a crowded box a push of the previous test's decisions
+        can land after `before` was read, hence >=, and counts on the other replica)."""
         after = server.by_label("kvroute_router_requests_total", "replica")
         counts = sorted(after.get(r, 0) - before.get(r, 0) for r in after)
-        return counts if sum(counts) >= 5 else None
+        return counts if counts and counts[-1] >= 5 else None
 
-    assert wait_until(routed, 30, "the routers' series to count five decisions")[-1] >= 5
+    wait_until(routed, 30, "one replica's routed count to include all five decisions")
     predicted = server.sum_metric("kvroute_router_predicted_hit_tokens_total")
     assert predicted - predicted_before >= sum(cached)
 

@@ -59,6 +59,7 @@ def serve_application(serve_args: ServeSettings) -> Application:
         request_router_kwargs={
             "model": engine_config.served_model_name,
             "router": serve_args.router_args(),
+            "bound": serve_args.bound_args(),
         },
     )
     resources = ReplicaResources(cpus_per_rank=(1.0 if serve_args.cpus_per_rank is None

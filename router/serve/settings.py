@@ -16,10 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from router.cluster.worker_spec import parse_workers
 from router.core.config import RouterConfig
+from router.core.hit_curve import HitCurveConfig
 from router.core.policies import POLICY_NAMES
 from worker.engine_config import EngineConfig, EngineSettings, PositiveInt
 
 _ROUTER_DEFAULTS = RouterConfig()
+_BOUND_DEFAULTS = HitCurveConfig()
 
 
 class ServeSettings(EngineSettings):
@@ -64,6 +66,14 @@ class ServeSettings(EngineSettings):
         _ROUTER_DEFAULTS.host_cost_fraction, ge=0, le=1,
         description="cache_aware: cost of a host-cached prompt token as a fraction of "
                     "recomputing it (0: as good as a device hit, 1: no better than a miss)")
+    pooled_sample_rate: float = Field(
+        _BOUND_DEFAULTS.sample_rate, gt=0, le=1,
+        description="the online pooled bound (kvroute_pooled_hit_ratio): the fraction R of "
+                    "block hashes the routers and replicas sample (a block is kept when its "
+                    "hash is below R x 2^64); its error shrinks as 1/sqrt(R x KV blocks)")
+    pooled_window_s: float = Field(
+        _BOUND_DEFAULTS.recent_window_s, gt=0, allow_inf_nan=False,
+        description="the online pooled bound's recent window (window=\"recent\"), seconds")
     gateways: PositiveInt = Field(
         2, description="gateway processes: the HTTP ingress (ingress gateway), the worker "
                        "gateways, or with ingress direct the ingress request routers on each "
@@ -145,6 +155,10 @@ class ServeSettings(EngineSettings):
                 "imbalance_threshold": self.imbalance_threshold,
                 "pending_ttl_s": self.pending_ttl_s,
                 "host_cost_fraction": self.host_cost_fraction}
+
+    def bound_args(self) -> dict[str, Any]:
+        """HitCurveConfig's keyword arguments (the hit-bound actor's, from the routers)."""
+        return {"sample_rate": self.pooled_sample_rate, "recent_window_s": self.pooled_window_s}
 
     def engine_config(self, **more: Any) -> EngineConfig:
         # ranks 1..tp-1: actors in the replica's placement group

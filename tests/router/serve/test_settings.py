@@ -125,3 +125,13 @@ def test_ingress_is_direct_by_default_and_the_worker_gateway_with_workers():
     with pytest.raises(SettingsError, match="with workers the worker gateway is the ingress"):
         load_settings(ServeSettings, {"model": "m", "workers": "http://w0:8000",
                                       "ingress": "direct"}, env={})
+
+
+def test_pooled_bound_settings_reach_the_request_routers():
+    app = build_app({"engine": "sim", "replicas": 1, "ingress": "gateway",
+                     "pooled_sample_rate": "0.25", "pooled_window_s": "300"})
+    _, engine = _deployments(app)
+    kwargs = engine._deployment_config.request_router_config.request_router_kwargs
+    assert kwargs["bound"] == {"sample_rate": 0.25, "recent_window_s": 300.0}
+    with pytest.raises(SettingsError, match="pooled_sample_rate"):
+        load_settings(ServeSettings, {"pooled_sample_rate": "1.5"}, env={})

@@ -1,8 +1,8 @@
 """Why a routed request's uncached prompt tokens were not cached, counted in tokens.
 
 At the decision the router knows each candidate's cached prefix of the prompt (its index, or
-its routed history in approximate mode); a window of the blocks earlier requests used
-(`SeenWindow`) tells seen from never seen. That splits the prompt into token ranges, which
+its routed history in approximate mode); a window of the blocks earlier requests used or
+replicas stored (`SeenWindow`) tells seen from never seen. That splits the prompt into token ranges, which
 the engine's delivered count D closes when the request ends:
 
     0 ......... p ............ o ............ s ............ c ...... n
@@ -22,9 +22,10 @@ requests whose delivered count comes back are counted: a refused or lost one ran
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from kv.events import BlockStored, KVEvent
 from kv.hashing import BlockHash
 from router.core.hash_loops import num_leading_in
 from router.core.prefix_match import PrefixMatch
@@ -103,9 +104,19 @@ class SeenWindow:
         return n
 
     def add(self, block_hashes: Sequence[BlockHash]) -> None:
-        if len(self._current) >= self.capacity_blocks // 2:
-            self._previous, self._current = self._current, {}
-        self._current.update(dict.fromkeys(block_hashes))
+        """Remembers the hashes (of a long run, its last `capacity_blocks / 2` only): no
+        generation ever holds more than half the capacity."""
+        half = self.capacity_blocks // 2
+        if len(block_hashes) > half:
+            block_hashes = block_hashes[-half:]
+        start = 0
+        while start < len(block_hashes):
+            room = half - len(self._current)
+            if room <= 0:
+                self._previous, self._current = self._current, {}
+                room = half
+            self._current.update(dict.fromkeys(block_hashes[start:start + room]))
+            start += room
 
     def __len__(self) -> int:
         return len(self._current) + len(self._previous)
@@ -123,7 +134,8 @@ class MissCauses:
 
     A decision only keeps references to what the router already built (the prompt's hashes,
     the candidates' matches); the window is read and fed when the request ends, off the
-    decision's path, so "seen" means seen by a request that ended earlier. Memory: the
+    decision's path, so "seen" means used by a request that ended earlier here, or stored
+    by a replica (`on_events`, any router's request). Memory: the
     window's `seen_window_blocks` hashes, plus one entry per outstanding request (gone when
     it ends or is withdrawn: `forget`).
     """
@@ -163,6 +175,14 @@ class MissCauses:
                               delivered_tokens)
         self.totals = self.totals + causes
         return causes
+
+    def on_events(self, events: Iterable[KVEvent]) -> None:
+        """A replica stored blocks (its KV events, as every router applies them): they are
+        seen, whichever router's request computed them, so a block another router's
+        request used is not taken for cold."""
+        for event in events:
+            if type(event) is BlockStored:
+                self.seen.add(event.block_hashes)
 
     def take(self, request_id: str) -> _Decision | None:
         """Removes and returns the request's view (to `keep` it again, as a moved request

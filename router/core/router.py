@@ -312,6 +312,7 @@ class Router:
     def apply_batch(self, batch: EventBatch) -> bool:
         """Applies a replica's event batch; True when that replica needs a snapshot."""
         needs_snapshot = self.index.apply_batch(batch)
+        self.misses.on_events(batch.events)
         if batch.replica_id in self._pins:
             self._pin_evicted(batch.replica_id)
         return needs_snapshot

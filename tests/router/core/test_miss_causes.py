@@ -2,6 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kv.events import BlockRemoved, BlockStored, EventLog
 from router.core.miss_causes import MissCauses, MissTokens, SeenWindow, split_causes
 from router.core.router import Router, RouterConfig
 from tests.router.core.core_helpers import FakeClock, h
@@ -136,3 +137,26 @@ def test_the_window_reads_seen_blocks_across_its_two_generations():
 def test_seen_window_blocks_is_validated():
     with pytest.raises(ValueError, match="seen_window_blocks must be an integer >= 2"):
         RouterConfig(seen_window_blocks=1)
+
+
+def test_blocks_a_replica_stored_are_seen_whoever_routed_them():
+    # another router's request had blocks 0-2 computed on r0; then r0 evicted them
+    router = make_router()
+    log = EventLog("r0", epoch="e0")
+    assert router.apply_batch(log.drain())
+    router.apply_snapshot(log.snapshot((), ()))
+    log.append(BlockStored(tuple(prompt(0, 1, 2)), None, "device"))
+    log.append(BlockRemoved(tuple(prompt(0, 1, 2)), "device"))
+    assert not router.apply_batch(log.drain())
+    assert run(router, "q1", prompt(0, 1, 2, 3), 64, 0)[1] == MissTokens(capacity=48, cold=16)
+
+
+def test_a_run_longer_than_half_the_window_keeps_its_last_half_and_the_bound():
+    window = SeenWindow(8)
+    window.add([h(i) for i in range(10)])
+    assert window.num_leading_seen([h(i) for i in range(6, 10)]) == 4
+    assert window.num_leading_seen([h(5)]) == 0
+    window.add([h(20), h(21), h(22)])  # the generation is full: a new one
+    assert len(window) == 7 and window.num_leading_seen([h(i) for i in range(6, 10)]) == 4
+    window.add([h(30), h(31)])  # h(30) fills it; h(31) starts a third: h(6..9) dropped
+    assert window.num_leading_seen([h(6)]) == 0 and len(window) <= 8

@@ -84,14 +84,17 @@ class HitBound:
         """Sets the series from the curve (before each push to the metrics hub)."""
         self._sampled.inc(self.curve.num_sampled_accesses - self._num_counted)
         self._num_counted = self.curve.num_sampled_accesses
+        labels = [label for label, _ in CAPACITY_MULTIPLES]
+        capacities = [math.inf if multiple == math.inf
+                      else None if self.capacity_blocks is None
+                      else multiple * self.capacity_blocks
+                      for _, multiple in CAPACITY_MULTIPLES]
+        known = [c for c in capacities if c is not None]
         for window in WINDOWS:
-            counts = self.curve.counts(window)
-            for label, multiple in CAPACITY_MULTIPLES:
-                capacity = (math.inf if multiple == math.inf
-                            else None if self.capacity_blocks is None
-                            else multiple * self.capacity_blocks)
-                ratio = (None if capacity is None
-                         else counts.hit_ratio(capacity, self.curve.config.sample_rate))
+            ratios = iter(self.curve.counts(window).hit_ratios(
+                known, self.curve.config.sample_rate))
+            for label, capacity in zip(labels, capacities):
+                ratio = None if capacity is None else next(ratios)
                 if ratio is None:
                     try:
                         self._ratio.remove(label, window)

@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kv.hashing import BlockHash
 from router.core.shards import ReuseDistances, release, serve_prompt
 
@@ -90,6 +92,20 @@ class AccessCounts:
         """Sampled lookups a pooled LRU of `capacity_blocks` hits: distance / R < C."""
         limit = capacity_blocks * sample_rate
         return sum(n for d, n in self.distances.items() if d < limit)
+
+    def hit_ratios(self, capacities_blocks: Sequence[float], sample_rate: float
+                   ) -> list[float | None]:
+        """`hit_ratio` at each capacity, the distances read once (up to one entry per
+        tracked block: the actor refreshes its series every second)."""
+        num_sampled = self.num_sampled
+        if num_sampled == 0 or self.num_prompt_tokens == 0:
+            return [None] * len(capacities_blocks)
+        size = len(self.distances)
+        distances = np.fromiter(self.distances.keys(), np.int64, size)
+        counts = np.fromiter(self.distances.values(), np.int64, size)
+        scale = self.num_block_tokens / self.num_prompt_tokens / num_sampled
+        return [int(counts[distances < c * sample_rate].sum()) * scale
+                for c in capacities_blocks]
 
 
 @dataclass

@@ -77,6 +77,8 @@ def test_at_rate_one_the_curve_is_the_exact_pooled_lru(capacity_blocks):
     assert counts.num_hits(capacity_blocks, 1.0) * B == lru.hit_tokens
     assert counts.num_prompt_tokens == lru.query_tokens
     assert curve.hit_ratio(capacity_blocks, "all") == pytest.approx(lru.hit_rate, rel=1e-12)
+    assert counts.hit_ratios([capacity_blocks], 1.0) == [curve.hit_ratio(capacity_blocks,
+                                                                          "all")]
 
 
 def test_recent_window_forgets_whole_buckets_and_all_keeps_everything():

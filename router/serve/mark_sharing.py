@@ -93,7 +93,11 @@ class MarkSender:
 
     def _send_soon(self) -> None:
         if self._started and self._task is None and self.outbox:
-            self._task = asyncio.get_running_loop().create_task(self._send_all())
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called off the loop: sent with the next share on it
+                return
+            self._task = loop.create_task(self._send_all())
 
     async def _send_all(self) -> None:
         try:

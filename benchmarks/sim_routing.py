@@ -90,6 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--share-work", action="store_true",
                    help="with --share-pending-delay-s: also run the largest count with its "
                         "routers sharing routed work too (each router counts every request)")
+    p.add_argument("--rotate-candidates", action="store_true",
+                   help="with --gateways: each router lists the replicas from its own offset "
+                        "(full ties fall on different replicas at different routers)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     p.add_argument("--trace", type=Path, default=ex.MOONCAKE_TRACE)
@@ -107,8 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.spread = args.spread.split(",")
         if not set(args.spread) <= set(SPREADS):
             p.error(f"--spread: each of {', '.join(SPREADS)}")
-    elif args.share_pending_delay_s is not None:
-        p.error("--share-pending-delay-s needs --gateways")
+    elif args.share_pending_delay_s is not None or args.rotate_candidates:
+        p.error("--share-pending-delay-s and --rotate-candidates need --gateways")
     if args.share_work and args.share_pending_delay_s is None:
         p.error("--share-work needs --share-pending-delay-s (the sharing's delay)")
     return args
@@ -159,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
         entrants = ex.contenders(args.policy, base, others)
     else:
         entrants = gateway_contenders(args.policy, base, args.gateways, args.spread,
-                                      args.share_pending_delay_s, args.share_work)
+                                      args.share_pending_delay_s, args.share_work,
+                                      args.rotate_candidates)
     t0, cpu0 = time.perf_counter(), time.process_time()
     by_label: dict[str, list[Summary]] = {c.label: [] for c in entrants}
     tasks = [ex.Task(ClusterConfig(args.replicas, replica, c.router, args.event_delay_s,
@@ -167,7 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
                                    first_token_signal=args.first_token_signal,
                                    num_routers=c.num_routers, router_spread=c.router_spread,
                                    share_pending_delay_s=c.share_pending_delay_s,
-                                   share_work=c.share_work),
+                                   share_work=c.share_work,
+                                   rotate_candidates=c.rotate_candidates),
                      ex.WorkloadSpec(args.workload, per_replica, args.replicas, args.seed,
                                      args.quick, args.trace), c.label)
              for per_replica in rates_per_replica(args, d) for c in entrants]

@@ -66,6 +66,10 @@ class ClusterConfig:
     share_pending_delay_s: float | None = None
     # The routed work too (and when it ends), with the same delay: every router counts it.
     share_work: bool = False
+    # Router i of G lists the replicas from replica i x N / G on: a policy breaks a full tie
+    # (no cache, equal load) by listed order, so routers that know nothing of each other's
+    # requests would otherwise all pick the first replica at once.
+    rotate_candidates: bool = False
 
     def __post_init__(self):
         if not 1 <= self.num_replicas <= 1024:
@@ -137,6 +141,9 @@ class ClusterSim:
                                  config.seed, clock=lambda: self.now, share_marks=sharing,
                                  share_work=config.share_work)
         self.routers = self.gateways.routers
+        n, g = config.num_replicas, config.num_routers
+        self._candidates = [self.replica_ids[k:] + self.replica_ids[:k] for k in (
+            (i * n // g if config.rotate_candidates else 0) for i in range(g))]
         self.router = self.routers[0]
         self.feed_index = not config.router.approximate
         self.root = namespace_root(config.model_name)
@@ -192,8 +199,8 @@ class ClusterSim:
             self._end(rec, "rejected", token_ids, hashes)
             return
         gateway = self.gateways.pick(item)
-        decision = self.routers[gateway].route(item.request_id, hashes, n, self.replica_ids,
-                                               item.max_tokens)
+        decision = self.routers[gateway].route(item.request_id, hashes, n,
+                                               self._candidates[gateway], item.max_tokens)
         shared = self.gateways.shared_route(item.request_id, decision, hashes, item.max_tokens)
         if shared is not None:
             self._push(self.now + self.config.share_pending_delay_s, _SHARE, shared)

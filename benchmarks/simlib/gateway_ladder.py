@@ -8,12 +8,13 @@ Contenders, by label:
 - `<policy>@<G>gw[/<spread>]+marks`: the largest G again, its routers sharing pending marks
   (with --share-pending-delay-s);
 - `<policy>@<G>gw[/<spread>]+marks+work`: sharing their routed work too (with --share-work).
-`/<spread>` names a spread other than round robin (benchmarks/simlib/gateways.py).
+`/<spread>` names a spread other than round robin (benchmarks/simlib/gateways.py); `/rot`
+says each router lists the replicas from its own offset (--rotate-candidates).
 
 Figures, over the rungs below round robin's saturation rate (every rung when it never
 saturates):
 - worst_hit_loss_vs_one_gateway: max over rungs and over G > 1 without sharing of the hit
-  rate at one gateway minus the hit rate at G;
+  rate at one gateway minus the hit rate at G (negative: G gateways hit more);
 - max_load_share: max over rungs of the load share, at G = 1 and every G > 1 without sharing;
 - the same two for the contenders that share marks (`..._marks`) and marks and routed work
   (`..._marks_work`);
@@ -31,16 +32,17 @@ from router.core.config import RouterConfig
 
 
 def gateway_label(policy: str, num_routers: int, spread: str, marks: bool = False,
-                  work: bool = False) -> str:
+                  work: bool = False, rotate: bool = False) -> str:
     if num_routers == 1:
         return policy
     return (f"{policy}@{num_routers}gw" + ("" if spread == "round_robin" else f"/{spread}")
-            + ("+marks" if marks else "") + ("+work" if work else ""))
+            + ("/rot" if rotate else "") + ("+marks" if marks else "")
+            + ("+work" if work else ""))
 
 
 def gateway_contenders(policy: str, base: RouterConfig, gateways: list[int],
                        spreads: list[str], share_pending_delay_s: float | None,
-                       share_work: bool = False) -> list[Contender]:
+                       share_work: bool = False, rotate: bool = False) -> list[Contender]:
     """One gateway, the round robin baseline, then every G > 1 under every spread, then the
     largest G sharing pending marks (when a delay is given), then sharing routed work too."""
     router = replace(base, policy=policy, approximate=False)
@@ -50,12 +52,14 @@ def gateway_contenders(policy: str, base: RouterConfig, gateways: list[int],
     larger = sorted(g for g in set(gateways) if g > 1)
     for g in larger:
         for spread in spreads:
-            out.append(Contender(gateway_label(policy, g, spread), router, g, spread))
+            out.append(Contender(gateway_label(policy, g, spread, rotate=rotate), router, g,
+                                 spread, rotate_candidates=rotate))
     if share_pending_delay_s is not None and larger:
         for work in (False, True)[:1 + share_work]:
             for spread in spreads:
-                out.append(Contender(gateway_label(policy, larger[-1], spread, True, work),
-                                     router, larger[-1], spread, share_pending_delay_s, work))
+                out.append(Contender(
+                    gateway_label(policy, larger[-1], spread, True, work, rotate), router,
+                    larger[-1], spread, share_pending_delay_s, work, rotate))
     return out
 
 
@@ -83,9 +87,10 @@ def gateway_figures(by_label: dict[str, list[Summary]], contenders: list[Contend
               "_marks_work": [c.label for c in contenders if c.share_work]}
     out: dict = {"gateway_rungs_below_saturation": len(below)}
     for suffix, labels in groups.items():
-        if labels:
+        several = [k for k in labels if k != policy]
+        if several:
             out[f"worst_hit_loss_vs_one_gateway{suffix}"] = max(per[k]["worst_hit_loss"]
-                                                                for k in labels)
+                                                                for k in several)
             out[f"max_load_share{suffix}"] = max(per[k]["max_load_share"] for k in labels)
     out["per_contender"] = {k: {f: round(v, 4) for f, v in d.items()} for k, d in per.items()}
     return out

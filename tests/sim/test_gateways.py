@@ -121,3 +121,14 @@ def test_a_gateway_that_hears_the_others_routed_work_spreads_as_one_would():
     for router in sim.routers:  # every router saw every request end
         assert all(router.loads.num_outstanding(r) == 0 for r in sim.replica_ids)
         router.check_invariants()
+
+
+def test_routers_that_know_nothing_of_each_other_tie_on_their_own_replica_when_rotated():
+    # two unrelated prompts at once through two gateways: each gateway sees an idle,
+    # empty cluster and takes its first listed replica
+    w = Workload("pair", tuple(WorkItem(rid, 0.0, (Segment(rid, 64),), 4) for rid in "AB"))
+    for rotate, routes in [(False, {"A": "r0", "B": "r0"}), (True, {"A": "r0", "B": "r1"})]:
+        config = make_sim(w).config
+        sim = ClusterSim(dataclasses.replace(config, num_routers=2, router_spread="round_robin",
+                                             rotate_candidates=rotate), w)
+        assert routes_and_hits(sim.run())[0] == routes

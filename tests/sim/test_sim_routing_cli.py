@@ -110,7 +110,8 @@ def test_gateway_options_are_checked(capsys):
     for argv, message in [(["--gateways", "2,8"], "1 among them"),
                           (["--gateways", "1,x"], "comma-separated integers"),
                           (["--gateways", "1,2", "--spread", "hash"], "--spread: each of"),
-                          (["--share-pending-delay-s", "0.01"], "needs --gateways")]:
+                          (["--share-pending-delay-s", "0.01"], "need --gateways"),
+                          (["--rotate-candidates"], "need --gateways")]:
         with pytest.raises(SystemExit):
             sim_routing.parse_args(["--workload", "burst", *argv])
         assert message in capsys.readouterr().err

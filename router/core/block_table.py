@@ -8,6 +8,8 @@ Here a hash is a row of fixed-width arrays instead:
     keys    [rows, 2] uint64   the hash's 16 bytes (native order, as np.frombuffer reads them)
     masks   [rows, W] uint64   2 bits per replica slot, bit 2s device, 2s + 1 host
     _next   [rows]    int32    next row in the same bucket's chain (row 0 ends it)
+    _used   [rows]    bool     the row holds a hash (else it is free, or row 0)
+    _stamps [rows]    int32    scratch: drops repeated rows without a sort
     _heads  [buckets] int32    first row of each bucket's chain (row 0: empty)
 
 Lookups, inserts and deletes take whole arrays of hashes (one event's, one prompt's), so the

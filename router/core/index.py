@@ -2,9 +2,10 @@
 
 Each replica gets a slot s and two bits in one bitmask per block hash: bit 2s when the
 replica holds the block on the device, bit 2s + 1 when it holds it on the host tier. The
-hashes and their bitmasks live in flat numpy arrays (router.core.block_table): about 20 B per
-holding at 256 replicas where Python objects took 81. A prompt's cached prefix on every
-replica comes from one vectorised lookup of its hashes, then one walk over their bitmasks:
+hashes and their bitmasks live in flat numpy arrays (router.core.block_table): 27 B per
+holding at 256 replicas and 4M blocks, where Python objects took 81. A prompt's cached
+prefix on every replica comes from one vectorised lookup of its hashes, then one walk over
+their bitmasks:
 `alive` holds the device bit of each replica still in its device run and the host bit of
 each replica in the host run after it, so "does every run go on?" is `alive & mask ==
 alive`; only where a run ends does the walk do more. It stops as soon as no replica is left.

@@ -9,7 +9,8 @@ starts before the workers serve anything of the run, so it misses no block.
     never_seen          no earlier prompt had the block
     evicted_everywhere  an earlier prompt had it; no worker held it when the request was sent
     not_yet_published   no worker's events showed it at send time, but it was computed (a
-                        worker stored it before this request's first token): in flight
+                        worker other than the serving one stored it after the request was
+                        sent and before its first token): in flight
     elsewhere           another worker held it at send time (by its events), the serving one
                         did not
     here_gone           the serving worker held it at send time (by its events), but not
@@ -122,7 +123,10 @@ def live_miss_classes(records: Sequence, log: Sequence[tuple], t0: float, model:
                 cls = "here_gone"
             elif any(h in held[w] for w in range(num_workers)):
                 cls = "elsewhere"
-            elif any(t < ran for t, _ in stores.get(h, ())):
+            elif any(sent <= t < ran and w != serving for t, w in stores.get(h, ())):
+                # another worker stored it after the request was sent: one in flight there
+                # computed it (the serving worker's store is this request's own prefill; a
+                # store before the send, held nowhere at send time, was evicted since)
                 cls = "not_yet_published"
             else:
                 cls = "evicted_everywhere"

@@ -2,8 +2,8 @@
 
 At the decision the router knows each candidate's cached prefix of the prompt (its index, or
 its routed history in approximate mode); a window of the blocks earlier requests used or
-replicas stored (`SeenWindow`) tells seen from never seen. That splits the prompt into token ranges, which
-the engine's delivered count D closes when the request ends:
+replicas stored (`SeenWindow`) tells seen from never seen. That splits the prompt into token
+ranges, which the engine's delivered count D closes when the request ends:
 
     0 ......... p ............ o ............ s ............ c ...... n
     | predicted |  placement   |   capacity   |     cold     |  cold  |
@@ -79,8 +79,8 @@ def split_causes(num_prompt_tokens: int, cacheable_tokens: int, predicted_tokens
 
 
 class SeenWindow:
-    """Block hashes routed lately, in bounded memory: two generations of at most
-    `capacity_blocks / 2` hashes each. A prompt's blocks go into the current one; when it
+    """Block hashes used or stored lately, in bounded memory: two generations of at most
+    `capacity_blocks / 2` hashes each. New hashes go into the current one; when it
     is full it becomes the previous one and the old previous one is dropped. A block is
     remembered for at least `capacity_blocks / 2` distinct block insertions after its last
     use and at most `capacity_blocks` hashes are held (about 100 bytes each: a dict entry

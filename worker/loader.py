@@ -4,10 +4,12 @@ A checkpoint directory holds config.json, one or many *.safetensors (several are
 model.safetensors.index.json), tokenizer.json, and optionally tokenizer_config.json (with
 the chat template), chat_template.jinja and generation_config.json.
 
-The safetensors files are mapped, not read: each tensor (or this rank's slice of it) is
-copied once, from the page cache straight into its parameter. (A parameter is never the
-mapping itself: BLAS kernels round differently on an unaligned tensor, and the logits
-would depend on where a tensor sits in its file.)
+The safetensors files are mapped, not read. A CPU parameter that is a whole tensor of the
+file, in the model's dtype, on a 64-byte boundary in the file (a GGUF conversion's are:
+worker/gguf/aligned_safetensors.py) is that part of the mapping: no copy, and the replicas
+of a host share its pages in the page cache. Any other tensor (or this rank's slice of it)
+is copied once from the mapping into its parameter. (Not an unaligned one: BLAS kernels
+round differently on it, and the logits would depend on where a tensor sits in its file.)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from worker.gguf.aligned_safetensors import ALIGN_BYTES
 from worker.model import LlamaForCausalLM
 from worker.model_config import ModelConfig
 from worker.tokenizer_files import load_tokenizer_files, read_json, require_dir
@@ -116,11 +119,21 @@ def load_weights(model: LlamaForCausalLM, model_dir: str | Path) -> None:
                     f"checkpoint tensor {name!r}: shard shape {tuple(tensor.shape)} "
                     f"does not match the model's {tuple(dst.shape)}"
                 )
-            dst.copy_(tensor)
+            if dst.shape == target.param.shape and _can_share(tensor, target.param):
+                target.param.data = tensor
+            else:
+                dst.copy_(tensor)
             loaded.add(name)
     missing = expected_weight_names(model) - loaded
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks tensors: {sorted(missing)[:8]}")
+
+
+def _can_share(tensor: torch.Tensor, param: torch.Tensor) -> bool:
+    """A mapped tensor can be the parameter itself: on the CPU, the same dtype, dense, and
+    aligned as the model's own memory is (64 bytes)."""
+    return (param.device.type == "cpu" and tensor.dtype == param.dtype
+            and tensor.is_contiguous() and tensor.data_ptr() % ALIGN_BYTES == 0)
 
 
 def load_model(

@@ -147,10 +147,39 @@ def test_weights_equal_the_files_tensors_and_the_file_is_never_written(llama_dir
                            torch.cat([reference["model.layers.1.mlp.gate_proj.weight"],
                                       reference["model.layers.1.mlp.up_proj.weight"]]))
         assert torch.equal(model.embed_tokens.weight, reference["model.embed_tokens.weight"])
-        for param in model.parameters():  # the model's own memory, not the file's
-            assert param.untyped_storage().nbytes() == param.numel() * param.element_size()
-            param.data.fill_(7.0)
+        for param in model.parameters():
+            param.data.fill_(7.0)  # a mapped one is copy-on-write
     assert path.read_bytes() == before
+
+
+def test_an_aligned_file_is_mapped_and_computes_as_a_copied_one(llama_dir, tmp_path):
+    from safetensors.numpy import load_file
+
+    from worker.gguf.aligned_safetensors import save_aligned
+
+    aligned = tmp_path / "aligned"
+    shutil.copytree(llama_dir, aligned)
+    save_aligned(load_file(llama_dir / "model.safetensors"), aligned / "model.safetensors")
+    file_bytes = (aligned / "model.safetensors").stat().st_size
+    mapped = make_runner(aligned)
+    layer = mapped.model.layers[0]
+    # whole tensors in the model's dtype: parts of the one mapping, no copy
+    for param in (mapped.model.embed_tokens.weight, layer.self_attn.o_proj.weight,
+                  layer.mlp.down_proj.weight, layer.input_layernorm.weight):
+        assert param.untyped_storage().nbytes() == file_bytes
+    # fused from several tensors: copied into the model's own memory
+    fused = layer.mlp.gate_up_proj.weight
+    assert fused.untyped_storage().nbytes() == fused.numel() * fused.element_size()
+    # in bfloat16 nothing is mapped: every tensor is converted into the model's memory
+    bf16 = make_runner(aligned, dtype="bfloat16").model.layers[0].self_attn.o_proj.weight
+    assert bf16.untyped_storage().nbytes() == bf16.numel() * 2
+    # the same logits, bit for bit, as every weight copied into the model's own memory
+    copied = make_runner(llama_dir)
+    for param in copied.model.parameters():
+        param.data = param.data.clone()
+    tokens = prompt(6, seed=1)
+    assert torch.equal(mapped.execute(step(seq("a", tokens, 0, [0, 1]))),
+                       copied.execute(step(seq("a", tokens, 0, [0, 1]))))
 
 
 def test_a_file_that_is_not_safetensors_is_a_clear_error(llama_dir, tmp_path):

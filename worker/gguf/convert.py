@@ -17,13 +17,14 @@ import hashlib
 import json
 from pathlib import Path
 
-from safetensors.numpy import save_file
-
 from worker.gguf import reader as gguf_reader
+from worker.gguf.aligned_safetensors import save_aligned
 from worker.gguf.tokenizer import write_tokenizer
 from worker.staged_dir import build_dir_once
 
-# Bump when the conversion's output changes, so stale caches are rebuilt.
+# Bump when the conversion's output changes, so stale caches are rebuilt. (Its weights'
+# data starts on a 64-byte boundary since, so the loader maps them instead of copying; an
+# older conversion is not stale: its weights are copied.)
 CONVERTER_VERSION = "1"
 _MARKER = ".kvroute-gguf"
 
@@ -52,7 +53,7 @@ def _write_checkpoint(path: Path, out_dir: Path) -> None:
     config = gguf_reader.hf_config(reader)
     write_tokenizer(reader, out_dir)
     tensors = dict(gguf_reader.hf_tensors(reader, config))
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_aligned(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2))

@@ -57,8 +57,12 @@ def start_ray(address: str | None, num_cpus: int | None, env: dict[str, str]) ->
     else:  # a small local footprint: no dashboard, a modest object store
         # address="local": a new instance, never a cluster some `ray start` left running
         # on this machine (ray.init alone would join it).
+        # No idle workers started ahead (Ray starts one per CPU): in a start they sat idle
+        # while every actor started a worker of its own (the Serve actors carry a
+        # runtime_env they lack), each a Python start taken from a small host's replicas.
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, namespace="serve",
-                 object_store_memory=256 * 1024**2)
+                 object_store_memory=256 * 1024**2,
+                 _system_config={"prestart_worker_first_driver": False})
 
 
 class StartPhases:
@@ -76,6 +80,17 @@ class StartPhases:
     def summary(self) -> str:
         spans = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.spans_s)
         return f"up in {self._last_s - self._start_s:.1f} s ({spans})"
+
+
+def start_cluster_actors() -> None:
+    """Creates the KV index and metrics hub actors now, without waiting for them: else the
+    first engine replica creates them once its model is loaded, and the start waits for
+    their processes after the slowest part instead of beside it."""
+    from router.cluster.index_actor import get_index_actor
+    from router.cluster.metrics_hub import get_metrics_hub
+
+    get_index_actor()
+    get_metrics_hub()
 
 
 def apply_serve_env(ingress: str, local: bool, routers_per_node: int) -> dict[str, str]:
@@ -131,6 +146,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         serve.run(workers_application(settings, HttpConfig(launch.host, launch.port)),
                   name=APP_NAME, route_prefix=None)
     else:
+        start_cluster_actors()  # their processes start while Serve and the replicas do
         serve.start(http_options={"host": launch.host, "port": launch.port},
                     controller_options=controller)
         phases.done("serve")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -83,11 +84,13 @@ class EngineReplicaBody:
         self._bound = HitBoundLink(f"engine/{self.replica_id}", config.block_size)
         self.engine.on_finished = self._bound.sampler.on_released
         self._bound.start()
-        # On stdout, which Ray streams to the console of `kvroute serve`: the start's
-        # slowest part, per replica.
-        print(f"kvroute: engine replica {self.replica_id} ({config.model}) up in "
-              f"{time.monotonic() - start_s:.1f} s (engine built in {engine_s:.1f} s)",
-              flush=True)
+        # The start's slowest part, per replica, on the process's own stdout, which Ray
+        # streams to the console of `kvroute serve` (Serve sends a replica's sys.stdout
+        # to its buffered log file instead).
+        sys.__stdout__.write(f"kvroute: engine replica {self.replica_id} ({config.model}) up "
+                             f"in {time.monotonic() - start_s:.1f} s (engine built in "
+                             f"{engine_s:.1f} s)\n")
+        sys.__stdout__.flush()
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
         """Streams the request's deltas. Cancelled by the caller (client gone): the engine

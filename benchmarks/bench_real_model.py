@@ -5,7 +5,13 @@
 - first_start_s, paris, ready_s: `kvroute serve` with no --model (2 replicas) from an empty
   kvroute cache (the GGUF conversion included) until both replicas are ready; asked "What
   is the capital of France?" through the `openai` client's chat endpoint, greedily; then
-  started again on the converted cache.
+  started again on the converted cache (--ready-runs times: ready_s is their median,
+  ready_cpu_s the CPU seconds its processes had used once ready, ready_phases the phases
+  kvroute serve printed on the last one). Alternated with those: --no-bytecode-runs starts
+  where Python finds no bytecode (ready_no_bytecode_*), and --floor-runs starts of Ray
+  Serve alone with kvroute's settings and a trivial 2-replica app (floor_*,
+  benchmarks/serve_floor.py). `--skip first` times only the later starts (the cache
+  converted first, untimed).
 - greedy_match: the fraction of the test prompts (tests/worker/gguf/smollm2_oracle.py, 27 to
   1,180 tokens) whose greedy tokens through the engine equal transformers' reading of the
   same GGUF file (fp32).
@@ -32,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_e2e import Server, free_port, per_replica, warm_up  # noqa: E402
+from benchmarks.serve_start import time_start, wait_until  # noqa: E402
 from benchmarks.simlib.chat_load import chat_requests, run_chat_load  # noqa: E402
 from benchmarks.simlib.openai_load import summarize_http  # noqa: E402
 
@@ -57,25 +65,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-blocks", type=int, default=416,
                    help="KV blocks per replica: about half the groups' system prompts + 128")
     p.add_argument("--decode-tokens", type=int, default=64)
-    p.add_argument("--skip", default="", help="comma list of parts to skip: serve,engine,e2e")
+    p.add_argument("--ready-runs", type=int, default=1,
+                   help="later starts of kvroute serve timed; ready_s is their median")
+    p.add_argument("--no-bytecode-runs", type=int, default=0,
+                   help="later starts timed as well with no Python bytecode to read (every "
+                        "process compiles its imports, as in a venv installed without it)")
+    p.add_argument("--floor-runs", type=int, default=0,
+                   help="starts of Ray Serve alone with kvroute's settings and a trivial "
+                        "2-replica app (benchmarks/serve_floor.py), alternated with those")
+    p.add_argument("--skip", default="",
+                   help="comma list of parts to skip: first,ready,engine,e2e (serve: both "
+                        "first and ready)")
     return p.parse_args(argv)
 
 
-def wait_ready(proc: subprocess.Popen, base_url: str, timeout_s: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"kvroute serve exited with {proc.returncode}")
-        try:
-            if len(httpx.get(f"{base_url}/ready", timeout=5).json().get("replicas", [])) == 2:
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.5)  # polling a starting server, not synchronisation
+def two_replicas_ready(base_url: str) -> Callable[[], bool]:
+    return lambda: len(httpx.get(f"{base_url}/ready", timeout=5).json().get("replicas",
+                                                                              [])) == 2
 
 
-def start_default(cache_dir: Path, log_path: Path) -> tuple[Server, float]:
-    """`kvroute serve` with no --model on `cache_dir`; (server, seconds until ready)."""
+def answers_ok(base_url: str) -> Callable[[], bool]:
+    return lambda: httpx.get(base_url, timeout=5).text == "ok"
+
+
+def start_default(cache_dir: Path, log_path: Path, env: dict[str, str] | None = None
+                  ) -> tuple[Server, float]:
+    """`kvroute serve` with no --model on `cache_dir` (and `env`); (server, seconds until
+    ready)."""
     server = Server.__new__(Server)
     server.port = free_port()
     server.base_url = f"http://127.0.0.1:{server.port}"
@@ -84,20 +100,21 @@ def start_default(cache_dir: Path, log_path: Path) -> tuple[Server, float]:
     server.proc = subprocess.Popen(
         [str(ROOT / ".venv/bin/kvroute"), "serve", "--port", str(server.port)],
         stdout=server._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-        env={**os.environ, "KVROUTE_CACHE_DIR": str(cache_dir)})
+        env={**os.environ, **(env or {}), "KVROUTE_CACHE_DIR": str(cache_dir)})
     try:
-        wait_ready(server.proc, server.base_url)
+        wait_until(server.proc, two_replicas_ready(server.base_url))
     except RuntimeError:
         server.stop()
         raise
     return server, time.perf_counter() - start
 
 
-def measure_serve(workdir: Path) -> dict:
+def measure_first(workdir: Path) -> dict:
+    """The first start, converting the GGUF into an empty cache, and the capital of France."""
     import openai
 
-    cache_dir = workdir / "kvroute-cache"  # empty: the first start converts the GGUF
-    server, first_start_s = start_default(cache_dir, workdir / "serve-first.log")
+    server, first_start_s = start_default(workdir / "kvroute-cache",
+                                          workdir / "serve-first.log")
     try:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", timeout=120)
         reply = client.chat.completions.create(
@@ -107,12 +124,68 @@ def measure_serve(workdir: Path) -> dict:
         print(f"chat completion: {reply.model_dump_json(exclude_none=True)}")
     finally:
         server.stop()
-    server, ready_s = start_default(cache_dir, workdir / "serve-again.log")
-    server.stop()
     print(f"kvroute serve (no --model): first start {first_start_s:.1f} s (conversion "
-          f"included), again {ready_s:.1f} s; {QUESTION!r} -> {answer!r}")
+          f"included); {QUESTION!r} -> {answer!r}")
     return {"paris": "Paris" in answer, "answer": answer,
-            "first_start_s": round(first_start_s, 1), "ready_s": round(ready_s, 1)}
+            "first_start_s": round(first_start_s, 1)}
+
+
+def measure_starts(workdir: Path, args: argparse.Namespace) -> dict:
+    """Later starts of `kvroute serve` (the converted GGUF in the cache already), alternated
+    so each kind sees the same load on a shared box: `ready` as installed, `ready_no_bytecode`
+    with Python finding no bytecode (it looks for .pyc files only in an empty directory and
+    writes none, as in a venv installed without it on a host that does not write it: every
+    process compiles what it imports), and `floor`, Ray Serve's own start with kvroute's
+    settings and a trivial 2-replica app (benchmarks/serve_floor.py). Medians, each run,
+    and the last run's phases."""
+    if not (workdir / "kvroute-cache").is_dir():  # no first start: convert here, untimed
+        os.environ["KVROUTE_CACHE_DIR"] = str(workdir / "kvroute-cache")
+        from worker.tokenizer_files import checkpoint_dir
+
+        checkpoint_dir("smollm2")
+        checkpoint_dir("smollm2", weights=False)
+    no_bytecode = {"PYTHONPYCACHEPREFIX": str(workdir / "no-bytecode"),
+                   "PYTHONDONTWRITEBYTECODE": "1"}
+    kinds = {"ready": (args.ready_runs, "serve", {}),
+             "ready_no_bytecode": (args.no_bytecode_runs, "serve", no_bytecode),
+             "floor": (args.floor_runs, "floor", {})}
+    runs_of: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    failures: dict[str, int] = {}
+    for run in range(max(runs for runs, _, _ in kinds.values())):
+        for kind, (runs, what, env) in kinds.items():
+            if run >= runs:
+                continue
+            port = free_port()
+            base_url = f"http://127.0.0.1:{port}"
+            if what == "serve":
+                cmd = [str(ROOT / ".venv/bin/kvroute"), "serve", "--port", str(port)]
+                ready = two_replicas_ready(base_url)
+            else:
+                cmd = [sys.executable, str(ROOT / "benchmarks/serve_floor.py"), "--port",
+                       str(port)]
+                ready = answers_ok(base_url)
+            log_path = workdir / f"{kind}-{run}.log"
+            try:
+                measured = time_start(cmd, {**env, "KVROUTE_CACHE_DIR": str(
+                    workdir / "kvroute-cache")}, log_path, ready)
+            except RuntimeError as err:  # counted and shown, the other runs go on
+                tail = log_path.read_text(errors="replace").splitlines()[-3:]
+                print(f"{kind}: failed ({err}); its log ends: {tail}", flush=True)
+                failures[kind] = failures.get(kind, 0) + 1
+                continue
+            runs_of[kind].append(measured)
+            print(f"{kind}: ready in {measured['s']:.1f} s, its processes using "
+                  f"{measured['cpu_s']:.1f} CPU s ({json.dumps(measured['cpu_by_process'])}); "
+                  f"phases {json.dumps(measured['phases'])}; replicas "
+                  f"{json.dumps(measured['replicas'])}", flush=True)
+    out: dict = {f"{kind}_failed_starts": n for kind, n in failures.items()}
+    for kind, measured in runs_of.items():
+        if measured:
+            out |= {f"{kind}_s": statistics.median(m["s"] for m in measured),
+                    f"{kind}_runs_s": [m["s"] for m in measured],
+                    f"{kind}_cpu_s": statistics.median(m["cpu_s"] for m in measured),
+                    f"{kind}_phases": measured[-1]["phases"]}
+    return out
 
 
 async def _engine_run(engine, request_id: str, token_ids: list[int], max_tokens: int,
@@ -242,8 +315,10 @@ def main(argv: list[str] | None = None) -> dict:
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="kvroute-bench-real-") as tmp:
         try:
-            if "serve" not in skip:
-                out.update(measure_serve(Path(tmp)))
+            if not skip & {"serve", "first"}:
+                out.update(measure_first(Path(tmp)))
+            if not skip & {"serve", "ready"}:
+                out.update(measure_starts(Path(tmp), args))
             if "engine" not in skip:
                 out.update(measure_engine(args))
             if "e2e" not in skip:

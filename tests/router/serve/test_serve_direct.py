@@ -83,6 +83,10 @@ def test_openai_client_completions_and_chat(server, oai):
 
 
 def test_shared_prefix_lands_on_the_replica_that_holds_it(server, oai):
+    # Every ingress router has routed once: a router's first decision waits for its index
+    # mirror's first poll, which on a crowded box can outlast HAProxy's router timeout, so
+    # HAProxy asks the other router too and the late decision is counted as well.
+    traffic.wait_routed(server.base_url, {"Authorization": "Bearer key-a"})
     before = server.by_label("kvroute_router_requests_total", "replica")
     predicted_before = server.sum_metric("kvroute_router_predicted_hit_tokens_total")
     cached = []

@@ -228,11 +228,12 @@ class BlockTable:
         return rows
 
     def _grow(self, num_rows: int) -> None:
+        """Enlarges the row arrays in place (realloc: a large block is remapped, not copied,
+        so growing a million rows is no stall); the new rows are zero. Nothing outside this
+        object keeps a view of them, and `_k1`, the one view, is taken again."""
         for name in ("keys", "masks", "_next", "_used", "_stamps"):
-            old = getattr(self, name)
-            new = np.zeros((num_rows, *old.shape[1:]), old.dtype)
-            new[:len(old)] = old
-            setattr(self, name, new)
+            getattr(self, name).resize((num_rows, *getattr(self, name).shape[1:]),
+                                       refcheck=False)
         self._k1 = self.keys[:, 1]
 
     def _rehash(self, bucket_bits: int) -> None:

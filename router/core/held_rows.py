@@ -47,16 +47,16 @@ class HeldRows:
         self._len = end
         self.count += len(rows)
 
-    def held(self, masks: np.ndarray) -> np.ndarray:
+    def held(self, table: BlockTable) -> np.ndarray:
         """The rows held, each once, in no particular order (leaves the list as it is)."""
         rows = self._rows[:self._len]
-        rows = rows[(masks[rows, self.word] & self.bit) != 0]
-        return rows if len(rows) == self.count else np.unique(rows)
+        rows = rows[(table.masks[rows, self.word] & self.bit) != 0]
+        return rows if len(rows) == self.count else table.unique_rows(rows)
 
-    def compact(self, masks: np.ndarray) -> None:
+    def compact(self, table: BlockTable) -> None:
         """Drops stale and duplicate rows once they are as many as the rows held."""
         if self._len > max(_MIN_COMPACT_ROWS, 2 * self.count):
-            rows = self.held(masks)
+            rows = self.held(table)
             self._rows = rows.astype(np.int32)
             self._len = len(rows)
 
@@ -84,8 +84,8 @@ class HeldView(Collection):
         return row is not None and bool(self._table.masks[row, rows.word] & rows.bit)
 
     def __iter__(self) -> Iterator[bytes]:
-        return iter(self._table.hashes(self._rows.held(self._table.masks)))
+        return iter(self._table.hashes(self._rows.held(self._table)))
 
     def key_words(self) -> np.ndarray:
         """The hashes as [n, 2] uint64 words, without making a bytes object per hash."""
-        return self._table.keys[self._rows.held(self._table.masks)]
+        return self._table.keys[self._rows.held(self._table)]

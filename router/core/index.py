@@ -189,8 +189,9 @@ class PrefixIndex:
                 self._none_on(medium, table.masks[new])))
             table.masks[new, held.word] |= held.bit
             held.append(new)
-        if medium == "device":
-            self.pending.confirm(rep.device_bit, block_hashes)
+        if medium == "device" and rep.device_bit in self.pending.by_bit:
+            # each once: a run of events may store a hash twice, and confirm deletes per hash
+            self.pending.confirm(rep.device_bit, list(dict.fromkeys(block_hashes)))
 
     def _remove(self, rep: _Replica, medium: Medium, block_hashes: Iterable[BlockHash]) -> None:
         keys = key_words(block_hashes)
@@ -208,11 +209,11 @@ class PrefixIndex:
         self._num_blocks[medium] -= int(np.count_nonzero(self._none_on(medium, left)))
         held.count -= len(rows)
         table.free(rows[~left.any(axis=1)])
-        held.compact(table.masks)
+        held.compact(table)
 
     def _clear(self, rep: _Replica) -> None:
         for medium, held in rep.held.items():
-            self._remove_rows(rep, medium, held.held(self._table.masks).astype(np.intp))
+            self._remove_rows(rep, medium, held.held(self._table).astype(np.intp))
             held.clear()
 
     # -- pending marks ---------------------------------------------------------------------
@@ -335,7 +336,7 @@ class PrefixIndex:
         rep = self._replicas.get(replica_id)
         if rep is None:
             return frozenset()
-        return frozenset(self._table.hashes(rep.held[medium].held(self._table.masks)))
+        return frozenset(self._table.hashes(rep.held[medium].held(self._table)))
 
     def num_blocks(self, medium: Medium = "device") -> int:
         """Distinct block hashes indexed on the medium, over all replicas."""
@@ -365,7 +366,7 @@ class PrefixIndex:
         expected = np.zeros_like(masks)
         for rep in self._replicas.values():
             for held in rep.held.values():
-                rows = held.held(masks)
+                rows = held.held(table)
                 assert len(rows) == held.count, "a replica's row count drifted"
                 expected[rows, held.word] |= held.bit
         assert (expected == masks).all(), "bitmasks != per-replica contents"

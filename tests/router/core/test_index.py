@@ -194,3 +194,15 @@ def test_repeated_hashes_in_one_event_count_once():
     assert not index.apply_batch(log.drain())
     assert (index.num_blocks("device"), index.num_blocks("host")) == (2, 2)
     index.check_invariants()
+
+
+def test_a_batch_storing_a_pending_block_twice_confirms_its_mark_once():
+    index = PrefixIndex()
+    log = synced(index, "r0")
+    index.mark_pending("r0", [h(1), h(2)], held=True)
+    log.append(BlockStored((h(1),), None))
+    log.append(BlockStored((h(1), h(3)), None))
+    assert not index.apply_batch(log.drain())
+    assert index.pending_blocks("r0") == frozenset({h(2)})
+    assert index.match([h(1), h(2), h(3)], ["r0"]) == {"r0": PrefixMatch(3, 0)}  # h(2) pending
+    index.check_invariants()

@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="live device KV blocks per replica (small: evictions show)")
     parser.add_argument("--num-host-blocks", type=int, default=4096,
                         help="live host-tier KV blocks per replica")
+    parser.add_argument("--pooled-sample-rate", type=float, default=1.0,
+                        help="live R of the pooled bound (a short load holds few blocks: "
+                             "sample them all)")
     parser.add_argument("--kvroute-bin", default=str(Path(sys.executable).with_name("kvroute")))
     parser.add_argument("--prometheus-bin", default="prometheus")
     args = parser.parse_args(argv)
@@ -165,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="kvroute-render-"))
         server = KvrouteSim(args.kvroute_bin, workdir, num_replicas=args.replicas,
                             extra_args=("--num-blocks", str(args.num_blocks),
-                                        "--num-host-blocks", str(args.num_host_blocks)))
+                                        "--num-host-blocks", str(args.num_host_blocks),
+                                        "--pooled-sample-rate", str(args.pooled_sample_rate)))
         prometheus = None
         try:
             server.wait_ready(timeout_s=120)

@@ -32,7 +32,8 @@ class Answer(NamedTuple):
 
 
 def system_prompt(group: int) -> str:
-    text = f"shared-prefix group {group:02d}: " + "You answer in one short sentence. " * 16
+    # the group first: the first block (BOS and 15 bytes) already differs between groups
+    text = f"{group:02d} shared-prefix group: " + "You answer in one short sentence. " * 16
     return text[:SYSTEM_TOKENS - 1]
 
 

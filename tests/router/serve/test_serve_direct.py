@@ -245,6 +245,10 @@ def test_two_ingress_routers_hit_the_cache_as_one_does(server, tmp_path):
     two = traffic.send_groups(server.base_url, headers)
     with kvroute_cli_server([*direct_flags(tmp_path), "--gateways", "1"], 2,
                             tmp_path / "serve-one-router.log", routed_probe=headers) as one:
+        # HAProxy can route a probe before the CLI has finished deploying, then reload and
+        # pass requests unrouted for a moment: wait until the CLI reports the app up
+        wait_until(lambda: "kvroute: up in" in (tmp_path / "serve-one-router.log").read_text(),
+                   120, "kvroute serve to report the app up")
         single = traffic.send_groups(one.base_url, headers)
     assert len({a.router_id for g in single for a in g}) == 1
     assert len({a.router_id for g in two for a in g} - {None}) == 2  # both routers routed

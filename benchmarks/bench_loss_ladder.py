@@ -148,10 +148,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--actor-prompts", type=int, default=600)
     p.add_argument("--no-spread", action="store_true", help="only the live sampling key")
     p.add_argument("--quick", action="store_true", help="smoke-test sizes only")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help="comma-separated, of " + ", ".join(WORKLOADS))
     args = p.parse_args(argv)
     t_start = time.perf_counter()
     rows, logs = {}, []
-    for name in () if args.actor_only else WORKLOADS:
+    for name in () if args.actor_only else args.workloads.split(","):
         d = ex.DEFAULTS[name]
         workload = ex.build_workload(name, d.rate_per_replica, NUM_REPLICAS, 0, quick=args.quick)
         config = ClusterConfig(NUM_REPLICAS, ReplicaConfig(num_blocks=d.num_blocks),

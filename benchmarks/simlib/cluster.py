@@ -141,9 +141,6 @@ class ClusterSim:
                                  config.seed, clock=lambda: self.now, share_marks=sharing,
                                  share_work=config.share_work)
         self.routers = self.gateways.routers
-        n, g = config.num_replicas, config.num_routers
-        self._candidates = [self.replica_ids[k:] + self.replica_ids[:k] for k in (
-            (i * n // g if config.rotate_candidates else 0) for i in range(g))]
         self.router = self.routers[0]
         self.feed_index = not config.router.approximate
         self.root = namespace_root(config.model_name)
@@ -159,6 +156,14 @@ class ClusterSim:
         self._publish_due = [False] * config.num_replicas
         self.num_events = 0
         self.num_snapshots = 0
+
+    def _candidates(self, gateway: int) -> list[str]:
+        """The live replicas as router `gateway` lists them: from its own offset with
+        rotate_candidates (taken over the replicas alive now: a dead one is never listed)."""
+        if not self.config.rotate_candidates:
+            return self.replica_ids
+        k = gateway * len(self.replica_ids) // self.config.num_routers
+        return self.replica_ids[k:] + self.replica_ids[:k]
 
     def _push(self, t: float, kind: int, arg) -> None:
         self._seq += 1
@@ -200,7 +205,7 @@ class ClusterSim:
             return
         gateway = self.gateways.pick(item)
         decision = self.routers[gateway].route(item.request_id, hashes, n,
-                                               self._candidates[gateway], item.max_tokens)
+                                               self._candidates(gateway), item.max_tokens)
         shared = self.gateways.shared_route(item.request_id, decision, hashes, item.max_tokens)
         if shared is not None:
             self._push(self.now + self.config.share_pending_delay_s, _SHARE, shared)

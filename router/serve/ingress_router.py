@@ -149,7 +149,15 @@ class IngressRouter:
                 continue
             self.calls.max_model_len = min(self.calls.max_model_len,
                                            int(info["max_model_len"]))
-            return
+            break
+        # One decision with no request behind it (no call: it charges nothing) starts the
+        # request router's index mirror now, not at the first client's request, which would
+        # wait for the mirror's first poll (and HAProxy, timing it out, ask another router).
+        try:
+            async with self.engine.choose_replica(_reserve=False):
+                pass
+        except (DeploymentUnavailableError, RuntimeError) as err:
+            log.info("warming the request router failed: %r", err)
 
     def __serve_build_asgi_app__(self) -> _RouterApp:
         return _RouterApp(self)

@@ -89,19 +89,21 @@ def _choices(field: FieldInfo) -> tuple[str, ...] | None:
     return None
 
 
-def _help(name: str, field: FieldInfo) -> str:
+def _help(name: str, field: FieldInfo, env: bool) -> str:
     default = "unset" if field.default is None else field.default
+    where = f"; env ${env_name(name)}" if env else ""
     # argparse %-formats help strings: a literal % must be doubled.
-    text = f"{field.description} (default: {default}; env ${env_name(name)})"
-    return text.replace("%", "%%")
+    return f"{field.description} (default: {default}{where})".replace("%", "%%")
 
 
-def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    """One flag per field of `model`; booleans get --name and --no-name."""
+def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], env: bool = True
+              ) -> None:
+    """One flag per field of `model`; booleans get --name and --no-name. `env`: the help
+    names each field's `KVROUTE_<NAME>` variable (the caller loads them)."""
     group = parser.add_argument_group(model.__name__, model.__doc__)
     for name, field in model.model_fields.items():
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS,
-                                  "help": _help(name, field)}
+                                  "help": _help(name, field, env)}
         if field.annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:

@@ -28,6 +28,7 @@ def test_the_engine_flags_of_serve_and_engine_are_one_model():
         assert flag in engine and flag in serve, flag
         if name != "model":  # serve's own default: the real model
             assert engine[flag] == serve[flag], flag
+    assert "env $" not in engine["--port"]
     assert "default: tiny" in engine["--model"] and "default: smollm2" in serve["--model"]
 
 
@@ -38,10 +39,13 @@ def _configs(argv, environ):
 
 
 def test_flags_win_over_variables_which_win_over_defaults():
-    engine, server = _configs(["--block-size", "32", "--port", "0", "--replica-id", "r1"],
-                              {"KVROUTE_BLOCK_SIZE": "8", "KVROUTE_NUM_BLOCKS": "128"})
+    # KVROUTE_PORT as Kubernetes sets it for a Service named kvroute: the listener's
+    # settings come from flags only
+    engine, server = _configs(["--block-size", "32", "--replica-id", "r1"],
+                              {"KVROUTE_BLOCK_SIZE": "8", "KVROUTE_NUM_BLOCKS": "128",
+                               "KVROUTE_PORT": "tcp://10.96.0.12:8000"})
     assert (engine.block_size, engine.num_blocks, engine.replica_id) == (32, 128, "r1")
-    assert engine.max_num_seqs == EngineSettings().max_num_seqs and server.port == 0
+    assert engine.max_num_seqs == EngineSettings().max_num_seqs and server.port == 8000
     default, _ = _configs([], {})
     assert default.block_size == DEFAULT_BLOCK_SIZE and default.tp_launcher == "local"
 

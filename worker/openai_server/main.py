@@ -88,17 +88,19 @@ class EngineServerSettings(BaseModel):
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `kvroute engine`: the engine's settings are `kvroute serve`'s (one model,
-    worker/engine_config.py), and each can be set by its KVROUTE_<NAME> variable too."""
+    worker/engine_config.py), each also set by its KVROUTE_<NAME> variable."""
     add_flags(p, EngineSettings)
-    add_flags(p, EngineServerSettings)
+    # Where it listens is read from flags only: Kubernetes injects KVROUTE_PORT=tcp://...
+    # into every pod of a namespace with a Service named kvroute.
+    add_flags(p, EngineServerSettings, env=False)
 
 
 def configs_from(ns: argparse.Namespace, environ: Mapping[str, str] = os.environ
                  ) -> tuple[EngineConfig, ServerConfig]:
     """Raises ValueError (SettingsError) naming the bad setting."""
     engine = load_settings(EngineSettings, given_flags(ns, EngineSettings), environ, flag_name)
-    server = load_settings(EngineServerSettings, given_flags(ns, EngineServerSettings),
-                           environ, flag_name)
+    server = load_settings(EngineServerSettings, given_flags(ns, EngineServerSettings), {},
+                           flag_name)
     replica_id = server.replica_id or f"{socket.gethostname()}-{os.getpid()}"
     return (engine.engine_config(replica_id=replica_id),
             ServerConfig(**server.model_dump(exclude={"replica_id"})))

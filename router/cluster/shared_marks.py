@@ -36,7 +36,9 @@ class SharedMark(NamedTuple):
 
 @dataclass(frozen=True)
 class SharedMarksConfig:
-    ttl_s: float = 2.0  # RouterConfig.pending_ttl_s: a mark older than this is dropped
+    # a mark older than this is dropped undelivered (the default pending_ttl_s; a router
+    # set to a longer TTL still holds for that long the marks it received)
+    ttl_s: float = 2.0
     max_mark_blocks: int = 4096  # per mark: a 64k-token prompt's prefix at block size 16
     max_kept_blocks: int = 1 << 18  # all routers' marks kept at once (4 MiB of hashes)
     max_reply_blocks: int = 1 << 15  # handed to one router per poll reply

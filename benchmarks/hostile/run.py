@@ -20,7 +20,7 @@ from benchmarks.hostile.attacks import Attack
 from benchmarks.hostile.fronts import Front, nonfinite
 from benchmarks.hostile.fuzz import fuzz_front
 from benchmarks.hostile.phases import lying_worker, quota_race
-from benchmarks.hostile.victim import Victim
+from benchmarks.hostile.victim import PREFIX_CACHED_TOKENS, Victim
 
 SLOW_OVER_BASELINE = 2.0  # a victim TTFT this many times its baseline p50 is "slow"
 # The recent-work part of a replica's load halves every 30 s by design (router/core/config.py
@@ -163,15 +163,17 @@ def run_front(front: Front, config: HostileConfig) -> dict:
 
 def blame(victim: Victim, windows: list[tuple[float, float, str]],
           baseline_p50_s: float | None) -> dict[str, int]:
-    """Attacks overlapping a victim request that failed or was slow, with how many such
-    requests each overlapped."""
+    """Attacks overlapping a victim request that failed, was served off its cache or was
+    slow, with how many such requests each overlapped."""
     hurt: Counter[str] = Counter()
     for r in victim.of("attack"):
         slow = (baseline_p50_s is not None and r.ttft_s is not None
                 and r.ttft_s > SLOW_OVER_BASELINE * baseline_p50_s)
-        if r.ok and not slow:
+        off_cache = r.ok and (r.cached_tokens or 0) < PREFIX_CACHED_TOKENS
+        if r.ok and not slow and not off_cache:
             continue
+        what = "failed" if not r.ok else "off cache" if off_cache else "slow"
         for t0, t1, name in windows:
             if t0 < r.end_s and r.start_s < t1:
-                hurt[f"{'failed' if not r.ok else 'slow'} <- {name}"] += 1
+                hurt[f"{what} <- {name}"] += 1
     return dict(hurt.most_common(12))

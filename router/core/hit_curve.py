@@ -82,11 +82,7 @@ class AccessCounts:
     def hit_ratio(self, capacity_blocks: float, sample_rate: float) -> float | None:
         """Estimated pooled LRU hit ratio in tokens at `capacity_blocks` (math.inf: any
         block seen before hits); None before any sampled lookup."""
-        num_sampled = self.num_sampled
-        if num_sampled == 0 or self.num_prompt_tokens == 0:
-            return None
-        num_hits = self.num_hits(capacity_blocks, sample_rate)
-        return num_hits / num_sampled * self.num_block_tokens / self.num_prompt_tokens
+        return self.hit_ratios([capacity_blocks], sample_rate)[0]
 
     def num_hits(self, capacity_blocks: float, sample_rate: float) -> int:
         """Sampled lookups a pooled LRU of `capacity_blocks` hits: distance / R < C."""
@@ -96,16 +92,16 @@ class AccessCounts:
     def hit_ratios(self, capacities_blocks: Sequence[float], sample_rate: float
                    ) -> list[float | None]:
         """`hit_ratio` at each capacity, the distances read once (up to one entry per
-        tracked block: the actor refreshes its series every second)."""
+        tracked block: the actor refreshes its series every second). A sampled lookup hits
+        a pooled LRU of C blocks when its distance / R < C."""
         num_sampled = self.num_sampled
         if num_sampled == 0 or self.num_prompt_tokens == 0:
             return [None] * len(capacities_blocks)
         size = len(self.distances)
         distances = np.fromiter(self.distances.keys(), np.int64, size)
         counts = np.fromiter(self.distances.values(), np.int64, size)
-        scale = self.num_block_tokens / self.num_prompt_tokens / num_sampled
-        return [int(counts[distances < c * sample_rate].sum()) * scale
-                for c in capacities_blocks]
+        return [int(counts[distances < c * sample_rate].sum()) / num_sampled
+                * self.num_block_tokens / self.num_prompt_tokens for c in capacities_blocks]
 
 
 @dataclass

@@ -62,9 +62,10 @@ class Front:
         return {(ls.get("gateway", ""), ls.get("replica", "")): v
                 for n, ls, v in self.samples() if n == "kvroute_router_load_tokens"}
 
-    def outstanding(self) -> float:
-        return sum(v for n, _, v in self.samples()
-                   if n == "kvroute_router_outstanding_requests")
+    def outstanding_by_router(self) -> dict[tuple[str, str], float]:
+        """The requests each router process counts outstanding per replica."""
+        return {(ls.get("gateway", ""), ls.get("replica", "")): v
+                for n, ls, v in self.samples() if n == "kvroute_router_outstanding_requests"}
 
     def engine_errors(self) -> float:
         """Requests the engines finished with "error" (a failed step fails all of its)."""

@@ -82,21 +82,28 @@ class LoadWatch:
             self._thread.join()
 
 
-def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float) -> float | None:
+def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float
+              ) -> tuple[float | None, dict]:
     """Seconds from the attack's end until no request is outstanding and every replica's
     load is finite and at most its idle value plus its load at the attack's end decayed by
-    the recent-work half-life (a load that stays up is a leak); None past the timeout."""
+    the recent-work half-life (a load that stays up is a leak); None past the timeout, with
+    what was left then: the outstanding requests and the loads above their bound, by router
+    process and replica."""
     start = time.monotonic()
     at_end = watch.sample()
+    left: dict = {}
     while time.monotonic() - start < timeout_s:
         loads = watch.sample()
         decay = 0.5 ** ((time.monotonic() - start) / RECENT_HALF_LIFE_S)
         bound = {k: idle.get(k, 0.0) + 1.05 * decay * at_end.get(k, 0.0) + 1.0 for k in loads}
-        if (front.outstanding() == 0 and loads and not nonfinite(loads)
-                and all(v <= bound[k] for k, v in loads.items())):
-            return round(time.monotonic() - start, 2)
+        outstanding = front.outstanding_by_router()
+        above = {k: v for k, v in loads.items() if not v <= bound[k]}
+        if not any(outstanding.values()) and loads and not above:
+            return round(time.monotonic() - start, 2), {}
+        left = {"outstanding": {"/".join(k): v for k, v in outstanding.items() if v},
+                "load_above_bound": {"/".join(k): round(v, 1) for k, v in above.items()}}
         time.sleep(0.25)  # polling a series that converges asynchronously
-    return None
+    return None, left
 
 
 def run_front(front: Front, config: HostileConfig) -> dict:
@@ -137,8 +144,8 @@ def run_front(front: Front, config: HostileConfig) -> dict:
         fuzz_s = time.monotonic() - t0
         victim.stop()
         watch.label = "settle"
-        leaked = (_settle_s(front, watch, idle, config.settle_timeout_s) if front.routed
-                  else None)
+        leaked, left = (_settle_s(front, watch, idle, config.settle_timeout_s)
+                        if front.routed else (None, {}))
     victim.phase = "after"
     victim.results.append(victim.request())
     base, attack = victim.summary("baseline"), victim.summary("attack")
@@ -152,7 +159,7 @@ def run_front(front: Front, config: HostileConfig) -> dict:
         "victim_ttft_p50_over_baseline": round(ratio, 3) if ratio else None,
         "load_nonfinite": watch.nonfinite, "load_peak_tokens": round(watch.peak_tokens, 1),
         "load_peak_tokens_by_phase": {k: round(v) for k, v in watch.peak_by_label.items()},
-        "load_leaked_after_s": leaked,
+        "load_leaked_after_s": leaked, "load_left_unsettled": left,
         "engine_step_failures": front.step_failures() - steps_before,
         "engine_error_finishes": front.engine_errors() - errors_before,
         "logged_tracebacks": front.tracebacks() - tracebacks_before, "routed": front.routed,

@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 from worker.api import EngineRequest, SamplingParams  # noqa: E402
 from worker.engine_config import EngineConfig  # noqa: E402
 from worker.engine_factory import build_engine  # noqa: E402
@@ -29,7 +30,7 @@ from worker.openai.choices import Choices, collect  # noqa: E402
 
 async def run(same_prompt: bool, args) -> tuple[int, float, float]:
     engine = build_engine(EngineConfig(model="tiny", engine="sim", sim_preset=args.sim_preset,
-                                       num_blocks=4096, block_size=16,
+                                       num_blocks=4096, block_size=DEFAULT_BLOCK_SIZE,
                                        max_model_len=args.prompt_tokens + args.max_tokens + 1,
                                        max_num_batched_tokens=args.max_num_batched_tokens))
 

@@ -40,6 +40,7 @@ from benchmarks.simlib import workloads as wl  # noqa: E402
 from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator, summarize_http  # noqa
 from benchmarks.simlib.prompts import TokenSource  # noqa: E402
 from benchmarks.simlib.results import save_result  # noqa: E402
+from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-len", type=int, default=1024)
     p.add_argument("--question-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     p.add_argument("--num-blocks", type=int, default=None,
                    help="KV blocks per replica (default: half the system prompts + 128)")
     p.add_argument("--max-concurrency", type=int, default=16,

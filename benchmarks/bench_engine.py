@@ -43,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 from worker.api import EngineRequest, SamplingParams  # noqa: E402
 from worker.engine_config import EngineConfig  # noqa: E402
 from worker.engine_factory import build_engine  # noqa: E402
@@ -60,7 +61,7 @@ def tokens(rng: random.Random, n: int) -> list[int]:
 
 
 def engine(path: Path, **kw):
-    cfg = dict(model=str(path), num_blocks=2048, block_size=16, max_model_len=8192,
+    cfg = dict(model=str(path), num_blocks=2048, block_size=DEFAULT_BLOCK_SIZE, max_model_len=8192,
                max_num_batched_tokens=2048, max_num_seqs=128)
     cfg.update(kw)
     return build_engine(EngineConfig(**cfg))

@@ -58,7 +58,7 @@ from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
 from benchmarks.simlib.report import summarize  # noqa: E402
 from benchmarks.simlib.results import save_result  # noqa: E402
-from kv.hashing import block_hashes, namespace_root  # noqa: E402
+from kv.hashing import DEFAULT_BLOCK_SIZE, block_hashes, namespace_root  # noqa: E402
 from router.core.config import RouterConfig  # noqa: E402
 
 MODEL = "tiny"
@@ -108,11 +108,11 @@ def run_workload(args, base_url: str | None, worker_urls: list[str], seed: int) 
     if summary["num_errors"]:
         raise RuntimeError(f"{summary['num_errors']} requests failed, first: "
                            f"{summary['first_error']}")
-    bound = PooledLRU(args.workers * args.num_blocks, 16)
+    bound = PooledLRU(args.workers * args.num_blocks, DEFAULT_BLOCK_SIZE)
     root = namespace_root(MODEL)
     for item in workload.items:
         ids = np.concatenate([tokens.tokens(s) for s in item.segments]).tolist()
-        bound.serve_prompt(block_hashes(ids, 16, root), len(ids))
+        bound.serve_prompt(block_hashes(ids, DEFAULT_BLOCK_SIZE, root), len(ids))
     summary["bound_hit_rate"] = bound.hit_rate
     summary["load_avg_1m"] = os.getloadavg()[0]
     return summary

@@ -20,10 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kv.hashing import block_hashes, namespace_root  # noqa: E402
+from kv.hashing import DEFAULT_BLOCK_SIZE, block_hashes, namespace_root  # noqa: E402
 from kv.manager import KVCacheConfig, KVCacheManager  # noqa: E402
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 PROMPT_TOKENS = 8192
 ROOT = namespace_root("bench-model")
 

@@ -28,12 +28,13 @@ import time
 import zmq
 
 from kv.events import Cursor
+from kv.hashing import DEFAULT_BLOCK_SIZE
 from router.cluster.external_worker_spec import EVENTS, ExternalWorkerSpec
 from router.cluster.index_actor import KVIndex, PollRequest
 from router.core.engine_hash_map import EngineHashConfig
 from worker.vllm_events import frames, wire
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
 
 class Publisher:

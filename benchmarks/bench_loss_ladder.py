@@ -42,7 +42,7 @@ from benchmarks.simlib.access_log import Released, Served, exact_hit_ratio, reco
 from benchmarks.simlib.cluster import ClusterConfig  # noqa: E402
 from benchmarks.simlib.prompts import PromptBuilder, TokenSource  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
-from kv.hashing import namespace_root  # noqa: E402
+from kv.hashing import DEFAULT_BLOCK_SIZE, namespace_root  # noqa: E402
 from router.core.access_sampler import AccessSampler, SamplerConfig  # noqa: E402
 from router.core.config import RouterConfig  # noqa: E402
 from router.core.hit_curve import HitCurveConfig, PooledHitCurve  # noqa: E402
@@ -51,7 +51,7 @@ from router.core.shards import sample_threshold  # noqa: E402
 WORKLOADS = ("generated_shared_prefix", "shared_prefix", "conversation", "mooncake")
 MULTIPLES = (0.5, 1.0, 2.0)
 NUM_REPLICAS = 8
-BLOCK_SIZE = 16
+BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
 
 def online(log: list, rate: float, capacity_blocks: int, releases: bool = True,

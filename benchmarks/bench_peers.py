@@ -59,6 +59,7 @@ from benchmarks.simlib.engine_workers import EngineWorker, stop_all  # noqa: E40
 from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator, summarize_http  # noqa
 from benchmarks.simlib.prompts import TokenSource  # noqa: E402
 from benchmarks.simlib.ray_head import RayHead  # noqa: E402
+from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 
 MAX_BATCHED_TOKENS, MAX_SEQS = 8192, 1024
 
@@ -127,7 +128,7 @@ def run_cell(args, spec: PeerWorkload, router: str, seed: int, log_dir: Path,
                    "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS),
                    "--max-num-seqs", str(MAX_SEQS),
                    # the sim engine has no position limit: a prompt may fill the pool
-                   "--max-model-len", str(spec.num_blocks * 16)]
+                   "--max-model-len", str(spec.num_blocks * DEFAULT_BLOCK_SIZE)]
     workload = spec.build(seed)
     tokens = TokenSource(seed, 32, 127, workload.shared_keys())
     t0 = time.monotonic()

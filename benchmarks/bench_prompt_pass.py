@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 from router.gateway.tenants import TenantAuth  # noqa: E402
 from router.serve.route_calls import RouteCalls  # noqa: E402
 from worker.openai.limits import RequestLimits  # noqa: E402
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--words", default="200,800,3200", help="user message lengths, in words")
     p.add_argument("--repeats", type=int, default=50)
     args = p.parse_args(argv)
-    prompts = PromptBuilder(tokenizer_dir(args.model), args.model, block_size=16)
+    prompts = PromptBuilder(tokenizer_dir(args.model), args.model, block_size=DEFAULT_BLOCK_SIZE)
     calls = RouteCalls(prompts, TenantAuth({}), max_model_len=1 << 20, limits=RequestLimits())
     rows = []
     for num_words in (int(w) for w in args.words.split(",")):

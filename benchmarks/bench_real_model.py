@@ -51,6 +51,7 @@ from benchmarks.bench_e2e import Server, free_port, per_replica, warm_up  # noqa
 from benchmarks.serve_start import time_start, wait_until  # noqa: E402
 from benchmarks.simlib.chat_load import chat_requests, run_chat_load  # noqa: E402
 from benchmarks.simlib.openai_load import summarize_http  # noqa: E402
+from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 
 QUESTION = "What is the capital of France?"
 
@@ -262,7 +263,7 @@ def measure_engine(args: argparse.Namespace) -> dict:
 
 
 def run_policy(policy: str, args: argparse.Namespace, workdir: Path) -> dict:
-    settings = SimpleNamespace(block_size=16, pending_ttl_s=None, load_weight=0.1)
+    settings = SimpleNamespace(block_size=DEFAULT_BLOCK_SIZE, pending_ttl_s=None, load_weight=0.1)
     server = Server(Path("smollm2"), policy, args.num_blocks, settings,
                     workdir / f"serve-{policy}.log")
     try:

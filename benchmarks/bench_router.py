@@ -37,9 +37,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kv.events import BlockRemoved, BlockStored, EventBatch, EventLog, Snapshot  # noqa: E402
+from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 from router.core.router import Router, RouterConfig  # noqa: E402
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 PROMPT_BLOCKS = 512  # 8,192 tokens
 KINDS = ("deep_hit", "partial_hit", "miss")
 

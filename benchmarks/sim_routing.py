@@ -44,6 +44,7 @@ from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
 from benchmarks.simlib.report import Summary, table  # noqa: E402
 from benchmarks.simlib.targets import ladder_figures  # noqa: E402
 from benchmarks.simlib.workloads import WORKLOAD_NAMES  # noqa: E402
+from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 from router.core.config import RouterConfig  # noqa: E402
 from router.core.policies import POLICY_NAMES  # noqa: E402
 
@@ -65,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "scales); no value: the workload's default ladder")
     p.add_argument("--num-blocks", type=int, default=None, help="device KV blocks a replica")
     p.add_argument("--host-blocks", type=int, default=0, help="host tier blocks a replica")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--preset", default="h100-llama3-8b")

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import zmq
 
+from kv.hashing import DEFAULT_BLOCK_SIZE
 from worker.vllm_events.frames import seq_bytes
 from worker.vllm_events.wire import BlockStored, KVEventBatch, encode_batch
 
@@ -115,8 +116,10 @@ class HugeBatchPublisher:
         port = self.replay.bind_to_random_port("tcp://127.0.0.1")
         self.replay_endpoint = f"tcp://127.0.0.1:{port}"
         stored = BlockStored(block_hashes=list(range(1, HUGE_BATCH_BLOCKS + 1)),
-                             parent_block_hash=None, token_ids=[7] * (16 * HUGE_BATCH_BLOCKS),
-                             block_size=16, lora_id=None, medium="GPU", lora_name=None)
+                             parent_block_hash=None,
+                             token_ids=[7] * (DEFAULT_BLOCK_SIZE * HUGE_BATCH_BLOCKS),
+                             block_size=DEFAULT_BLOCK_SIZE, lora_id=None, medium="GPU",
+                             lora_name=None)
         self.payload = encode_batch(KVEventBatch(time.time(), [stored]))
         self.sent = 0
 

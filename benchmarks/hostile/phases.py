@@ -10,10 +10,12 @@ import httpx
 
 from benchmarks.hostile.fronts import PIN_QUOTA_BLOCKS, PIN_QUOTA_NAMES, Front
 from benchmarks.hostile.liar import HugeBatchPublisher, LyingWorker
+from kv.hashing import DEFAULT_BLOCK_SIZE
 
 TENANT_HEADER = "X-Kvroute-Tenant"
 RACERS = 10
-PIN_TOKENS = 30 * 16 - 1  # 30 blocks with BOS: two fit the 64-block quota, three do not
+# 30 blocks with BOS: two fit the 64-block quota, three do not
+PIN_TOKENS = 30 * DEFAULT_BLOCK_SIZE - 1
 
 
 def quota_race(front: Front) -> dict:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import zmq
 
 from benchmarks.peers.measure import prompt_token_ids
-from kv.hashing import block_hashes, namespace_root
+from kv.hashing import DEFAULT_BLOCK_SIZE, block_hashes, namespace_root
 from router.core.engine_hash_map import EngineHashConfig, EngineHashMap
 from worker.vllm_events import frames, wire
 
@@ -38,7 +38,8 @@ CLASSES = ("never_seen", "evicted_everywhere", "not_yet_published", "elsewhere",
 
 
 class EventRecorder:
-    def __init__(self, endpoints: Sequence[str], model: str, block_size: int = 16):
+    def __init__(self, endpoints: Sequence[str], model: str,
+                 block_size: int = DEFAULT_BLOCK_SIZE):
         self.log: list[tuple[float, int, bool, tuple]] = []
         self._maps = [EngineHashMap(EngineHashConfig(model=model, router_block_size=block_size))
                       for _ in endpoints]
@@ -82,7 +83,7 @@ class EventRecorder:
 
 
 def live_miss_classes(records: Sequence, log: Sequence[tuple], t0: float, model: str,
-                      num_workers: int, block_size: int = 16) -> dict[str, float]:
+                      num_workers: int, block_size: int = DEFAULT_BLOCK_SIZE) -> dict[str, float]:
     """`records`: the run's HttpRecords (times since `t0`, a perf_counter time)."""
     root = namespace_root(model)
     reqs = []

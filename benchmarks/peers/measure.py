@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.simlib.openai_load import HttpRecord
 from benchmarks.simlib.pooled import PooledLRU
-from kv.hashing import block_hashes, namespace_root
+from kv.hashing import DEFAULT_BLOCK_SIZE, block_hashes, namespace_root
 
 BOS_TOKEN_ID = 256
 _COUNTERS = {"kvroute_engine_prefix_cache_query_tokens_total": "query_tokens",
@@ -62,7 +62,7 @@ def prompt_token_ids(prompt: list[int] | str) -> list[int]:
 
 
 def pooled_bound(records: Sequence[HttpRecord], capacity_blocks: int, model: str,
-                 block_size: int = 16) -> float:
+                 block_size: int = DEFAULT_BLOCK_SIZE) -> float:
     bound = PooledLRU(capacity_blocks, block_size)
     root = namespace_root(model)
     for rec in sorted(records, key=lambda r: r.sent_s):

@@ -24,6 +24,7 @@ from benchmarks.simlib.engine_workers import EngineWorker
 from benchmarks.simlib.gateway_server import GatewayServer, start_gateway, stop_gateway
 from benchmarks.simlib.ray_head import RayHead
 from benchmarks.simlib.servers import ROOT, ServerProcess, free_port
+from kv.hashing import DEFAULT_BLOCK_SIZE
 
 ROUTERS = ("none", "kvroute_events", "kvroute_approximate", "sglang_cache_aware",
            "vllm_cache_aware", "vllm_kv_aware")
@@ -32,7 +33,7 @@ PEERS = ("sglang_cache_aware", "vllm_cache_aware", "vllm_kv_aware")
 PEERS_VENV = ROOT / ".cache" / "peers-venv"
 PEER_PACKAGES = ("sglang-router==0.3.2", "vllm-router==0.1.17")
 MODEL = "tiny"
-BLOCK_SIZE = 16
+BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
 
 def ensure_peers() -> dict[str, str]:

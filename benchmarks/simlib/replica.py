@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kv.events import EventLog
+from kv.hashing import DEFAULT_BLOCK_SIZE
 from kv.manager import KVCacheConfig
 from worker.api import SampledToken
 from worker.engine_core import EngineCore, StepPlan
@@ -23,7 +24,7 @@ from worker.sim import SimExecutor, get_preset
 class ReplicaConfig:
     num_blocks: int  # device KV blocks
     num_host_blocks: int = 0  # host tier blocks
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     preset: str = "h100-llama3-8b"  # worker.sim.PRESETS

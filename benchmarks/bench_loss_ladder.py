@@ -1,23 +1,25 @@
 """The online pooled bound (SHARDS) against the exact pooled LRU, its cost on the routing
 path, and how many sampled accesses the hit-bound actor absorbs.
 
-    python benchmarks/bench_loss_ladder.py [--rate 0.01] [--skip-actor] [--quick]
+    python benchmarks/bench_loss_ladder.py [--rate 0.01] [--fixed-rate] [--skip-actor] [--quick]
 
 For each workload (generated_shared_prefix, shared_prefix, conversation, mooncake; 8
 replicas, the simulator's defaults) one simulated run records the pooled LRU's accesses in
 order (benchmarks/simlib/access_log.py). Replayed, they give the exact pooled hit ratio at
 0.5x, 1x and 2x the fleet's device KV capacity, and the online estimate the live routers
-and actor compute (router/core/hit_curve.py) from what they are sent, sampled at R: each
-routed prompt (from the routers) and each finished sequence, prompt and generated blocks
-(from the engine replicas). `*_routers_only` leaves the finished sequences out, to show
-what they are worth. `*_spread` repeats the estimate with 8 other 64-bit windows of the
-same hashes as the sampling key: other samples of the same size, the luck in one sample.
+and actor compute (router/core/hit_curve.py) from what they are sent: each routed prompt
+(from the routers) and each finished sequence, prompt and generated blocks (from the engine
+replicas), sampled at the rate the actor sets for the fleet's capacity (R x 2^k, at least R;
+`--fixed-rate`: R throughout, as before the rate followed the capacity; `sample_rate` in
+each row). `*_routers_only` leaves the finished sequences out, to show what they are worth.
+`*_spread` repeats the estimate with 8 other 64-bit windows of the same hashes as the
+sampling key: other samples of the same size, the luck in one sample.
 
 - bound_abs_err_max: max |online - exact| at 1x over the workloads;
 - curve_abs_err_max: the same at 0.5x and 2x;
 - gateway_cost_us_p50: `AccessSampler.on_routed` per prompt over every workload's prompts
   (what a routing decision pays); sampling_off_path_cpu_us_per_prompt: the sampling `take`
-  does in the router's background send task, CPU a prompt;
+  does in the router's background send task, CPU a prompt (each workload at its rate);
 - actor_accesses_per_s: sampled lookups + touches the real Ray actor replays per second,
   batches sent as the routers send them (run under the heavy lock: it starts Ray);
 - causes_sum_ok: the routers' miss causes (router/core/miss_causes.py) add up exactly to the
@@ -48,43 +50,50 @@ from router.core.config import RouterConfig  # noqa: E402
 from router.core.hit_curve import HitCurveConfig, PooledHitCurve  # noqa: E402
 from router.core.shards import sample_threshold  # noqa: E402
 
+Estimate = tuple[dict[float, float], float]  # hit ratio at each multiple, the rate sampled at
+
 WORKLOADS = ("generated_shared_prefix", "shared_prefix", "conversation", "mooncake")
 MULTIPLES = (0.5, 1.0, 2.0)
 NUM_REPLICAS = 8
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 
 
-def online(log: list, rate: float, capacity_blocks: int, releases: bool = True,
-           key_offset: int = 0) -> dict[float, float]:
-    """The online estimate at each multiple; the sampling key is the hash's 8 bytes from
-    `key_offset` (0: the live key)."""
-    bound = int(rate * 2**64)
-    if key_offset == 0:
-        threshold = sample_threshold(rate)
+def online(log: list, config: HitCurveConfig, capacity_blocks: int, releases: bool = True,
+           key_offset: int = 0) -> Estimate:
+    """The online estimate at each multiple, and the rate it was sampled at (the actor's,
+    for a fleet of `capacity_blocks`, known before the first prompt as the routers know
+    it). `key_offset` k > 0: every hash rotated left k bytes first, so the sampling key is
+    its 8 bytes from k (0: the live key)."""
+    curve = PooledHitCurve(config, clock=lambda: 0.0)
+    curve.set_capacity(capacity_blocks)
+    rate = curve.sample_rate
+    threshold = sample_threshold(rate)
 
-        def sample(hashes):
-            return list(filter(threshold.__gt__, hashes))
-    else:
-        def sample(hashes):
-            return [h for h in hashes if int.from_bytes(h[key_offset:key_offset + 8],
-                                                        "big") < bound]
-    curve = PooledHitCurve(HitCurveConfig(sample_rate=rate), clock=lambda: 0.0)
+    def sample(hashes):
+        if key_offset:
+            hashes = [h[key_offset:] + h[:key_offset] for h in hashes]
+        return list(filter(threshold.__gt__, hashes))
+
     for op in log:
         if isinstance(op, Served):
-            curve.add_prompts([sample(op.block_hashes)], len(op.block_hashes),
+            curve.add_prompts([sample(op.block_hashes)], rate, len(op.block_hashes),
                               op.num_prompt_tokens, BLOCK_SIZE)
         elif releases:
-            curve.add_released([sample(op.block_hashes)])
-    return {m: curve.hit_ratio(m * capacity_blocks, "all") for m in MULTIPLES}
+            curve.add_released([sample(op.block_hashes)], rate)
+    assert curve.sample_rate == rate, "the rate moved with the capacity fixed"
+    return {m: curve.hit_ratio(m * capacity_blocks, "all") for m in MULTIPLES}, rate
 
 
-def gateway_cost_us(logs: list[list], rate: float) -> tuple[float, float, float]:
+def gateway_cost_us(logs: list[tuple[list, float]]) -> tuple[float, float, float]:
     """One `on_routed` call over every routed prompt, p50 and p90 wall microseconds (the
-    decision path), and the CPU microseconds a prompt of the sampling `take` does off it."""
-    sampler = AccessSampler("bench", BLOCK_SIZE, SamplerConfig(sample_rate=rate))
+    decision path), and the CPU microseconds a prompt of the sampling `take` does off it,
+    each log sampled at its rate."""
+    sampler = AccessSampler("bench", BLOCK_SIZE)
     clock = time.perf_counter_ns
     costs, take_ns = [], 0
-    for log in logs:
+    for log, rate in logs:
+        sampler.take(None)
+        sampler.set_sample_rate(rate)
         for op in log:
             if isinstance(op, Served):
                 t0 = clock()
@@ -141,7 +150,9 @@ def actor_accesses_per_s(num_prompts: int) -> tuple[float, int]:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rate", type=float, default=0.01, help="SHARDS sample rate R")
+    p.add_argument("--rate", type=float, default=0.01, help="SHARDS sample rate R (the least)")
+    p.add_argument("--fixed-rate", action="store_true",
+                   help="sample at R whatever the capacity (max_rate_doublings 0)")
     p.add_argument("--skip-actor", action="store_true", help="no Ray: leave out the actor")
     p.add_argument("--actor-only", action="store_true",
                    help="only the actor (run it under the heavy lock: it starts Ray)")
@@ -152,20 +163,22 @@ def main(argv: list[str] | None = None) -> dict:
                    help="comma-separated, of " + ", ".join(WORKLOADS))
     args = p.parse_args(argv)
     t_start = time.perf_counter()
+    config = HitCurveConfig(sample_rate=args.rate,
+                            **({"max_rate_doublings": 0} if args.fixed_rate else {}))
     rows, logs = {}, []
     for name in () if args.actor_only else args.workloads.split(","):
         d = ex.DEFAULTS[name]
         workload = ex.build_workload(name, d.rate_per_replica, NUM_REPLICAS, 0, quick=args.quick)
-        config = ClusterConfig(NUM_REPLICAS, ReplicaConfig(num_blocks=d.num_blocks),
-                               RouterConfig())
-        log, sim_bound, causes = record_run(config, workload)
-        logs.append(log)
+        cluster = ClusterConfig(NUM_REPLICAS, ReplicaConfig(num_blocks=d.num_blocks),
+                                RouterConfig())
+        log, sim_bound, causes = record_run(cluster, workload)
         capacity = NUM_REPLICAS * d.num_blocks
         exact = {m: exact_hit_ratio(log, int(m * capacity), BLOCK_SIZE) for m in MULTIPLES}
         assert math.isclose(exact[1.0], sim_bound), "the replay is not the simulator's LRU"
-        live = online(log, args.rate, capacity)
-        routed = online(log, args.rate, capacity, releases=False)
-        row = {"capacity_blocks": capacity,
+        live, rate = online(log, config, capacity)
+        routed, _ = online(log, config, capacity, releases=False)
+        logs.append((log, rate))
+        row = {"capacity_blocks": capacity, "sample_rate": rate,
                "num_requests": sum(isinstance(op, Served) for op in log),
                "num_finished": sum(isinstance(op, Released) for op in log),
                "exact": exact, "online": live, "online_routers_only": routed,
@@ -174,20 +187,21 @@ def main(argv: list[str] | None = None) -> dict:
                "miss_causes_tokens": causes.causes._asdict(),
                "uncached_tokens": causes.uncached_tokens, "causes_sum_ok": causes.sum_ok}
         if not args.no_spread:
-            errs = [[online(log, args.rate, capacity, True, k)[m] - exact[m]
-                     for k in range(1, 9)] for m in MULTIPLES]
+            spread = [online(log, config, capacity, True, k)[0] for k in range(1, 9)]
+            errs = [[s[m] - exact[m] for s in spread] for m in MULTIPLES]
             row["err_spread_max"] = {m: max(map(abs, e)) for m, e in zip(MULTIPLES, errs)}
             row["err_spread_mean"] = {m: statistics.fmean(map(abs, e))
                                       for m, e in zip(MULTIPLES, errs)}
         rows[name] = row
-        print(f"{name:<24} cap {capacity:>7} blocks  exact 0.5x/1x/2x "
+        print(f"{name:<24} cap {capacity:>7} blocks  R_t {rate:<6g} exact 0.5x/1x/2x "
               + " ".join(f"{exact[m]:.4f}" for m in MULTIPLES) + "  online "
               + " ".join(f"{live[m]:.4f}" for m in MULTIPLES) + "  routers only "
               + " ".join(f"{routed[m]:.4f}" for m in MULTIPLES)
               + ("  spread max |err| " + " ".join(f"{row['err_spread_max'][m]:.4f}"
                                                   for m in MULTIPLES)
                  if "err_spread_max" in row else ""), flush=True)
-    out: dict = {"rate": args.rate}
+    out: dict = {"rate": args.rate, "fixed_rate": args.fixed_rate,
+                 "capacity_sampled_blocks": config.capacity_sampled_blocks}
     if rows:
         out.update(sim_figures(rows, logs, args))
     if not args.skip_actor:
@@ -201,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def sim_figures(rows: dict, logs: list, args: argparse.Namespace) -> dict:
-    p50_us, p90_us, take_us = gateway_cost_us(logs, args.rate)
+    p50_us, p90_us, take_us = gateway_cost_us(logs)
     print(f"decision path per routed prompt: p50 {p50_us:.2f} us, p90 {p90_us:.2f} us; "
           f"sampling off the path (take) {take_us:.2f} us of CPU a prompt")
     out = {

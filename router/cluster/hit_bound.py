@@ -13,6 +13,11 @@ The capacity multiples are of the fleet's current device KV capacity in blocks, 
 routers last saw it in the replicas' published stats (the sum of their `num_blocks`); until
 one has, only the "inf" rung is exported. Kept apart from the KV index actor so that its
 replay work never delays an index poll. A restarted actor starts its curve afresh.
+
+The sample rate is the actor's: it lowers it as the fleet's capacity grows
+(router/core/hit_curve.py), and each `record` answers with it, so a router or replica
+samples its next batch at it. A batch sampled denser is thinned on arrival; one sampled
+sparser (by a sender that outlived a restarted actor) lowers the actor's rate to its own.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from router.cluster.actors import KVROUTE_NAMESPACE, get_or_create_actor
 from router.cluster.metrics_hub import MetricsPusher
 from router.core.access_sampler import AccessBatch, AccessSampler, SamplerConfig
 from router.core.hit_curve import WINDOWS, HitCurveConfig, PooledHitCurve
-from router.core.shards import sample_threshold, sampled_hashes
+from router.core.shards import ladder_rate
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +50,6 @@ class HitBound:
     def __init__(self, config: HitCurveConfig | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.curve = PooledHitCurve(config, clock)
-        self._threshold = sample_threshold(self.curve.config.sample_rate)
         self.capacity_blocks: int | None = None  # as the latest batch that knew it said
         self.num_rejected_batches = 0
         self.registry = r = CollectorRegistry()
@@ -61,23 +65,20 @@ class HitBound:
 
     def add(self, batch: AccessBatch) -> bool:
         """Replays one batch; False (and nothing counted) when it was sampled more sparsely
-        than this actor's rate, which a denser sample cannot be rebuilt from."""
+        than the sparsest rate R, which the curve cannot be read at."""
         rate = self.curve.config.sample_rate
         if batch.sample_rate < rate:
             self.num_rejected_batches += 1
             log.warning("a batch from %s sampled at %g < %g: dropped", batch.source_id,
                         batch.sample_rate, rate)
             return False
-        prompts, released = batch.prompts(), batch.released()
-        if batch.sample_rate > rate:  # thresholds nest: keep the hashes below ours
-            prompts = [sampled_hashes(p, self._threshold) for p in prompts]
-            released = [sampled_hashes(p, self._threshold) for p in released]
-        if batch.num_prompt_tokens:
-            self.curve.add_prompts(prompts, batch.num_blocks, batch.num_prompt_tokens,
-                                   batch.block_size)
-        self.curve.add_released(released)
         if batch.capacity_blocks is not None:
             self.capacity_blocks = batch.capacity_blocks
+            self.curve.set_capacity(batch.capacity_blocks)
+        if batch.num_prompt_tokens:
+            self.curve.add_prompts(batch.prompts(), batch.sample_rate, batch.num_blocks,
+                                   batch.num_prompt_tokens, batch.block_size)
+        self.curve.add_released(batch.released(), batch.sample_rate)
         return True
 
     def refresh(self) -> None:
@@ -105,22 +106,25 @@ class HitBound:
 
     # ---- the actor's remote methods ----
 
-    async def record(self, batch: AccessBatch) -> bool:
+    async def record(self, batch: AccessBatch) -> float:
+        """Replays the batch; returns the rate to sample the next one at."""
         if self._pusher is None and ray.is_initialized():
             self._pusher = MetricsPusher("hit-bound", self.registry, before_push=self.refresh)
             self._pusher.start()
-        return self.add(batch)
+        self.add(batch)
+        return self.curve.sample_rate
 
     def hit_ratio(self, capacity_blocks: float, window: str) -> float | None:
         return self.curve.hit_ratio(capacity_blocks, window)
 
     def sample_rate(self) -> float:
-        return self.curve.config.sample_rate
+        return self.curve.sample_rate
 
     def stats(self) -> dict[str, float | int | None]:
         return {"num_sampled_accesses": self.curve.num_sampled_accesses,
                 "capacity_blocks": self.capacity_blocks,
-                "num_rejected_batches": self.num_rejected_batches}
+                "num_rejected_batches": self.num_rejected_batches,
+                "sample_rate": self.curve.sample_rate}
 
 
 HitBoundActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(HitBound)
@@ -139,17 +143,19 @@ def find_hit_bound() -> ray.actor.ActorHandle:
 class HitBoundLink:
     """A process's sampler and the loop that sends its batches to the actor.
 
-    A router (`config` given: the serve settings') creates the actor with its config. An
-    engine replica (`config` None) only finds it, and samples at the actor's own rate, asked
-    once: the routers' setting is the one rate, and a replica up before any router creates
-    nothing. Its held sequences wait (up to the sampler's cap) until the actor is found.
+    A router (`config` given: the serve settings') creates the actor with its config, and
+    samples at the config's starting rate until the actor answers. An engine replica
+    (`config` None) only finds it, and asks its rate first: a replica up before any router
+    creates nothing, and its held sequences wait (up to the sampler's cap) until the actor
+    is found. Either then samples at the rate each `record` answers with.
     """
 
     def __init__(self, source_id: str, block_size: int, config: HitCurveConfig | None = None,
                  send_interval_s: float = 0.5):
         self.config = config
         self.sampler = AccessSampler(source_id, block_size, SamplerConfig(
-            sample_rate=config.sample_rate if config is not None else 1.0))
+            sample_rate=1.0 if config is None
+            else ladder_rate(config.sample_rate, config.start_level)))
         self._rate_known = config is not None
         self.capacity_blocks: int | None = None  # the router sets it from replica stats
         self._interval_s = send_interval_s
@@ -184,4 +190,6 @@ class HitBoundLink:
             self._rate_known = True
         batch = self.sampler.take(self.capacity_blocks)
         if batch is not None:
-            await actor.record.remote(batch)
+            rate = await actor.record.remote(batch)
+            if rate != self.sampler.config.sample_rate:
+                self.sampler.set_sample_rate(rate)

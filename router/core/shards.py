@@ -43,6 +43,24 @@ def sampled_hashes(block_hashes: Sequence[BlockHash], threshold: bytes) -> list[
     return [h for h in block_hashes if h < threshold]
 
 
+def ladder_rate(base_rate: float, level: int) -> float:
+    """The sample rate `level` doublings above `base_rate`: R x 2^level. Every process
+    computes a level's rate with this one expression, so equal levels give equal floats and
+    the thresholds nest (a hash kept at one level is kept at every higher one)."""
+    return base_rate * 2**level
+
+
+def rate_level(base_rate: float, sample_rate: float, max_level: int) -> int | None:
+    """The highest level <= `max_level` whose rate is at most `sample_rate` (hashes sampled
+    at `sample_rate` can be thinned to it); None when `sample_rate` is below `base_rate`."""
+    if sample_rate < base_rate:
+        return None
+    level = max_level
+    while ladder_rate(base_rate, level) > sample_rate:
+        level -= 1
+    return level
+
+
 class ReuseDistances:
     """The sampled blocks in last-access order, and how far back each one was touched.
 
@@ -86,6 +104,14 @@ class ReuseDistances:
         if len(last_touch) > self.max_blocks:
             last_touch.popitem(last=False)
             times.pop(0)
+
+    def keep_below(self, threshold: bytes) -> None:
+        """Forgets every tracked block whose hash is not below `threshold`: after the sample
+        rate is lowered, what is left is what the lower rate would have tracked, and each
+        distance counts blocks at the lower rate (SHARDS's fixed-size variant)."""
+        kept = [(h, t) for h, t in self._last_touch.items() if h < threshold]
+        self._last_touch = OrderedDict(kept)
+        self._touch_times = SortedList(t for _, t in kept)
 
     def check_invariants(self) -> None:
         assert len(self._last_touch) == len(self._touch_times) <= self.max_blocks

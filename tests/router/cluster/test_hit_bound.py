@@ -61,9 +61,10 @@ def test_series_at_each_capacity_multiple_once_the_capacity_is_known():
 
 def test_a_denser_batch_is_thinned_and_a_sparser_one_refused():
     prompts = [_prompt(h, t) for h in range(20) for t in range(3)]
-    dense = HitBound(HitCurveConfig(sample_rate=0.5), clock=lambda: 0.0)
+    fixed = HitCurveConfig(sample_rate=0.5, max_rate_doublings=0)
+    dense = HitBound(fixed, clock=lambda: 0.0)
     assert dense.add(_batch(prompts, 1.0, 100))  # thinned to its own rate on arrival
-    same = HitBound(HitCurveConfig(sample_rate=0.5), clock=lambda: 0.0)
+    same = HitBound(fixed, clock=lambda: 0.0)
     assert same.add(_batch(prompts, 0.5, 100))
     assert dense.curve.counts("all") == same.curve.counts("all")
     assert dense.curve.counts("all").num_sampled > 0
@@ -71,12 +72,30 @@ def test_a_denser_batch_is_thinned_and_a_sparser_one_refused():
     assert same.num_rejected_batches == 1
 
 
+def test_record_answers_the_rate_a_sparser_batch_or_a_larger_fleet_lowers():
+    prompts = [_prompt(h, t) for h in range(20) for t in range(3)]
+    bound = HitBound(HitCurveConfig(sample_rate=0.25, max_rate_doublings=2,
+                                    capacity_sampled_blocks=100), clock=lambda: 0.0)
+    assert bound.sample_rate() == 1.0
+    # a sender still at a restarted actor's lower rate brings the actor down to it
+    assert asyncio.run(bound.record(_batch(prompts, 0.5, None))) == 0.5
+    assert asyncio.run(bound.record(_batch(prompts, 1.0, 200))) == 0.5  # 0.5 x 200 <= 100
+    assert asyncio.run(bound.record(_batch(prompts, 1.0, 201))) == 0.25
+    assert asyncio.run(bound.record(_batch(prompts, 0.125, 201))) == 0.25  # below R: refused
+    assert bound.stats() == {"num_sampled_accesses": bound.curve.num_sampled_accesses,
+                             "capacity_blocks": 201, "num_rejected_batches": 1,
+                             "sample_rate": 0.25}
+    assert {level for level, _ in bound.curve.counts("all").distances} == {0, 1}
+
+
 @pytest.mark.slow
 def test_routers_and_replicas_samples_reach_the_actor_through_ray():
     ray.init(num_cpus=1, include_dashboard=False, object_store_memory=128 * 1024**2,
              log_to_driver=False, namespace="hit-bound-test")
     try:
-        config = HitCurveConfig(sample_rate=1.0)
+        # starts at 1.0; a fleet above 64 blocks is sampled at 0.5
+        config = HitCurveConfig(sample_rate=0.5, max_rate_doublings=1,
+                                capacity_sampled_blocks=64)
         routers = [HitBoundLink(f"g{i}", B, config) for i in range(2)]
         replica = HitBoundLink("engine/r0", B)  # finds the actor, learns its rate
         for i, link in enumerate(routers):  # two routers, each routing each head once
@@ -96,6 +115,13 @@ def test_routers_and_replicas_samples_reach_the_actor_through_ray():
         assert ray.get(actor.hit_ratio.remote(64, "all")) == 9 / 21
         assert ray.get(actor.stats.remote()) == {"num_sampled_accesses": 45,
                                                  "capacity_blocks": 64,
-                                                 "num_rejected_batches": 0}
+                                                 "num_rejected_batches": 0,
+                                                 "sample_rate": 1.0}
+        assert replica.sampler.config.sample_rate == 1.0  # asked the actor
+        routers[1].capacity_blocks = 65  # the fleet grew: the actor halves its rate
+        routers[1].sampler.on_routed(_prompt(1, 9), 3 * B)
+        asyncio.run(send(routers[1:]))
+        assert ray.get(actor.sample_rate.remote()) == 0.5
+        assert routers[1].sampler.config.sample_rate == 0.5  # from the actor's answer
     finally:
         ray.shutdown()

@@ -69,10 +69,10 @@ def test_at_rate_one_the_curve_is_the_exact_pooled_lru(capacity_blocks):
     lru = PooledLRU(capacity_blocks, B)
     for i, (hashes, num_tokens) in enumerate(_stream(3, 400)):
         lru.serve_prompt(hashes, num_tokens)
-        curve.add_prompts([hashes], len(hashes), num_tokens, B)
+        curve.add_prompts([hashes], 1.0, len(hashes), num_tokens, B)
         if i % 3 == 0:  # a finished sequence is cached again, as the simulator does
             lru.release(hashes)
-            curve.add_released([hashes])
+            curve.add_released([hashes], 1.0)
     counts = curve.counts("all")
     assert counts.num_hits(capacity_blocks, 1.0) * B == lru.hit_tokens
     assert counts.num_prompt_tokens == lru.query_tokens
@@ -86,11 +86,11 @@ def test_recent_window_forgets_whole_buckets_and_all_keeps_everything():
     curve = PooledHitCurve(HitCurveConfig(sample_rate=1.0, recent_window_s=600,
                                           num_buckets=10), clock=lambda: now[0])
     a = block_hashes(list(range(2 * B)), B, ROOT)
-    curve.add_prompts([a], 2, 2 * B, B)  # cold, in the bucket [0, 60)
+    curve.add_prompts([a], 1.0, 2, 2 * B, B)  # cold, in the bucket [0, 60)
     now[0] = 30.0
-    curve.add_prompts([a], 2, 2 * B, B)  # both hit
+    curve.add_prompts([a], 1.0, 2, 2 * B, B)  # both hit
     now[0] = 100.0
-    curve.add_prompts([a[:1]], 1, B, B)  # a hit, in the bucket [60, 120)
+    curve.add_prompts([a[:1]], 1.0, 1, B, B)  # a hit, in the bucket [60, 120)
     assert curve.hit_ratio(10, "recent") == pytest.approx(3 / 5)
     now[0] = 659.9  # the window [59.9, 659.9] still touches the first bucket
     assert curve.hit_ratio(10, "recent") == pytest.approx(3 / 5)

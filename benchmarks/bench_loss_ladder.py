@@ -1,7 +1,7 @@
 """The online pooled bound (SHARDS) against the exact pooled LRU, its cost on the routing
 path, and how many sampled accesses the hit-bound actor absorbs.
 
-    python benchmarks/bench_loss_ladder.py [--rate 0.01] [--fixed-rate] [--skip-actor] [--quick]
+    python benchmarks/bench_loss_ladder.py [--rate 0.01] [--skip-actor] [--quick]
 
 For each workload (generated_shared_prefix, shared_prefix, conversation, mooncake; 8
 replicas, the simulator's defaults) one simulated run records the pooled LRU's accesses in
@@ -9,11 +9,11 @@ order (benchmarks/simlib/access_log.py). Replayed, they give the exact pooled hi
 0.5x, 1x and 2x the fleet's device KV capacity, and the online estimate the live routers
 and actor compute (router/core/hit_curve.py) from what they are sent: each routed prompt
 (from the routers) and each finished sequence, prompt and generated blocks (from the engine
-replicas), sampled at the rate the actor sets for the fleet's capacity (R x 2^k, at least R;
-`--fixed-rate`: R throughout, as before the rate followed the capacity; `sample_rate` in
-each row). `*_routers_only` leaves the finished sequences out, to show what they are worth.
-`*_spread` repeats the estimate with 8 other 64-bit windows of the same hashes as the
-sampling key: other samples of the same size, the luck in one sample.
+replicas), sampled at the rate the actor sets for the fleet's capacity (R x 2^k, at least R:
+`sample_rate` in each row); `*_fixed_rate` beside it samples at R throughout, as before the
+rate followed the capacity. `*_routers_only` leaves the finished sequences out, to show
+what they are worth. `*_spread` repeats the estimate with 8 other 64-bit windows of the
+same hashes as the sampling key: other samples of the same size, the luck in one sample.
 
 - bound_abs_err_max: max |online - exact| at 1x over the workloads;
 - curve_abs_err_max: the same at 0.5x and 2x;
@@ -151,8 +151,6 @@ def actor_accesses_per_s(num_prompts: int) -> tuple[float, int]:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=float, default=0.01, help="SHARDS sample rate R (the least)")
-    p.add_argument("--fixed-rate", action="store_true",
-                   help="sample at R whatever the capacity (max_rate_doublings 0)")
     p.add_argument("--skip-actor", action="store_true", help="no Ray: leave out the actor")
     p.add_argument("--actor-only", action="store_true",
                    help="only the actor (run it under the heavy lock: it starts Ray)")
@@ -163,8 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="comma-separated, of " + ", ".join(WORKLOADS))
     args = p.parse_args(argv)
     t_start = time.perf_counter()
-    config = HitCurveConfig(sample_rate=args.rate,
-                            **({"max_rate_doublings": 0} if args.fixed_rate else {}))
+    config = HitCurveConfig(sample_rate=args.rate)
+    fixed = HitCurveConfig(sample_rate=args.rate, max_rate_doublings=0)
     rows, logs = {}, []
     for name in () if args.actor_only else args.workloads.split(","):
         d = ex.DEFAULTS[name]
@@ -175,33 +173,27 @@ def main(argv: list[str] | None = None) -> dict:
         capacity = NUM_REPLICAS * d.num_blocks
         exact = {m: exact_hit_ratio(log, int(m * capacity), BLOCK_SIZE) for m in MULTIPLES}
         assert math.isclose(exact[1.0], sim_bound), "the replay is not the simulator's LRU"
-        live, rate = online(log, config, capacity)
-        routed, _ = online(log, config, capacity, releases=False)
+        routed, rate = online(log, config, capacity, releases=False)
         logs.append((log, rate))
         row = {"capacity_blocks": capacity, "sample_rate": rate,
                "num_requests": sum(isinstance(op, Served) for op in log),
-               "num_finished": sum(isinstance(op, Released) for op in log),
-               "exact": exact, "online": live, "online_routers_only": routed,
-               "err": {m: live[m] - exact[m] for m in MULTIPLES},
+               "num_finished": sum(isinstance(op, Released) for op in log), "exact": exact,
+               **estimates(log, config, capacity, exact, "", not args.no_spread),
+               **estimates(log, fixed, capacity, exact, "_fixed_rate", not args.no_spread),
+               "online_routers_only": routed,
                "err_routers_only": {m: routed[m] - exact[m] for m in MULTIPLES},
                "miss_causes_tokens": causes.causes._asdict(),
                "uncached_tokens": causes.uncached_tokens, "causes_sum_ok": causes.sum_ok}
-        if not args.no_spread:
-            spread = [online(log, config, capacity, True, k)[0] for k in range(1, 9)]
-            errs = [[s[m] - exact[m] for s in spread] for m in MULTIPLES]
-            row["err_spread_max"] = {m: max(map(abs, e)) for m, e in zip(MULTIPLES, errs)}
-            row["err_spread_mean"] = {m: statistics.fmean(map(abs, e))
-                                      for m, e in zip(MULTIPLES, errs)}
         rows[name] = row
-        print(f"{name:<24} cap {capacity:>7} blocks  R_t {rate:<6g} exact 0.5x/1x/2x "
-              + " ".join(f"{exact[m]:.4f}" for m in MULTIPLES) + "  online "
-              + " ".join(f"{live[m]:.4f}" for m in MULTIPLES) + "  routers only "
-              + " ".join(f"{routed[m]:.4f}" for m in MULTIPLES)
-              + ("  spread max |err| " + " ".join(f"{row['err_spread_max'][m]:.4f}"
-                                                  for m in MULTIPLES)
-                 if "err_spread_max" in row else ""), flush=True)
-    out: dict = {"rate": args.rate, "fixed_rate": args.fixed_rate,
-                 "capacity_sampled_blocks": config.capacity_sampled_blocks}
+        print(f"{name:<24} cap {capacity:>7} blocks  exact 0.5x/1x/2x "
+              + " ".join(f"{exact[m]:.4f}" for m in MULTIPLES), flush=True)
+        for suffix, label in (("", f"R_t = {rate:g}"), ("_fixed_rate", f"R = {args.rate:g}")):
+            print(f"  {label:<12} online " + " ".join(f"{row['online' + suffix][m]:.4f}"
+                                                     for m in MULTIPLES)
+                  + ("  spread max |err| " + " ".join(
+                      f"{row['err_spread_max' + suffix][m]:.4f}" for m in MULTIPLES)
+                     if not args.no_spread else ""), flush=True)
+    out: dict = {"rate": args.rate, "capacity_sampled_blocks": config.capacity_sampled_blocks}
     if rows:
         out.update(sim_figures(rows, logs, args))
     if not args.skip_actor:
@@ -214,6 +206,21 @@ def main(argv: list[str] | None = None) -> dict:
     return out
 
 
+def estimates(log: list, config: HitCurveConfig, capacity_blocks: int, exact: dict,
+              suffix: str, spread: bool) -> dict:
+    """The online estimate with the live key, its error, and (`spread`) the largest and
+    mean |error| over 8 other sampling keys; each name ends in `suffix`."""
+    live, _ = online(log, config, capacity_blocks)
+    out = {"online" + suffix: live, "err" + suffix: {m: live[m] - exact[m] for m in MULTIPLES}}
+    if spread:
+        others = [online(log, config, capacity_blocks, True, k)[0] for k in range(1, 9)]
+        errs = [[abs(o[m] - exact[m]) for o in others] for m in MULTIPLES]
+        out["err_spread_max" + suffix] = {m: max(e) for m, e in zip(MULTIPLES, errs)}
+        out["err_spread_mean" + suffix] = {m: statistics.fmean(e)
+                                           for m, e in zip(MULTIPLES, errs)}
+    return out
+
+
 def sim_figures(rows: dict, logs: list, args: argparse.Namespace) -> dict:
     p50_us, p90_us, take_us = gateway_cost_us(logs)
     print(f"decision path per routed prompt: p50 {p50_us:.2f} us, p90 {p90_us:.2f} us; "
@@ -221,6 +228,10 @@ def sim_figures(rows: dict, logs: list, args: argparse.Namespace) -> dict:
     out = {
         "bound_abs_err_max": max(abs(r["err"][1.0]) for r in rows.values()),
         "curve_abs_err_max": max(abs(r["err"][m]) for r in rows.values() for m in (0.5, 2.0)),
+        "bound_abs_err_max_fixed_rate": max(abs(r["err_fixed_rate"][1.0])
+                                            for r in rows.values()),
+        "curve_abs_err_max_fixed_rate": max(abs(r["err_fixed_rate"][m])
+                                            for r in rows.values() for m in (0.5, 2.0)),
         "bound_abs_err_max_routers_only": max(abs(r["err_routers_only"][1.0])
                                               for r in rows.values()),
         "curve_abs_err_max_routers_only": max(abs(r["err_routers_only"][m])
@@ -229,10 +240,10 @@ def sim_figures(rows: dict, logs: list, args: argparse.Namespace) -> dict:
         "gateway_cost_us_p50": round(p50_us, 3), "gateway_cost_us_p90": round(p90_us, 3),
         "sampling_off_path_cpu_us_per_prompt": round(take_us, 3),
     }
-    if not args.no_spread:
-        out["bound_abs_err_spread_max"] = max(r["err_spread_max"][1.0] for r in rows.values())
-        out["curve_abs_err_spread_max"] = max(r["err_spread_max"][m] for r in rows.values()
-                                              for m in (0.5, 2.0))
+    for suffix in ("", "_fixed_rate") if not args.no_spread else ():
+        spread = [r["err_spread_max" + suffix] for r in rows.values()]
+        out["bound_abs_err_spread_max" + suffix] = max(s[1.0] for s in spread)
+        out["curve_abs_err_spread_max" + suffix] = max(s[m] for s in spread for m in (0.5, 2.0))
     out["workloads"] = {n: {k: ({str(m): round(v, 5) for m, v in r[k].items()}
                                 if isinstance(r[k], dict) else r[k]) for k in r}
                         for n, r in rows.items()}

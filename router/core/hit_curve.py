@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -99,8 +100,8 @@ class AccessCounts:
     """Lookups over some span of time (a bucket, a window). A sampled lookup is counted
     under its rate's level: the doublings above R it was sampled at."""
 
-    # (level, distance in that level's sampled blocks) -> lookups
-    distances: Counter = field(default_factory=Counter)
+    # level -> {distance in that level's sampled blocks: lookups}
+    distances: dict[int, Counter] = field(default_factory=dict)
     cold: Counter = field(default_factory=Counter)  # level -> lookups of untracked blocks
     num_blocks: int = 0  # every full block looked up, sampled or not
     num_block_tokens: int = 0  # their tokens (num_blocks x block size)
@@ -108,10 +109,11 @@ class AccessCounts:
 
     @property
     def num_sampled(self) -> int:
-        return self.cold.total() + self.distances.total()
+        return self.cold.total() + sum(c.total() for c in self.distances.values())
 
     def add(self, other: AccessCounts) -> None:
-        self.distances.update(other.distances)
+        for level, distances in other.distances.items():
+            self.distances.setdefault(level, Counter()).update(distances)
         self.cold.update(other.cold)
         self.num_blocks += other.num_blocks
         self.num_block_tokens += other.num_block_tokens
@@ -124,7 +126,8 @@ class AccessCounts:
 
     def num_hits(self, capacity_blocks: float, sample_rate: float) -> int:
         """Sampled lookups a pooled LRU of `capacity_blocks` hits: distance / R_t < C."""
-        return sum(n for (level, d), n in self.distances.items()
+        return sum(n for level, distances in self.distances.items()
+                   for d, n in distances.items()
                    if d < capacity_blocks * ladder_rate(sample_rate, level))
 
     def hit_ratios(self, capacities_blocks: Sequence[float], sample_rate: float
@@ -136,16 +139,17 @@ class AccessCounts:
         num_sampled = self.num_sampled
         if num_sampled == 0 or self.num_prompt_tokens == 0:
             return [None] * len(capacities_blocks)
-        size = len(self.distances)
-        keys = np.array(list(self.distances.keys()), np.int64).reshape(size, 2)
-        levels, distances = keys[:, 0], keys[:, 1]
-        counts = np.fromiter(self.distances.values(), np.int64, size)
-        top = max(max(self.cold, default=0), int(levels.max(initial=0)))
-        weighted = counts << (top - levels)
-        total = int(weighted.sum()) + sum(n << (top - level) for level, n in self.cold.items())
-        rates = sample_rate * np.exp2(levels)  # ladder_rate, exact: powers of two
-        return [int(weighted[distances < c * rates].sum()) / total
-                * self.num_block_tokens / self.num_prompt_tokens for c in capacities_blocks]
+        top = max(chain(self.cold, self.distances))
+        total = sum(n << (top - level) for level, n in self.cold.items())
+        hits = np.zeros(len(capacities_blocks), np.int64)
+        for level, by_distance in self.distances.items():
+            size = len(by_distance)
+            distances = np.fromiter(by_distance.keys(), np.int64, size)
+            weighted = np.fromiter(by_distance.values(), np.int64, size) << (top - level)
+            total += int(weighted.sum())
+            rate = ladder_rate(sample_rate, level)
+            hits += [weighted[distances < c * rate].sum() for c in capacities_blocks]
+        return [int(h) / total * self.num_block_tokens / self.num_prompt_tokens for h in hits]
 
 
 @dataclass
@@ -208,14 +212,18 @@ class PooledHitCurve:
         counts = AccessCounts(num_blocks=num_blocks, num_block_tokens=num_blocks * block_size,
                               num_prompt_tokens=num_prompt_tokens)
         sampled = self._thinned(sampled, sample_rate)
-        distances, level = counts.distances, self.level
+        distances, num_cold = Counter(), 0
         for hashes in sampled:
             for d in serve_prompt(self.reuse, hashes):
                 if d is None:
-                    counts.cold[level] += 1
+                    num_cold += 1
                 else:
-                    distances[level, d] += 1
+                    distances[d] += 1
             self.num_sampled_accesses += 2 * len(hashes)
+        if distances:
+            counts.distances[self.level] = distances
+        if num_cold:
+            counts.cold[self.level] = num_cold
         self._all.add(counts)
         self._bucket().counts.add(counts)
 

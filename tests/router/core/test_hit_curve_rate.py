@@ -58,7 +58,7 @@ def test_the_rate_halves_with_the_capacity_down_to_r_and_never_rises():
 
 def test_each_rates_lookups_weigh_one_over_the_rate():
     # R = 0.25: level 0 sampled at 0.25 (weight 4), level 2 at 1.0 (weight 1)
-    counts = AccessCounts(distances=Counter({(0, 5): 3, (2, 1): 1}), cold=Counter({0: 1}),
+    counts = AccessCounts(distances={0: Counter({5: 3}), 2: Counter({1: 1})}, cold=Counter({0: 1}),
                           num_blocks=10, num_block_tokens=10 * B, num_prompt_tokens=10 * B)
     # at 30 blocks both hit (5 < 30 x 0.25, 1 < 30 x 1); at 10 only the level-2 one does
     assert counts.hit_ratios([30, 10, float("inf")], 0.25) == [13 / 17, 1 / 17, 13 / 17]
@@ -92,10 +92,8 @@ def test_a_lowered_curve_counts_as_one_sampled_low_from_the_start():
         low.add_released([sampled_hashes(hashes, t)], 0.25)
     after, mixed = low.counts("all"), dense.counts("all")
     # the first half counted at 1.0 (level 2), the second at 0.25 (level 0)
-    assert {level for level, _ in mixed.distances} == set(mixed.cold) == {0, 2}
-    assert Counter({d: n for (level, d), n in mixed.distances.items() if level == 0}) == (
-        Counter({d: n for (_, d), n in after.distances.items()})
-        - Counter({d: n for (_, d), n in before.distances.items()}))
+    assert set(mixed.distances) == set(mixed.cold) == {0, 2}
+    assert mixed.distances[0] == after.distances[0] - before.distances[0]
     assert mixed.cold[0] == after.cold[0] - before.cold[0]
     with pytest.raises(ValueError, match="sampled at 0.125"):
         dense.add_prompts([prompts[0]], 0.125, 9, 9 * B, B)

@@ -4,11 +4,9 @@ Each replica gets a slot s and two bits in one bitmask per block hash: bit 2s wh
 replica holds the block on the device, bit 2s + 1 when it holds it on the host tier. The
 hashes and their bitmasks live in flat numpy arrays (router.core.block_table): 27 B per
 holding at 256 replicas and 4M blocks, where Python objects took 81. A prompt's cached
-prefix on every replica comes from one vectorised lookup of its hashes, then one walk over
-their bitmasks:
-`alive` holds the device bit of each replica still in its device run and the host bit of
-each replica in the host run after it, so "does every run go on?" is `alive & mask ==
-alive`; only where a run ends does the walk do more. It stops as soon as no replica is left.
+prefix on every replica comes from a vectorised lookup of its hashes (a first chunk, the
+rest only if some run reaches past it), then a walk over the few blocks where some
+candidate's bits change (router.core.prefix_walk).
 
 Events feed it through one `kv.events.ReplicaEventTracker` per replica (gaps, reordering
 and restarts are the tracker's job); per-replica row lists (router.core.held_rows) make
@@ -19,8 +17,7 @@ The arrays hold no Python objects, so CPython's cyclic collector never walks the
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from itertools import repeat
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -29,11 +26,13 @@ from kv.hashing import BlockHash
 from router.core.block_table import SLOTS_PER_WORD, BlockTable, key_words
 from router.core.held_rows import HeldRows, HeldView
 from router.core.pending import PendingMarks
-from router.core.prefix_match import PrefixMatch, collect_matches
+from router.core.prefix_match import PrefixMatch
+from router.core.prefix_walk import as_int, prefix_runs
 
 __all__ = ["PrefixIndex", "PrefixMatch"]
 
 _DEVICE_WORD = np.uint64(0x5555_5555_5555_5555)  # the device bits of a mask word
+_FIRST_CHUNK_BLOCKS = 32  # blocks of a prompt looked up before the rest (see `match`)
 
 
 class _Replica:
@@ -256,55 +255,30 @@ class PrefixIndex:
         """
         self.pending.expire(self.clock())
         replicas = self._replicas
-        alive = 0  # device bits of runs on the device, host bits of runs on the host after it
+        candidates = 0  # device bits of the candidates the index knows
         for rid in replica_ids:
             rep = replicas.get(rid)
             if rep is not None:
-                alive |= rep.device_bit
-        if not alive:
+                candidates |= rep.device_bit
+        if not candidates or not block_hashes:
             return {}
-        device_bits = self._device_bits
-        mask_ints = _as_ints(self._table.masks[self._table.lookup(key_words(block_hashes))])
-        pend_by_bit, pend_bits = self.pending.by_bit, self.pending.bits_mask
-        device_ends: list[tuple[int, int]] = []  # (device bits, device run length)
-        total_ends: list[tuple[int, int]] = []  # (device bits, cached prefix length)
-        carried = 0  # device bits whose run a pending mark has carried on
-        confirmed_ends: list[tuple[int, int]] = []  # (device bit, its confirmed run length)
-        for i, m in enumerate(mask_ints):
-            if alive & m == alive:
-                continue  # the common step: every run, device or host, goes on
-            ending = alive & ~m
-            host_ending = ending & ~device_bits
-            device_ending = ending ^ host_ending
-            rescued = device_ending & pend_bits
-            while rescued:  # device runs about to end: does a pending mark carry them on?
-                bit = rescued & -rescued
-                if block_hashes[i] in pend_by_bit[bit]:
-                    device_ending ^= bit
-                    if not carried & bit:
-                        carried |= bit
-                        confirmed_ends.append((bit, i))
-                rescued ^= bit
-            if device_ending:
-                device_ends.append((device_ending, i))
-                into_host = (device_ending << 1) & m  # a host run starts right here
-                no_host_run = device_ending ^ (into_host >> 1)
-                if no_host_run:
-                    total_ends.append((no_host_run, i))
-                alive ^= device_ending | into_host  # device bit off, host bit on
-            if host_ending:
-                total_ends.append((host_ending >> 1, i))
-                alive ^= host_ending
-            if not alive:
-                break
-        else:  # walked the whole prompt: whoever is left holds all of it
-            n = len(block_hashes)
-            device_ends.append((alive & device_bits, n))
-            total_ends.append(((alive & device_bits) | ((alive >> 1) & device_bits), n))
+        table, pending = self._table, self.pending
+        keys = key_words(block_hashes)
+        # Most prompts' cached prefixes end early (every miss at its first block): look up
+        # a first chunk, and the rest only if some run reaches the chunk's end.
+        masks = table.masks[table.lookup(keys[:_FIRST_CHUNK_BLOCKS])]
+        runs, carried = prefix_runs(masks, candidates, block_hashes, pending)
+        n = len(masks)
+        if len(keys) > n and any(t == n for _, t in runs.values()):
+            masks = np.concatenate((masks, table.masks[table.lookup(keys[n:])]))
+            runs, carried = prefix_runs(masks, candidates, block_hashes, pending)
+        replica_of_slot = self._replica_of_slot
         if confirmed is not None:
-            for bit, n in confirmed_ends:
-                confirmed[self._replica_of_slot[(bit.bit_length() - 1) >> 1]] = n
-        return collect_matches(device_ends, total_ends, self._replica_of_slot)
+            for slot, num_blocks in carried.items():
+                confirmed[replica_of_slot[slot]] = num_blocks
+        new = tuple.__new__  # skips NamedTuple's Python-level __new__: this runs per replica
+        return {replica_of_slot[slot]: new(PrefixMatch, (d, t - d))
+                for slot, (d, t) in runs.items()}
 
     def num_confirmed_device_blocks(self, replica_id: str,
                                     block_hashes: Sequence[BlockHash]) -> int:
@@ -322,7 +296,7 @@ class PrefixIndex:
         row = self._table.lookup_one(block_hash)
         if row is None:
             return set()
-        m = next(_as_ints(self._table.masks[[row]]))
+        m = as_int(self._table.masks[row])
         return {rid for rid, rep in self._replicas.items()
                 if m & self._medium_bits(rep, medium)[0]}
 
@@ -375,13 +349,3 @@ class PrefixIndex:
             assert self._num_blocks[medium] == n, f"{medium} block count drifted"
         self.pending.check_invariants()
         assert self.pending.bits_mask & ~used == 0, "pending marks of a removed replica"
-
-
-def _as_ints(masks: np.ndarray) -> Iterator[int]:
-    """Mask rows ([n, W] uint64) as Python ints, converted in growing chunks: a walk that
-    stops early (most misses stop at the first block) pays for little more than it read."""
-    row_bytes = masks.view(f"V{masks.itemsize * masks.shape[1]}").ravel()
-    start, size = 0, 16
-    while start < len(row_bytes):
-        yield from map(int.from_bytes, row_bytes[start:start + size].tolist(), repeat("little"))
-        start, size = start + size, size * 4

@@ -49,10 +49,19 @@ class PendingMarks:
         # replica bit -> {hash: holders of a held mark beyond the first (>= 1)}
         self._more_holders: dict[int, dict[BlockHash, int]] = {}
         self._queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
+        # (the bits of `by_bit`, their dicts), built when asked and kept until a replica
+        # gains its first mark or loses its last: a walk asks every replica's dict at once
+        self._listed: tuple[tuple[int, ...], tuple[dict[BlockHash, float], ...]] | None = None
 
     def __len__(self) -> int:
         """Number of (block hash, replica) marks."""
         return sum(len(d) for d in self.by_bit.values())
+
+    def listed(self) -> tuple[tuple[int, ...], tuple[dict[BlockHash, float], ...]]:
+        """(the bits of the replicas with marks, the dict of each), in one order."""
+        if self._listed is None:
+            self._listed = (tuple(self.by_bit), tuple(self.by_bit.values()))
+        return self._listed
 
     def marked(self, bit: int) -> frozenset[BlockHash]:
         return frozenset(self.by_bit.get(bit, ()))
@@ -111,6 +120,7 @@ class PendingMarks:
         if mine is None:
             mine = self.by_bit[bit] = {}
             self.bits_mask |= bit
+            self._listed = None
         return mine
 
     def _stamp(self, bit: int, hashes: Sequence[BlockHash], expires_at: float) -> None:
@@ -156,6 +166,7 @@ class PendingMarks:
         del self.by_bit[bit]
         self._more_holders.pop(bit, None)
         self.bits_mask &= ~bit
+        self._listed = None
 
     def check_invariants(self) -> None:
         queued = {(h, bit, t) for t, bit, hashes in self._queue for h in hashes}
@@ -173,5 +184,8 @@ class PendingMarks:
                 assert n >= 1, f"mark {h.hex()}: {n} more holders"
                 assert mine.get(h) == _NEVER, f"mark {h.hex()} has holders but is not held"
         assert self.bits_mask == bits, "pending bits mask != replicas with marks"
+        if self._listed is not None:
+            assert self._listed == (tuple(self.by_bit), tuple(self.by_bit.values())), (
+                "listed marks != replicas with marks")
         times = [t for t, _, _ in self._queue]
         assert times == sorted(times), "pending queue out of expiry order"

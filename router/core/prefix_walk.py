@@ -1,0 +1,173 @@
+"""Every candidate's cached prefix of a prompt, walking only the blocks where something changes.
+
+The index gives each replica slot s bit 2s (device) and bit 2s + 1 (host) in a row of
+uint64 words per block (router.core.block_table). For a prompt of n blocks, replica s has:
+
+  - a device run of d blocks: the leading blocks on its device, or pending there (a mark
+    carries the run on where no event confirms the block yet, router.core.pending);
+  - then a host run: the blocks from d on that sit on its host tier.
+
+`alive` holds the device bit of each replica still in its device run and the host bit of
+each replica in the host run after it. A run can only end at a block whose bits (the
+candidates' only) differ from the block before it, or where a pending mark stops carrying
+it, so one array pass finds the blocks that differ (a few per prompt: replicas holding one
+prefix end together) and the Python walk visits only those. A device run that a mark
+carries on is followed apart, to its end, with one array pass over its column and one C-speed
+pass over the marks; the main walk then takes it up again where it ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import compress, repeat
+from operator import contains
+
+import numpy as np
+
+from kv.hashing import BlockHash
+from router.core.hash_loops import num_leading_in
+from router.core.pending import PendingMarks
+
+WORD_BITS = 64
+_FEW_BITS = 16  # replicas whose marks are asked one by one rather than all at once
+_BOOL_ROWS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # W bools as one int
+
+assert sys.byteorder == "little", "mask words are read as little-endian ints"
+
+
+def as_int(words: np.ndarray) -> int:
+    """A row of uint64 words as one Python int (word k holds bits 64k..64k + 63)."""
+    return int.from_bytes(words.tobytes(), "little")
+
+
+def as_words(bits: int, num_words: int) -> np.ndarray:
+    """The inverse of `as_int`: [num_words] uint64."""
+    return np.frombuffer(bits.to_bytes(8 * num_words, "little"), np.uint64)
+
+
+def set_bits(bits: int) -> Iterator[int]:
+    """The bits set in `bits`, lowest first, each as an int of its own."""
+    while bits:
+        low = bits & -bits
+        yield low
+        bits ^= low
+
+
+def changed_rows(rows: np.ndarray) -> list[int]:
+    """Row 0 and every row that differs from the row before it ([n, W] uint64)."""
+    differs = rows[1:] != rows[:-1]
+    as_one = _BOOL_ROWS.get(rows.shape[1])
+    differs = differs.view(as_one) if as_one else differs.any(axis=1)
+    return [0, *(np.flatnonzero(differs) + 1).tolist()]
+
+
+def _carried_run_end(masks: np.ndarray, bit: int, start: int, block_hashes: Sequence[BlockHash],
+                     pending: Mapping[BlockHash, float]) -> int:
+    """Where a device run that a pending mark carries on at row `start` ends: the first
+    row at or after `start` neither on the device (`bit`) nor pending."""
+    word, shift = divmod(bit.bit_length() - 1, WORD_BITS)
+    column = masks[start:, word] & np.uint64(1 << shift)
+    gaps = (np.flatnonzero(column == 0) + start).tolist()  # gaps[0] == start
+    k = num_leading_in(pending, map(block_hashes.__getitem__, gaps))
+    return gaps[k] if k < len(gaps) else len(masks)
+
+
+def prefix_runs(masks: np.ndarray, candidates: int, block_hashes: Sequence[BlockHash],
+                pending: PendingMarks) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+    """Each candidate's device run and whole cached run of the prompt.
+
+    Args:
+        masks: [n, W] uint64, the bitmask row of each of the prompt's n blocks (zero for a
+            block no replica holds), n >= 1.
+        candidates: the device bits (bit 2s) of the candidate slots.
+        block_hashes: the prompt's hashes, at least n (pending marks are found by hash).
+        pending: the pending marks, by replica device bit.
+
+    Returns:
+        (slot -> (device run, device run + host run) for every candidate with a cached
+        block; slot -> its confirmed device run, for the candidates whose device run a
+        pending mark carried on).
+    """
+    n, num_words = masks.shape
+    masked = masks & as_words(candidates | candidates << 1, num_words)
+    at = changed_rows(masked)
+    width = 8 * num_words
+    row_bytes = masked[at].tobytes()
+    row_ints = [int.from_bytes(row_bytes[k:k + width], "little")
+                for k in range(0, len(row_bytes), width)]
+    pending_bits, pending_by_bit = pending.bits_mask, pending.by_bit
+    alive = candidates
+    device_len: dict[int, int] = {}  # device bit -> its device run, where > 0
+    ends: list[tuple[int, int]] = []  # (block, device bits whose whole run ends there)
+    confirmed: dict[int, int] = {}
+    carried: list[tuple[int, int]] = []  # heap of (block, device bit): carried runs' ends
+
+    def run_ends(i: int, device_ending: int, m: int) -> int:
+        """Device runs end at block i; returns the host bits whose host run starts there."""
+        if i:
+            for bit in set_bits(device_ending):
+                device_len[bit] = i
+        into_host = (device_ending << 1) & m
+        if device_ending ^ (into_host >> 1):
+            ends.append((i, device_ending ^ (into_host >> 1)))
+        return into_host
+
+    def take_up(last: int, m: int) -> int:
+        """Carried runs ending at blocks <= last (of mask m) end; returns the host bits
+        whose host run starts there."""
+        into_host = 0
+        while carried and carried[0][0] <= last:
+            end, bit = heapq.heappop(carried)
+            into_host |= run_ends(end, bit, m)
+        return into_host
+
+    m = 0
+    for i, m_next in zip(at, row_ints):
+        if carried:  # blocks between changes repeat the last changed one
+            alive |= take_up(i - 1, m) | take_up(i, m_next)
+        m = m_next
+        if alive & m == alive:
+            if not alive and not carried:
+                break
+            continue
+        ending = alive & ~m
+        host_ending = ending & ~candidates
+        device_ending = ending ^ host_ending
+        if device_ending & pending_bits:  # device runs about to end: a mark may carry them on
+            block_hash = block_hashes[i]
+            for bit in _marked(device_ending & pending_bits, pending, block_hash):
+                end = _carried_run_end(masks, bit, i, block_hashes, pending_by_bit[bit])
+                heapq.heappush(carried, (end, bit))
+                confirmed[bit] = i
+                device_ending ^= bit
+        if host_ending:
+            ends.append((i, host_ending >> 1))
+        alive ^= ending | run_ends(i, device_ending, m)
+    alive |= take_up(n - 1, m)
+    for _, bit in carried:  # carried on to the prompt's end
+        device_len[bit] = n
+        ends.append((n, bit))
+    if alive:  # whoever is left holds the whole prompt
+        for bit in set_bits(alive & candidates):
+            device_len[bit] = n
+        ends.append((n, (alive & candidates) | ((alive >> 1) & candidates)))
+    runs: dict[int, tuple[int, int]] = {}
+    for t, bits in ends:
+        if t:
+            for bit in set_bits(bits):
+                runs[(bit.bit_length() - 1) >> 1] = (device_len.get(bit, 0), t)
+    return runs, {(bit.bit_length() - 1) >> 1: i for bit, i in confirmed.items()}
+
+
+def _marked(bits: int, pending: PendingMarks, block_hash: BlockHash) -> list[int]:
+    """The device bits among `bits` (each with marks) whose replica has `block_hash`
+    pending. Many bits (a prompt's first block, where most runs end): every replica with
+    marks is asked in one C-speed pass; a few: only theirs."""
+    if bits.bit_count() > _FEW_BITS:
+        marked_bits, marks = pending.listed()
+        return [bit for bit in compress(marked_bits, map(contains, marks, repeat(block_hash)))
+                if bit & bits]
+    by_bit = pending.by_bit
+    return [bit for bit in set_bits(bits) if block_hash in by_bit[bit]]

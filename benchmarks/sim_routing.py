@@ -43,6 +43,7 @@ from benchmarks.simlib.gateways import SPREADS  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
 from benchmarks.simlib.report import Summary, table  # noqa: E402
 from benchmarks.simlib.targets import ladder_figures  # noqa: E402
+from benchmarks.simlib.whatifs import WhatIfs  # noqa: E402
 from benchmarks.simlib.workloads import WORKLOAD_NAMES  # noqa: E402
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 from router.core.config import RouterConfig  # noqa: E402
@@ -76,9 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--imbalance-threshold", type=float, default=None)
     p.add_argument("--pending-ttl-s", type=float, default=None)
     p.add_argument("--router", action="append", default=[], metavar="NAME=VALUE",
-                   help="what-if: set a RouterConfig field for every contender (repeatable)")
+                   help="set a RouterConfig field, or a what-if kept out of the product "
+                        "(benchmarks/simlib/whatifs.py), for every contender (repeatable)")
     p.add_argument("--first-token-signal", action="store_true",
-                   help="what-if: the router hears each request's first token")
+                   help="what-if: the router hears each request's first token "
+                        "(--router first_token_signal=true)")
     p.add_argument("--gateways", default=None,
                    help="comma-separated gateway counts (e.g. 1,2,8): the policy behind each, "
                         "with round_robin as the baseline")
@@ -118,13 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def router_base(args: argparse.Namespace, num_blocks: int) -> RouterConfig:
-    kw: dict = dict(block_size=args.block_size, seed=args.seed,
-                    approx_capacity_blocks=num_blocks + args.host_blocks)
-    for name in ("load_weight", "imbalance_threshold", "pending_ttl_s"):
-        if getattr(args, name) is not None:
-            kw[name] = getattr(args, name)
-    fields = {f.name: f.type for f in dataclasses.fields(RouterConfig)}
+def _router_settings(args: argparse.Namespace) -> dict:
+    """`--router NAME=VALUE` settings by name, RouterConfig's and the what-ifs' alike."""
+    fields = {f.name: f.type for cls in (RouterConfig, WhatIfs) for f in dataclasses.fields(cls)}
+    kw: dict = {}
     for setting in args.router:
         name, _, value = setting.partition("=")
         if name not in fields or not value:
@@ -133,7 +133,27 @@ def router_base(args: argparse.Namespace, num_blocks: int) -> RouterConfig:
         kw[name] = json.loads(value.lower()) if value.lower() in ("true", "false") else (
             value if fields[name] == "str" else float(value) if "." in value or "inf" in value
             else int(value))
+    return kw
+
+
+def router_base(args: argparse.Namespace, num_blocks: int) -> RouterConfig:
+    kw: dict = dict(block_size=args.block_size, seed=args.seed,
+                    approx_capacity_blocks=num_blocks + args.host_blocks)
+    for name in ("load_weight", "imbalance_threshold", "pending_ttl_s"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
+    fields = {f.name for f in dataclasses.fields(RouterConfig)}
+    kw.update((k, v) for k, v in _router_settings(args).items() if k in fields)
     return RouterConfig(**kw)
+
+
+def whatifs_of(args: argparse.Namespace) -> WhatIfs:
+    """The what-ifs `--router` and `--first-token-signal` set (none by default)."""
+    fields = {f.name for f in dataclasses.fields(WhatIfs)}
+    kw = {k: v for k, v in _router_settings(args).items() if k in fields}
+    if args.first_token_signal:
+        kw["first_token_signal"] = True
+    return WhatIfs(**kw)
 
 
 def rates_per_replica(args: argparse.Namespace, d: ex.WorkloadDefaults) -> list[float]:
@@ -159,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     others = tuple(POLICY_NAMES) if args.others == "all" else tuple(
         o for o in args.others.split(",") if o)
     base = router_base(args, num_blocks)
+    whatifs = whatifs_of(args)
     if args.gateways is None:
         entrants = ex.contenders(args.policy, base, others)
     else:
@@ -169,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
     by_label: dict[str, list[Summary]] = {c.label: [] for c in entrants}
     tasks = [ex.Task(ClusterConfig(args.replicas, replica, c.router, args.event_delay_s,
                                    args.publish_interval_s, seed=args.seed,
-                                   first_token_signal=args.first_token_signal,
+                                   whatifs=whatifs,
                                    num_routers=c.num_routers, router_spread=c.router_spread,
                                    share_pending_delay_s=c.share_pending_delay_s,
                                    share_work=c.share_work,

@@ -4,8 +4,9 @@ RouterConfig variants on chosen rungs, one table (benchmarks/NOTEBOOK.md).
     python benchmarks/sim_whatif.py --rung shared_prefix=1.5 --rung burst=inf \
         --variant base: --variant cached0.1:cached_load_fraction=0.1
 
-A variant is LABEL:NAME=VALUE,NAME=VALUE (RouterConfig fields; `first_token_signal=true`
-sets the cluster's first-token signal instead). Rates are per replica, as in the ladders
+A variant is LABEL:NAME=VALUE,NAME=VALUE: RouterConfig fields (the product's settings) and
+the what-ifs kept out of the product (benchmarks/simlib/whatifs.py `WhatIfs`: e.g.
+`recent_prefill_fraction=0.25`, `first_token_signal=true`). Rates are per replica, as in the ladders
 (mooncake: time scale); `--num-blocks` replaces each workload's device capacity (approximate
 mode's history gets the same). Simulated figures only: deterministic, any --jobs.
 """
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.simlib import experiment as ex  # noqa: E402
 from benchmarks.simlib.cluster import ClusterConfig  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
+from benchmarks.simlib.whatifs import WhatIfs  # noqa: E402
 from router.core.config import RouterConfig  # noqa: E402
 
 
@@ -38,15 +40,18 @@ def parse_value(text: str) -> bool | int | float | str:
     return text
 
 
-def parse_variant(text: str) -> tuple[str, dict, bool]:
+def parse_variant(text: str) -> tuple[str, dict, WhatIfs]:
+    """(label, RouterConfig keywords, what-ifs) of `--variant LABEL:NAME=VALUE,...`."""
     label, _, rest = text.partition(":")
     kw = {k: parse_value(v) for k, _, v in (p.partition("=") for p in rest.split(",") if p)}
-    signal = bool(kw.pop("first_token_signal", False))
     fields = {f.name for f in dataclasses.fields(RouterConfig)}
-    if not label or not set(kw) <= fields:
+    whatif_fields = {f.name for f in dataclasses.fields(WhatIfs)}
+    if not label or not set(kw) <= fields | whatif_fields:
         raise SystemExit(f"--variant {text!r}: want LABEL:NAME=VALUE,... with RouterConfig "
-                         f"fields ({', '.join(sorted(fields))}) or first_token_signal")
-    return label, kw, signal
+                         f"fields ({', '.join(sorted(fields))}) or what-ifs "
+                         f"({', '.join(sorted(whatif_fields))})")
+    whatifs = WhatIfs(**{k: v for k, v in kw.items() if k in whatif_fields})
+    return label, {k: v for k, v in kw.items() if k in fields}, whatifs
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -66,12 +71,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         name, _, rate = rung.partition("=")
         num_blocks = args.num_blocks or ex.DEFAULTS[name].num_blocks
         replica = ReplicaConfig(num_blocks=num_blocks)
-        for label, kw, signal in variants:
+        for label, kw, whatifs in variants:
             for contender, approximate in (("cache_aware", False), ("approximate", True)):
                 router = RouterConfig(approximate=approximate,
                                       approx_capacity_blocks=num_blocks, **kw)
                 tasks.append(ex.Task(
-                    ClusterConfig(args.replicas, replica, router, first_token_signal=signal),
+                    ClusterConfig(args.replicas, replica, router, whatifs=whatifs),
                     ex.WorkloadSpec(name, float(rate), args.replicas, args.seed), contender))
                 keys.append((name, rate, label))
     rows = []

@@ -31,6 +31,7 @@ from benchmarks.simlib.gateways import SPREADS, Gateways
 from benchmarks.simlib.pooled import PooledLRU
 from benchmarks.simlib.prompts import PromptBuilder, TokenSource
 from benchmarks.simlib.replica import ReplicaConfig, SimReplica
+from benchmarks.simlib.whatifs import WhatIfs
 from benchmarks.simlib.workloads import WorkItem, Workload
 from kv.hashing import block_hashes, namespace_root
 from router.core.router import RouterConfig
@@ -49,8 +50,8 @@ class ClusterConfig:
     publish_interval_s: float = 0.05  # router.serve.publisher.PublisherConfig's default
     model_name: str = "sim-llama3-8b"  # the hash namespace
     seed: int = 0  # token ids of the workload's segments
-    # The gateway tells the router each request's first token (Router.on_first_token).
-    first_token_signal: bool = False
+    # Router what-ifs, measured and left out of the product (benchmarks/simlib/whatifs.py).
+    whatifs: WhatIfs = WhatIfs()
     # False: a multi-turn round's history holds other tokens than the answer the engine
     # generated (as when a client sends the answer back as text that does not re-encode to
     # the same ids: the live benches' byte-level sim answers), so the engine's cached
@@ -139,7 +140,7 @@ class ClusterSim:
         sharing = config.share_pending_delay_s is not None
         self.gateways = Gateways(config.router, config.num_routers, config.router_spread,
                                  config.seed, clock=lambda: self.now, share_marks=sharing,
-                                 share_work=config.share_work)
+                                 share_work=config.share_work, whatifs=config.whatifs)
         self.routers = self.gateways.routers
         self.router = self.routers[0]
         self.feed_index = not config.router.approximate
@@ -236,7 +237,7 @@ class ClusterSim:
             rec = self.records[req.request_id]
             if rec.first_token_s is None:
                 rec.first_token_s = self.now
-                if self.config.first_token_signal:
+                if self.config.whatifs.first_token_signal:
                     self.gateways.router_of(req.request_id).on_first_token(req.request_id)
                     self._share_end(req.request_id, first_token=True)
             if req.is_finished:

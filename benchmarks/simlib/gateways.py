@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from benchmarks.simlib.whatifs import WhatIfLoads, WhatIfs, make_router
 from benchmarks.simlib.workloads import WorkItem
 from kv.hashing import BlockHash
 from router.core.router import Router, RouterConfig, RoutingDecision
@@ -42,8 +43,8 @@ class SharedRoute(NamedTuple):
     request_id: str
     replica_id: str
     block_hashes: tuple[BlockHash, ...]  # () when marks are not shared
-    # LoadTracker.add's (work tokens, decode tokens, first-token part, recent part); None
-    # when routed work is not shared
+    # the load's (work tokens, decode tokens, first-token part, recent part); None when
+    # routed work is not shared
     work: tuple[float, int, float, float] | None
 
 
@@ -65,15 +66,17 @@ class Gateways:
         seed: the random spread's draws.
         clock: the simulation's clock (drives the routers' pending marks and history).
         share_marks, share_work: what `shared_route` returns.
+        whatifs: the routers' what-ifs (benchmarks/simlib/whatifs.py); none by default.
     """
 
     def __init__(self, config: RouterConfig, num_routers: int, spread: str, seed: int,
                  clock: Callable[[], float], share_marks: bool = False,
-                 share_work: bool = False):
+                 share_work: bool = False, whatifs: WhatIfs | None = None):
         if spread not in SPREADS:
             raise ValueError(f"unknown gateway spread {spread!r}; choose one of "
                              f"{', '.join(SPREADS)}")
-        self.routers = [Router(config, clock=clock) for _ in range(num_routers)]
+        whatifs = WhatIfs() if whatifs is None else whatifs
+        self.routers = [make_router(config, whatifs, clock) for _ in range(num_routers)]
         self.spread = spread
         self.share_marks = share_marks and num_routers > 1
         self.share_work = share_work and num_routers > 1
@@ -111,8 +114,10 @@ class Gateways:
         work = None
         if self.share_work:
             # The router keeps a request's work private; read it as the router would send it.
-            _, work_tokens, first_token_tokens, recent_tokens = (
-                self.routers[origin].loads._requests[request_id])
+            loads = self.routers[origin].loads
+            _, work_tokens, recent_tokens = loads._requests[request_id]
+            first_token_tokens = (loads.first_token_part(request_id)
+                                  if isinstance(loads, WhatIfLoads) else 0.0)
             work = (work_tokens, max_tokens, first_token_tokens, recent_tokens)
         self.num_shared_routes += 1
         self.num_shared_blocks += len(marks)
@@ -142,5 +147,9 @@ class Gateways:
                     self.num_marked_blocks += len(block_hashes) - k
             if message.work is not None:
                 work_tokens, decode_tokens, first_token_tokens, recent_tokens = message.work
-                router.loads.add(message.request_id, replica_id, work_tokens, decode_tokens,
-                                 first_token_tokens, recent_tokens)
+                if isinstance(router.loads, WhatIfLoads):
+                    router.loads.add(message.request_id, replica_id, work_tokens,
+                                     decode_tokens, recent_tokens, first_token_tokens)
+                else:
+                    router.loads.add(message.request_id, replica_id, work_tokens,
+                                     decode_tokens, recent_tokens)

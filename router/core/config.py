@@ -19,10 +19,6 @@ class RouterConfig:
     load_weight: float = 0.2
     # A decode token's work in prefill tokens, in the load a request adds (cache_aware).
     decode_weight: float = 1.0
-    # The fraction of a request's decode work still counted once its first token came (a
-    # running decode slows a new request's prefill far less than queued prefill does);
-    # only with a first-token signal (Router.on_first_token).
-    running_decode_weight: float = 1.0
     # Each cached prompt token adds this many tokens of work to the load a request adds:
     # a cached prompt still costs its replica a seat and attention over its context.
     # (0.1: a burst of one cached prompt spreads like round robin; the what-ifs in
@@ -38,18 +34,6 @@ class RouterConfig:
     # many seconds (conversations between turns still count); 0: outstanding work only.
     # (30 s: conversations with think times spread; the what-ifs in benchmarks/NOTEBOOK.md.)
     recent_work_half_life_s: float = 30.0
-    # What-if knobs (benchmarks/NOTEBOOK.md): the fraction of a
-    # request's uncached prefill tokens that joins the recent work (its decode and
-    # cached-token work always do; a follow-up finds that prefill cached). 0.25 fixes
-    # Mooncake at 2x and breaks shared_prefix and conversation, so the default counts all.
-    recent_prefill_fraction: float = 1.0
-    # True: the uncached prefill that joins the recent work is at most a follow-up's (the
-    # running mean over requests that found at least half their prompt cached). Measured
-    # worse than the default on Mooncake 2x, shared_prefix and conversation.
-    recent_prefill_followup_cap: bool = False
-    # True: a replica's recent work ends when its published stats show it idle (nothing
-    # running or waiting); approximate mode gets no stats, so it is unaffected.
-    recent_work_ends_when_idle: bool = False
     # A host hit costs this fraction of recomputing the block (it is copied back).
     host_cost_fraction: float = 0.2
     # Tokens of outstanding work by which the chosen replica may exceed the least loaded
@@ -84,9 +68,6 @@ class RouterConfig:
             raise bad(f"load_weight must be finite and >= 0, got {self.load_weight!r}")
         if not (math.isfinite(self.decode_weight) and self.decode_weight >= 0):
             raise bad(f"decode_weight must be finite and >= 0, got {self.decode_weight!r}")
-        if not 0 <= self.running_decode_weight <= 1:
-            raise bad(f"running_decode_weight must be in [0, 1], got "
-                      f"{self.running_decode_weight!r}")
         if not 0 <= self.cached_load_fraction <= 1:
             raise bad(f"cached_load_fraction must be in [0, 1], got "
                       f"{self.cached_load_fraction!r}")
@@ -94,9 +75,6 @@ class RouterConfig:
                 and self.recent_work_half_life_s >= 0):
             raise bad(f"recent_work_half_life_s must be finite and >= 0, got "
                       f"{self.recent_work_half_life_s!r}")
-        if not 0 <= self.recent_prefill_fraction <= 1:
-            raise bad(f"recent_prefill_fraction must be in [0, 1], got "
-                      f"{self.recent_prefill_fraction!r}")
         if not 0 <= self.host_cost_fraction <= 1:
             raise bad(f"host_cost_fraction must be in [0, 1], got {self.host_cost_fraction!r}")
         if not self.imbalance_threshold > 0:

@@ -1,10 +1,9 @@
 """Outstanding work per replica, in tokens: what this router sent, and what the replica says.
 
 A routed request adds its work (its uncached prefill tokens plus its decode tokens, as the
-router weighs them) to its replica until `finish`; the part that ends with its first token
-(the prefill) leaves earlier if the caller reports the first token (`first_token`). A
-replica's published `EngineStats` also count work that other gateway processes sent: queued
-prefill tokens plus running and waiting requests times the mean decode length seen here.
+router weighs them) to its replica until `finish`. A replica's published `EngineStats` also
+count work that other gateway processes sent: queued prefill tokens plus running and
+waiting requests times the mean decode length seen here.
 The load is the larger of the two views: the local view counts a burst before the replica
 reports it, the published one counts the other routers, and taking the max never counts
 this router's own requests twice.
@@ -38,15 +37,11 @@ def bounded_tokens(tokens: float) -> float:
 
 class LoadTracker:
     def __init__(self, decode_weight: float = 1.0, recent_half_life_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 running_decode_weight: float = 1.0, recent_ends_when_idle: bool = False
-                 ) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.decode_weight = decode_weight  # a decode token's work in prefill tokens
-        self.running_decode_weight = running_decode_weight  # of a running request's decode
         # > 0: a replica's load is at least the work routed to it lately, each request's
         # work halving every recent_half_life_s (see `load`)
         self.recent_half_life_s = recent_half_life_s
-        self.recent_ends_when_idle = recent_ends_when_idle  # idle stats clear the recent work
         self.clock = clock
         # replica -> its recent work scaled to `_epoch_s`: work routed at t counts
         # work x 2^((t - epoch) / half-life) here, so decaying all replicas to `now` is one
@@ -54,9 +49,8 @@ class LoadTracker:
         self._recent: dict[str, float] = {}
         self._epoch_s = clock() if recent_half_life_s else 0.0
         self._decay_at: tuple[float, float] = (self._epoch_s, 1.0)  # (now, factor)
-        # request_id -> (replica, work tokens, the part of them that ends at the first token,
-        # the work it added to the replica's recent work)
-        self._requests: dict[str, tuple[str, float, float, float]] = {}
+        # request_id -> (replica, work tokens, the work it added to the replica's recent work)
+        self._requests: dict[str, tuple[str, float, float]] = {}
         self._local_tokens: dict[str, float] = {}  # replica -> sum of its requests' work
         self._num_local: dict[str, int] = {}  # replica -> outstanding request count
         # replica -> its published (queued prefill tokens, running, waiting), bounded
@@ -64,19 +58,15 @@ class LoadTracker:
         self.mean_decode_tokens = 0.0
 
     def add(self, request_id: str, replica_id: str, work_tokens: float,
-            decode_tokens: int, first_token_tokens: float = 0.0,
-            recent_tokens: float | None = None) -> None:
+            decode_tokens: int, recent_tokens: float | None = None) -> None:
         """Records a routed request; routing the same id again replaces its old entry.
-        `first_token_tokens` of `work_tokens` end with its first token; `recent_tokens`
-        (default: all of `work_tokens`) join the replica's recent work."""
+        `recent_tokens` (default: all of `work_tokens`) join the replica's recent work."""
         self.finish(request_id)
         work_tokens = bounded_tokens(work_tokens)
-        first_token_tokens = min(bounded_tokens(first_token_tokens), work_tokens)
         recent_tokens = (work_tokens if recent_tokens is None
                          else bounded_tokens(recent_tokens))
         decode_tokens = bounded_tokens(decode_tokens)
-        self._requests[request_id] = (replica_id, work_tokens, first_token_tokens,
-                                      recent_tokens)
+        self._requests[request_id] = (replica_id, work_tokens, recent_tokens)
         self._local_tokens[replica_id] = self._local_tokens.get(replica_id, 0.0) + work_tokens
         self._num_local[replica_id] = self._num_local.get(replica_id, 0) + 1
         if self.recent_half_life_s:
@@ -89,7 +79,7 @@ class LoadTracker:
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return
-        replica_id, work_tokens, _, _ = entry
+        replica_id, work_tokens, _ = entry
         n = self._num_local[replica_id] - 1
         if n:
             self._num_local[replica_id] = n
@@ -104,28 +94,16 @@ class LoadTracker:
         entry = self._requests.get(request_id)
         if entry is None:
             return
-        replica_id, _, _, recent_tokens = entry
+        replica_id, _, recent_tokens = entry
         self.finish(request_id)
         if replica_id in self._recent:
             self._recent[replica_id] = max(
                 0.0, self._recent[replica_id] - recent_tokens / self._decay(self.clock()))
 
-    def first_token(self, request_id: str) -> None:
-        """The request has its first token: its prefill work is done (unknown or already
-        reported ids are ignored)."""
-        entry = self._requests.get(request_id)
-        if entry is None or not entry[2]:
-            return
-        replica_id, work_tokens, done, recent_tokens = entry
-        self._requests[request_id] = (replica_id, work_tokens - done, 0.0, recent_tokens)
-        self._local_tokens[replica_id] -= done
-
     def update_stats(self, replica_id: str, stats: EngineStats) -> None:
         self._stats[replica_id] = (bounded_tokens(stats.num_queued_prefill_tokens),
                                    bounded_tokens(stats.num_running),
                                    bounded_tokens(stats.num_waiting))
-        if self.recent_ends_when_idle and not (stats.num_running or stats.num_waiting):
-            self._recent.pop(replica_id, None)
 
     def _decay(self, now: float) -> float:
         """2^(-(now - epoch) / half-life), computed once per clock reading; the epoch moves
@@ -153,8 +131,8 @@ class LoadTracker:
         if stats is None:
             return local
         queued_tokens, num_running, num_waiting = stats
-        published = (queued_tokens + self.decode_weight * (
-            self.running_decode_weight * num_running + num_waiting) * self.mean_decode_tokens)
+        published = (queued_tokens
+                     + self.decode_weight * (num_running + num_waiting) * self.mean_decode_tokens)
         return max(local, published)
 
     def num_outstanding(self, replica_id: str) -> int:

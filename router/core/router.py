@@ -25,8 +25,6 @@ from worker.api import EngineStats
 
 __all__ = ["Router", "RouterConfig", "RoutingDecision"]
 
-_FOLLOWUP_MEAN_ALPHA = 0.05  # weight of the newest follow-up in the mean of their prefills
-
 
 class RoutingDecision(NamedTuple):
     replica_id: str
@@ -65,15 +63,8 @@ class Router:
         self.index = PrefixIndex(config.pending_ttl_s, clock)
         self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
                                      active=config.approximate)
-        self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock,
-                                 config.running_decode_weight, config.recent_work_ends_when_idle)
+        self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock)
         self._fallback = False
-        # running mean of the uncached prefill tokens of follow-ups (requests that found at
-        # least half their prompt cached); None before the first one
-        self._followup_uncached_tokens: float | None = None
-        # all of a request's work joins the recent work (the default): no per-decision split
-        self._recent_is_work = (config.recent_prefill_fraction == 1.0
-                                and not config.recent_prefill_followup_cap)
         self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
         # request id -> where it went and the blocks it holds pending there, until
         # `on_finished`
@@ -185,35 +176,28 @@ class Router:
         self._held[request_id] = routed._replace(
             held=held, predicted_hit_tokens=(device_tokens, host_tokens))
         self.history.record(replica_id, block_hashes)
+        self._add_load(request_id, routed, device_tokens, host_tokens)
+        return device_tokens, host_tokens
+
+    def _add_load(self, request_id: str, routed: _Routed, device_tokens: int,
+                  host_tokens: int) -> None:
+        """The request's work joins its replica's load until it finishes (and its recent
+        work, decaying). The simulator's what-if routers replace this
+        (benchmarks/simlib/whatifs.py)."""
+        prefill_tokens, decode_work = self._work(routed, device_tokens, host_tokens)
+        self.loads.add(request_id, routed.replica_id, prefill_tokens + decode_work,
+                       routed.max_tokens)
+
+    def _work(self, routed: _Routed, device_tokens: int, host_tokens: int
+              ) -> tuple[float, float]:
+        """The request's prefill and decode work, in prefill tokens: its uncached prompt
+        tokens, host hits at `host_cost_fraction`, every cached token at
+        `cached_load_fraction`; its decode tokens at `decode_weight`."""
         config = self.config
         prefill_tokens = (routed.num_prompt_tokens - device_tokens - host_tokens
                           + config.host_cost_fraction * host_tokens
                           + config.cached_load_fraction * (device_tokens + host_tokens))
-        decode_work = config.decode_weight * routed.max_tokens
-        work_tokens = prefill_tokens + decode_work
-        self.loads.add(request_id, replica_id, work_tokens, routed.max_tokens,
-                       prefill_tokens + (1 - config.running_decode_weight) * decode_work,
-                       None if self._recent_is_work else self._recent_tokens(
-                           work_tokens, routed.num_prompt_tokens, device_tokens, host_tokens))
-        return device_tokens, host_tokens
-
-    def _recent_tokens(self, work_tokens: float, num_prompt_tokens: int, device_tokens: int,
-                       host_tokens: int) -> float:
-        """The part of a request's work that joins its replica's recent work when a knob
-        holds back some of its uncached prefill (`recent_prefill_fraction`,
-        `recent_prefill_followup_cap`)."""
-        config = self.config
-        uncached_tokens = num_prompt_tokens - device_tokens - host_tokens
-        recent_uncached = config.recent_prefill_fraction * uncached_tokens
-        if config.recent_prefill_followup_cap:
-            mean = self._followup_uncached_tokens
-            if device_tokens + host_tokens >= uncached_tokens:  # a follow-up
-                mean = self._followup_uncached_tokens = (
-                    uncached_tokens if mean is None
-                    else mean + _FOLLOWUP_MEAN_ALPHA * (uncached_tokens - mean))
-            if mean is not None:
-                recent_uncached = min(recent_uncached, mean)
-        return work_tokens - uncached_tokens + recent_uncached
+        return prefill_tokens, config.decode_weight * routed.max_tokens
 
     def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:
         """The candidates to match on routed history rather than on events."""
@@ -257,12 +241,6 @@ class Router:
         it held (unknown ids are ignored)."""
         if request_id in self._held:
             self._withdraw(request_id)
-
-    def on_first_token(self, request_id: str) -> None:
-        """The request's first token came: its prefill leaves its replica's load, and its
-        decode counts at `running_decode_weight` until `on_finished` (unknown ids are
-        ignored)."""
-        self.loads.first_token(request_id)
 
     def _release_held(self, request_id: str, withdraw: bool = False) -> None:
         self.misses.forget(request_id)

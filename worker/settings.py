@@ -20,7 +20,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
 ENV_PREFIX = "KVROUTE_"
@@ -58,16 +58,23 @@ def load_settings(cls: type[SettingsT], explicit: Mapping[str, Any], env: Mappin
     try:
         return cls.model_validate(values)
     except ValidationError as err:
-        raise SettingsError(_describe(err, values, sources)) from None
+        raise SettingsError(_describe(cls, err, values, sources)) from None
 
 
-def _describe(err: ValidationError, values: dict[str, Any], sources: dict[str, str]) -> str:
+def is_secret(field: FieldInfo) -> bool:
+    """A secret's value (a key) is never printed, in an error or anywhere else."""
+    return SecretStr in (field.annotation, *typing.get_args(field.annotation))
+
+
+def _describe(cls: type[BaseModel], err: ValidationError, values: dict[str, Any],
+              sources: dict[str, str]) -> str:
     problems = []
     for error in err.errors(include_url=False):
         name = str(error["loc"][0]) if error["loc"] else None
         msg = error["msg"].removeprefix("Value error, ")
         if name in values:
-            problems.append(f"{name} = {values[name]!r} (from {sources[name]}): {msg}")
+            shown = "(hidden)" if is_secret(cls.model_fields[name]) else repr(values[name])
+            problems.append(f"{name} = {shown} (from {sources[name]}): {msg}")
         else:
             problems.append(msg)
     return "invalid kvroute settings: " + "; ".join(problems)

@@ -8,7 +8,6 @@ use; the weights, which need torch, are the engine's business).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from worker.byte_tokenizer import write_byte_tokenizer
 from worker.gguf.builtin import SMOLLM2_NAME, is_gguf_path
 from worker.hf_hub import is_repo_id, snapshot_dir
+from worker.process_settings import default_cache_root
 from worker.staged_dir import build_dir_once
 
 TINY_NAME = "tiny"
@@ -28,12 +28,6 @@ class TokenizerFiles:
     chat_template: str | None  # Jinja source, None when the checkpoint has none
     bos_token: str | None
     eos_token: str | None
-
-
-def default_cache_root() -> Path:
-    """$KVROUTE_CACHE_DIR, else ~/.cache/kvroute."""
-    env = os.environ.get("KVROUTE_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "kvroute"
 
 
 def read_json(path: Path) -> dict[str, Any]:

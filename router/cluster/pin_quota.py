@@ -9,13 +9,15 @@ index actor): checked apart from the hold, ten concurrent registers against a qu
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-MAX_NAMES_ENV = "KVROUTE_PIN_MAX_NAMES_PER_TENANT"
-MAX_BLOCKS_ENV = "KVROUTE_PIN_MAX_BLOCKS_PER_TENANT"
+from worker.process_settings import (
+    DEFAULT_PIN_MAX_BLOCKS_PER_TENANT,
+    DEFAULT_PIN_MAX_NAMES_PER_TENANT,
+    ProcessSettings,
+)
 
 
 class PinRefusal(NamedTuple):
@@ -28,22 +30,17 @@ class PinRefusal(NamedTuple):
 
 @dataclass(frozen=True)
 class PinQuota:
-    max_names_per_tenant: int = 16
-    max_blocks_per_tenant: int = 1024
+    max_names_per_tenant: int = DEFAULT_PIN_MAX_NAMES_PER_TENANT
+    max_blocks_per_tenant: int = DEFAULT_PIN_MAX_BLOCKS_PER_TENANT
 
     def __post_init__(self):
         if self.max_names_per_tenant < 1 or self.max_blocks_per_tenant < 1:
             raise ValueError("PinQuota: both limits must be >= 1")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> PinQuota:
-        environ = os.environ if environ is None else environ
-        kw = {}
-        for env, name in ((MAX_NAMES_ENV, "max_names_per_tenant"),
-                          (MAX_BLOCKS_ENV, "max_blocks_per_tenant")):
-            if environ.get(env):
-                kw[name] = int(environ[env])
-        return cls(**kw)
+    def of(cls, settings: ProcessSettings) -> PinQuota:
+        """The quota the operator set (`pin_max_*_per_tenant`)."""
+        return cls(settings.pin_max_names_per_tenant, settings.pin_max_blocks_per_tenant)
 
     def refusal(self, tenant: str, num_blocks: int, others: Iterable[int]
                 ) -> PinRefusal | None:

@@ -1,8 +1,9 @@
 """The admin API of the external-worker gateway: `/v1/workers`, with the admin key only.
 
-The key comes from `$KVROUTE_ADMIN_KEY`, else from the file the `admin_key_file` setting
-names (its first line), read by each gateway process at start (so in Kubernetes, a Secret
-as an environment variable or a mounted file). Without a key the admin API is off (403).
+The key comes from the `admin_key` process setting (worker/process_settings.py: a variable
+in each process's environment), else from the file the `admin_key_file` setting names (its
+first line), read by each gateway process at start (so in Kubernetes, a Secret as an
+environment variable or a mounted file). Without a key the admin API is off (403).
 A request without a key is 401; with a wrong one, 403. Tenant API keys are not admin keys.
 """
 
@@ -10,8 +11,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +21,17 @@ from router.cluster.worker_spec import (
     WorkerStatus,
 )
 from worker.openai.errors import APIError
+from worker.process_settings import ProcessSettings
+from worker.settings import env_name
 
-ADMIN_KEY_ENV = "KVROUTE_ADMIN_KEY"
-# Set to 1 by the app builder (or the chart) when the app was built with an admin key: a
-# process that then finds none refuses to start (without keys, pins would be open).
-REQUIRE_ADMIN_KEY_ENV = "KVROUTE_REQUIRE_ADMIN_KEY"
+ADMIN_KEY_VAR = env_name("admin_key")
 
 
-def load_admin_key(path: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The admin key, or None (admin API off). Raises ValueError for an empty key file."""
-    environ = os.environ if environ is None else environ
-    key = environ.get(ADMIN_KEY_ENV, "").strip()
+def load_admin_key(path: str | None, settings: ProcessSettings) -> str | None:
+    """The admin key, or None (admin API off). Raises ValueError for an empty key file, or
+    for no key where one is required (`require_admin_key`: the builder, or the chart, sets
+    it when the app was built with a key, as without one pins would be open)."""
+    key = settings.admin_key.get_secret_value().strip() if settings.admin_key else ""
     if key:
         return key
     if path:
@@ -40,11 +39,11 @@ def load_admin_key(path: str | None, environ: Mapping[str, str] | None = None) -
         if not lines or not lines[0].strip():
             raise ValueError(f"admin key file {path} is empty")
         return lines[0].strip()
-    if environ.get(REQUIRE_ADMIN_KEY_ENV) == "1":
-        raise ValueError(f"an admin key is required ({REQUIRE_ADMIN_KEY_ENV}=1: the app was "
-                         f"built with one) but this process found none (${ADMIN_KEY_ENV} "
-                         f"unset or empty, no admin_key_file; on a joined cluster, set it on "
-                         f"the nodes): refusing to start")
+    if settings.require_admin_key:
+        raise ValueError(f"an admin key is required ({env_name('require_admin_key')}=1: the "
+                         f"app was built with one) but this process found none "
+                         f"(${ADMIN_KEY_VAR} unset or empty, no admin_key_file; on a joined "
+                         f"cluster, set it on the nodes): refusing to start")
     return None
 
 
@@ -55,7 +54,7 @@ class AdminAuth:
     def check(self, authorization: str | None) -> None:
         """Returns when `Authorization: Bearer KEY` carries the admin key."""
         if self._key is None:
-            raise APIError(403, f"the admin API is off: set {ADMIN_KEY_ENV} or admin_key_file",
+            raise APIError(403, f"the admin API is off: set {ADMIN_KEY_VAR} or admin_key_file",
                            type_="permission_error", code="admin_api_disabled")
         if not authorization:
             raise APIError(401, "missing admin key: send 'Authorization: Bearer KEY'",

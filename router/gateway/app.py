@@ -11,6 +11,7 @@ elsewhere.
 
 import asyncio
 import logging
+import os
 import uuid
 from dataclasses import dataclass, field
 
@@ -37,7 +38,7 @@ from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
 from worker.openai.latency import arrival_of
-from worker.openai.limits import RequestLimits, read_body
+from worker.openai.limits import read_body
 from worker.openai.logprobs import LogprobsFormatter
 from worker.openai.openapi_body import request_body
 from worker.openai.prompt import PromptBuilder
@@ -53,6 +54,7 @@ from worker.openai.tokenize import (
     tokenize,
     version_body,
 )
+from worker.process_settings import ProcessSettings
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -89,18 +91,20 @@ class Gateway:
         self.config = config
         self.model = config.served_model_name
         self.gateway_id = gateway_process_id()
-        self.limits = RequestLimits.from_env()
+        process = ProcessSettings.from_environ(os.environ)  # limits, keys, quotas
+        self.limits = process.request_limits()
         self.prompts = PromptBuilder(tokenizer_dir(config.model), self.model, config.block_size)
         self.encoder = PromptEncoder(self.prompts)  # long prompts off the event loop
         self.logprobs = LogprobsFormatter(self.prompts.tokenizer)
-        self.auth = TenantAuth(load_api_keys(config.api_keys_file))
-        self.streams = StreamSlots.for_tenants(self.auth.enabled)
+        self.auth = TenantAuth(load_api_keys(config.api_keys_file, process))
+        self.streams = StreamSlots.for_tenants(self.auth.enabled,
+                                               process.max_streams_per_tenant)
         self.engine = EngineClient(engine_handle, config.retry)
         self._engine_handle = engine_handle
         self._max_model_len: int | None = None  # the replicas' own context limit
         self.index = get_index_actor()
         self.hub = get_metrics_hub(config.metrics)
-        self.pin_admin = PinAdmin.from_env(self.auth, config.admin_key_file)
+        self.pin_admin = PinAdmin.of(self.auth, config.admin_key_file, process)
         self.prefixes = PrefixService(self.engine, self.index, self.prompts,
                                       self.pin_admin.quota)
         self.metrics = GatewayMetrics(self.model)

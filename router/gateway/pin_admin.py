@@ -2,7 +2,7 @@
 
 A pin holds engine blocks out of every tenant's reach, so a tenant's API key may list its
 prefixes but not create or delete them. `POST /v1/prefixes` and `DELETE /v1/prefixes/NAME`
-need `Authorization: Bearer ADMIN_KEY` ($KVROUTE_ADMIN_KEY, router/gateway/admin.py) and
+need `Authorization: Bearer ADMIN_KEY` (the admin key, router/gateway/admin.py) and
 name the tenant in `X-Kvroute-Tenant` (absent: the anonymous tenant ""). With neither API
 keys nor an admin key configured (a single-user setup) pins stay open, as before.
 
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from router.cluster.pin_quota import PinQuota
 from router.gateway.admin import AdminAuth, load_admin_key
 from router.gateway.tenants import TenantAuth
+from worker.process_settings import ProcessSettings
 
 TENANT_HEADER = "x-kvroute-tenant"
 
@@ -29,8 +30,10 @@ class PinAdmin:
         self.quota = quota
 
     @classmethod
-    def from_env(cls, tenants: TenantAuth, admin_key_file: str | None = None) -> PinAdmin:
-        return cls(tenants, load_admin_key(admin_key_file), PinQuota.from_env())
+    def of(cls, tenants: TenantAuth, admin_key_file: str | None, settings: ProcessSettings
+           ) -> PinAdmin:
+        """The admin key and the pin quota this process's settings give."""
+        return cls(tenants, load_admin_key(admin_key_file, settings), PinQuota.of(settings))
 
     def tenant_for_change(self, headers: Mapping[str, str]) -> str:
         """The tenant a pin or unpin acts for, once the caller is known to be an admin."""

@@ -2,24 +2,23 @@
 share KV blocks; without configured keys every request is the anonymous tenant "".
 
 Keys come from a file (`--api-keys-file FILE`): a JSON object {"key": "tenant", ...} or lines
-`KEY TENANT` (blank lines and `#` comments skipped), and/or the environment variable
-`KVROUTE_API_KEYS="key1=tenant-a,key2=tenant-b"`.
+`KEY TENANT` (blank lines and `#` comments skipped), and/or the `api_keys` process setting
+(worker/process_settings.py: `KVROUTE_<NAME>` in each process's environment) as
+"key1=tenant-a,key2=tenant-b".
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from worker.openai.errors import APIError
+from worker.process_settings import ProcessSettings
+from worker.settings import env_name
 
-API_KEYS_ENV = "KVROUTE_API_KEYS"
-# Set to 1 by the app builder (or the chart) when the app was built with keys: a process
-# that then finds none refuses to start rather than serve unauthenticated.
-REQUIRE_API_KEYS_ENV = "KVROUTE_REQUIRE_API_KEYS"
+API_KEYS_VAR = env_name("api_keys")
 ANONYMOUS_TENANT = ""
 
 
@@ -49,20 +48,23 @@ def parse_api_keys_env(value: str) -> dict[str, str]:
         key, sep, tenant = item.partition("=")
         if not sep or not key or not tenant:
             # Never echo the entry: it holds a secret.
-            raise ValueError(f"{API_KEYS_ENV}: entry {position} is not a key=tenant pair")
+            raise ValueError(f"{API_KEYS_VAR}: entry {position} is not a key=tenant pair")
         keys[key] = tenant
     return keys
 
 
-def load_api_keys(path: str | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Key -> tenant from the file (if any) and the environment (which wins on a clash)."""
-    environ = os.environ if environ is None else environ
+def load_api_keys(path: str | None, settings: ProcessSettings) -> dict[str, str]:
+    """Key -> tenant from the file (if any) and the `api_keys` setting (which wins on a
+    clash). Raises ValueError for no key where keys are required (`require_api_keys`: the
+    builder, or the chart, sets it when the app was built with keys, so a process that
+    finds none refuses to start rather than serve unauthenticated)."""
     keys = parse_api_keys_text(Path(path).read_text()) if path else {}
-    keys.update(parse_api_keys_env(environ.get(API_KEYS_ENV, "")))
-    if not keys and environ.get(REQUIRE_API_KEYS_ENV) == "1":
-        raise ValueError(f"API keys are required ({REQUIRE_API_KEYS_ENV}=1: the app was built "
-                         f"with keys) but this process found none (api_keys_file "
-                         f"{path or 'unset'}, ${API_KEYS_ENV} unset or empty; on a joined "
+    if settings.api_keys is not None:
+        keys.update(parse_api_keys_env(settings.api_keys.get_secret_value()))
+    if not keys and settings.require_api_keys:
+        raise ValueError(f"API keys are required ({env_name('require_api_keys')}=1: the app "
+                         f"was built with keys) but this process found none (api_keys_file "
+                         f"{path or 'unset'}, ${API_KEYS_VAR} unset or empty; on a joined "
                          f"cluster, give a keys file every node has or set the variable on "
                          f"the nodes): refusing to serve unauthenticated")
     return keys

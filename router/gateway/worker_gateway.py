@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -48,6 +49,7 @@ from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlot, StreamSlots
 from worker.openai.tokenize import version_body
+from worker.process_settings import ProcessSettings
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -97,13 +99,15 @@ class WorkerGateway:
         self.gateway_id = gateway_id
         self.prompts = PromptBuilder(tokenizer_dir(config.tokenizer), config.model,
                                      config.router.block_size)
-        self.auth = TenantAuth(load_api_keys(config.api_keys_file))
-        self.admin = AdminAuth(load_admin_key(config.admin_key_file))
+        process = ProcessSettings.from_environ(os.environ)  # limits, keys
+        self.auth = TenantAuth(load_api_keys(config.api_keys_file, process))
+        self.admin = AdminAuth(load_admin_key(config.admin_key_file, process))
         self.proxy = WorkerProxy(config.proxy)
-        self.limits = RequestLimits.from_env()  # the chart's `limits` values
+        self.limits = process.request_limits()  # the chart's `limits` values
         self._tokenizer_threads = ThreadPoolExecutor(_TOKENIZER_THREADS,
                                                      thread_name_prefix="tokenize")
-        self.stream_slots = StreamSlots.for_tenants(self.auth.enabled)
+        self.stream_slots = StreamSlots.for_tenants(self.auth.enabled,
+                                                    process.max_streams_per_tenant)
         self.metrics = GatewayMetrics(self.model)
         self._pusher = MetricsPusher(f"gateway/{gateway_id}", self.metrics.registry,
                                      config.metrics)

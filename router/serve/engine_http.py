@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -43,11 +44,12 @@ from router.serve.engine_replica import EngineReplicaBody
 from router.serve.route_header import RouteSigner
 from router.serve.route_tracking import RouteReports, RouteTracking
 from worker.openai.http_errors import install_error_handlers
-from worker.openai.limits import RequestLimits, read_body
+from worker.openai.limits import read_body
 from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlots
 from worker.openai.tokenize import detokenize, tokenize, version_body
 from worker.openai_server.serving import OpenAIServing
+from worker.process_settings import ProcessSettings
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -92,14 +94,16 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     model = engine.model_name
     prompts = PromptBuilder(tokenizer_dir(config.model), model, config.block_size)
     metrics = GatewayMetrics(model)
-    limits = RequestLimits.from_env()  # the chart's `limits` values
-    auth = TenantAuth(load_api_keys(config.api_keys_file))
+    process = ProcessSettings.from_environ(os.environ)  # limits, keys, quotas
+    limits = process.request_limits()  # the chart's `limits` values
+    auth = TenantAuth(load_api_keys(config.api_keys_file, process))
     serving = OpenAIServing(engine, prompts, metrics.latency, limits,
-                            StreamSlots.for_tenants(auth.enabled))
+                            StreamSlots.for_tenants(auth.enabled,
+                                                    process.max_streams_per_tenant))
     index, hub = get_index_actor(), get_metrics_hub(config.metrics)
     context = serve.get_replica_context()
     own_deployment = serve.get_deployment_handle(context.deployment, context.app_name)
-    pin_admin = PinAdmin.from_env(auth, config.admin_key_file)
+    pin_admin = PinAdmin.of(auth, config.admin_key_file, process)
     prefixes = PrefixService(EngineClient(own_deployment, config.retry), index, prompts,
                              pin_admin.quota)
     pusher = MetricsPusher(f"gateway/{replica.replica_id}", metrics.registry, config.metrics)

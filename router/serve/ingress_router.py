@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -35,8 +36,8 @@ from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
 from router.serve.route_calls import RouteCall, RouteCalls
 from router.serve.route_header import ROUTE_HEADER, Route, RouteSigner
-from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
+from worker.process_settings import ProcessSettings
 from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
@@ -129,8 +130,10 @@ class IngressRouter:
         self.router_id = gateway_process_id()
         prompts = PromptBuilder(tokenizer_dir(config.model), config.served_model_name,
                                 config.block_size)
-        self.calls = RouteCalls(prompts, TenantAuth(load_api_keys(config.api_keys_file)),
-                                config.max_model_len, RequestLimits.from_env())
+        process = ProcessSettings.from_environ(os.environ)  # limits, keys
+        self.calls = RouteCalls(prompts,
+                                TenantAuth(load_api_keys(config.api_keys_file, process)),
+                                config.max_model_len, process.request_limits())
         self.signer = RouteSigner(config.route_key)
         self.engine = engine_handle
         self._tokenizers = ThreadPoolExecutor(_TOKENIZER_THREADS,

@@ -55,7 +55,7 @@ class RouteCalls:
         self.prompts = prompts
         self.auth = auth
         self.max_model_len = max_model_len
-        self.limits = RequestLimits.from_env() if limits is None else limits
+        self.limits = RequestLimits() if limits is None else limits
         self.max_token_chars = longest_token_chars(
             prompts.tokenizer.get_vocab(with_added_tokens=True))
 

@@ -22,15 +22,18 @@ the Ray containers.
 - HAProxy's stats and metrics listeners are fixed ports by default (8404, 9101): a local
   instance gets free ones, so several instances can share a host.
 
-kvroute's own variables (`replica_env`): the replicas read the request limits, the pin
-quotas and the keys (`KVROUTE_MAX_*`, `KVROUTE_API_KEYS`, ...) from their own environment,
-and on a joined cluster a replica's environment is its node's, not the driver's. The app
-builder therefore reads them once, where it runs, and hands them to every deployment in its
-runtime_env, all but the key values: Ray writes every runtime_env it creates to each node's
-runtime_env_agent.log, and shows it in the dashboard. For keys it sets
-`KVROUTE_REQUIRE_API_KEYS=1` (and `KVROUTE_REQUIRE_ADMIN_KEY=1`) when it has them, so a
-replica that finds none (a joined cluster whose nodes lack the keys file or the variable)
-refuses to start instead of serving unauthenticated.
+kvroute's own variables (`replica_env`): the replicas read their process settings (the
+request limits, the pin quotas, the keys, the cache directory: worker/process_settings.py)
+from their own environment, and on a joined cluster a replica's environment is its node's,
+not the driver's. The app builder therefore reads them once, where it runs, validates them,
+and hands them to every deployment in its runtime_env, all but the key values: Ray writes
+every runtime_env it creates to each node's runtime_env_agent.log, and shows it in the
+dashboard. For keys it sets `require_api_keys` (and `require_admin_key`) when it has them,
+so a replica that finds none (a joined cluster whose nodes lack the keys file or the
+variable) refuses to start instead of serving unauthenticated. Only these variables are
+forwarded: not the serve settings (resolved by the builder, they travel in the deployments'
+configs) nor what Kubernetes injects under the same prefix (KVROUTE_PORT=tcp://... and the
+other service-link variables of a Service named kvroute).
 """
 
 from __future__ import annotations
@@ -40,18 +43,16 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from router.gateway.admin import ADMIN_KEY_ENV, REQUIRE_ADMIN_KEY_ENV
-from router.gateway.tenants import API_KEYS_ENV, REQUIRE_API_KEYS_ENV
-from router.serve.settings import LaunchSettings, ServeSettings
+from pydantic import SecretStr
+
+from router.serve.settings import ServeSettings
+from worker.process_settings import SECRET_SETTINGS, ProcessSettings
 from worker.settings import env_name
 
-KVROUTE_ENV_PREFIX = "KVROUTE_"
-# The settings' own variables are resolved by the builder and travel in the deployments'
-# configs; the replicas never read them. Key values never travel in a runtime_env (Ray logs
-# it): the replicas read them from a keys file or their nodes' environment.
-_NOT_FORWARDED = frozenset(
-    [API_KEYS_ENV, ADMIN_KEY_ENV, *(env_name(name) for cls in (ServeSettings, LaunchSettings)
-                                    for name in cls.model_fields)])
+# Key values never travel in a runtime_env (Ray logs it): the replicas read them from a keys
+# file or their nodes' environment.
+_FORWARDED = tuple(env_name(name) for name in ProcessSettings.model_fields
+                   if name not in SECRET_SETTINGS)
 
 
 def serve_env(ingress: str, local: bool, environ: Mapping[str, str],
@@ -85,16 +86,21 @@ def free_port() -> int:
 
 
 def replica_env(settings: ServeSettings, environ: Mapping[str, str]) -> dict[str, str]:
-    """The `KVROUTE_*` variables every replica of the app must see, from the builder's
-    `environ`: each one set there (but the settings' own and the key values), plus the
-    fail-closed flags when the app is built with API keys or an admin key."""
-    env = {name: value for name, value in environ.items()
-           if name.startswith(KVROUTE_ENV_PREFIX) and name not in _NOT_FORWARDED}
-    if settings.api_keys_file or environ.get(API_KEYS_ENV, "").strip():
-        env[REQUIRE_API_KEYS_ENV] = "1"
-    if settings.admin_key_file or environ.get(ADMIN_KEY_ENV, "").strip():
-        env[REQUIRE_ADMIN_KEY_ENV] = "1"
+    """The process settings' variables every replica of the app must see, from the
+    builder's `environ`: each one set there but the key values, plus the fail-closed flags
+    when the app is built with API keys or an admin key. Raises SettingsError naming a bad
+    value (the build fails, not each replica)."""
+    process = ProcessSettings.from_environ(environ)
+    env = {name: environ[name] for name in _FORWARDED if environ.get(name, "") != ""}
+    if settings.api_keys_file or _given(process.api_keys):
+        env[env_name("require_api_keys")] = "1"
+    if settings.admin_key_file or _given(process.admin_key):
+        env[env_name("require_admin_key")] = "1"
     return env
+
+
+def _given(secret: SecretStr | None) -> bool:
+    return secret is not None and bool(secret.get_secret_value().strip())
 
 
 def with_env(actor_options: Mapping[str, Any] | None, env: Mapping[str, str]

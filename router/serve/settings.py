@@ -19,6 +19,7 @@ from router.core.config import RouterConfig
 from router.core.hit_curve import HitCurveConfig
 from router.core.policies import POLICY_NAMES
 from worker.engine_config import EngineConfig, EngineSettings, PositiveInt
+from worker.settings import env_name
 
 _ROUTER_DEFAULTS = RouterConfig()
 _BOUND_DEFAULTS = HitCurveConfig()
@@ -44,8 +45,8 @@ class ServeSettings(EngineSettings):
                                    "against load; the others ignore or only hash the prefix")
     api_keys_file: str | None = Field(
         None, description="API keys file: JSON {key: tenant} or lines 'KEY TENANT'; also read "
-                          "from $KVROUTE_API_KEYS ('key=tenant,...'). Each tenant gets its own "
-                          "cache namespace. Without keys the server is open")
+                          f"from ${env_name('api_keys')} ('key=tenant,...'). Each tenant gets "
+                          "its own cache namespace. Without keys the server is open")
     approximate: bool = Field(
         False, description="route on the router's own routing history instead of KV events")
     load_weight: float = Field(
@@ -107,8 +108,8 @@ class ServeSettings(EngineSettings):
                           "model)")
     admin_key_file: str | None = Field(
         None, description="a file holding the admin key of POST/DELETE /v1/prefixes (pins) "
-                          "and, with workers, /v1/workers ($KVROUTE_ADMIN_KEY wins); without "
-                          "either the admin API is off")
+                          f"and, with workers, /v1/workers (${env_name('admin_key')} wins); "
+                          "without either the admin API is off")
     worker_health_period_s: float = Field(
         2.0, gt=0, description="with workers: seconds between health checks of each worker")
 

@@ -7,6 +7,7 @@ import pytest
 from router.gateway.pin_admin import PinQuota
 from worker.openai.limits import RequestLimits
 from worker.openai.stream_slots import StreamSlots
+from worker.process_settings import ProcessSettings
 
 from .helm_chart import engine_group, head_template, render, template
 
@@ -34,10 +35,11 @@ def ray_container_envs(docs: list[dict]) -> list[dict[str, str]]:
 def test_the_defaults_are_the_servers_own_defaults(helm_bin):
     (head, engine) = ray_container_envs(render(helm_bin))
     for env in (head, engine):
-        limits = RequestLimits.from_env(env)
-        assert limits == RequestLimits()
-        assert StreamSlots.for_tenants(False, env) is None  # no API keys: no stream cap
-        assert PinQuota.from_env(env) == PinQuota()
+        settings = ProcessSettings.from_environ(env)
+        assert settings.request_limits() == RequestLimits()
+        # no API keys: no stream cap
+        assert StreamSlots.for_tenants(False, settings.max_streams_per_tenant) is None
+        assert PinQuota.of(settings) == PinQuota()
         assert {e["name"]: e["value"] for e in DEFAULT_LIMITS_ENV}.items() <= env.items()
 
 
@@ -50,10 +52,12 @@ def test_set_limits_reach_every_ray_container_and_the_servers_read_them(helm_bin
     for env in ray_container_envs(docs):
         assert {LIMIT_ENV[k]: env[LIMIT_ENV[k]] for k in values} == {
             LIMIT_ENV[k]: str(v) for k, v in values.items()}
-        assert RequestLimits.from_env(env) == RequestLimits(
+        settings = ProcessSettings.from_environ(env)
+        assert settings.request_limits() == RequestLimits(
             max_body_bytes=1048576, max_prompt_chars=50000, max_sequences=16)
-        assert StreamSlots.for_tenants(True, env).max_per_tenant == 8
-        assert PinQuota.from_env(env) == PinQuota(3, 200)
+        assert StreamSlots.for_tenants(True, settings.max_streams_per_tenant
+                                       ).max_per_tenant == 8
+        assert PinQuota.of(settings) == PinQuota(3, 200)
 
 
 def test_extra_env_still_wins(helm_bin):

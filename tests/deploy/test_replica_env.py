@@ -3,7 +3,6 @@ builder hands every deployment the `KVROUTE_*` variables the replicas read (limi
 in its runtime_env, but not key values (Ray logs every runtime_env), and a replica built
 expecting keys that finds none refuses to start. Built, not deployed: no Ray needed."""
 
-import re
 from pathlib import Path
 
 import pytest
@@ -11,12 +10,14 @@ import pytest
 from router.gateway.admin import load_admin_key
 from router.gateway.tenants import load_api_keys
 from router.serve.app import build_app
+from worker.process_settings import ProcessSettings
+from worker.settings import env_name
 
 from .helm_chart import engine_group, head_template, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# One value for each variable a replica reads (found in the source by the test below).
+# One value for each variable a replica reads (its process settings: the test below).
 REPLICA_VALUES = {
     "KVROUTE_API_KEYS": "sk-driver-only=tenant-a",
     "KVROUTE_ADMIN_KEY": "admin-driver-only",
@@ -34,14 +35,13 @@ FORWARDED = {k: v for k, v in REPLICA_VALUES.items() if k not in SECRETS}
 
 
 def _replica_read_variables() -> set[str]:
-    """Every `KVROUTE_*` name the replicas' code reads (the variables are named as string
-    constants in router/ and worker/; the settings' own, read by the builder, excluded)."""
-    names = set()
-    for path in [*ROOT.joinpath("router").rglob("*.py"), *ROOT.joinpath("worker").rglob("*.py")]:
-        if path.name in ("settings.py", "serve_env.py", "cli.py", "cli_flags.py"):
-            continue
-        names |= set(re.findall(r'"(KVROUTE_[A-Z_]+)"', path.read_text()))
-    return names - {"KVROUTE_NAMESPACE"} - set(REQUIRED)
+    """Every `KVROUTE_*` name a replica reads: its process settings' (the only ones a
+    module but the settings loader may read, tests/worker/test_settings_sources.py)."""
+    return {env_name(name) for name in ProcessSettings.model_fields} - set(REQUIRED)
+
+
+def env(variables: dict) -> ProcessSettings:
+    return ProcessSettings.from_environ(variables)
 
 
 def _walk(app):
@@ -67,7 +67,7 @@ def _env_vars(deployment) -> dict[str, str]:
 
 
 def test_every_variable_a_replica_reads_is_in_this_test():
-    assert _replica_read_variables() <= set(REPLICA_VALUES)
+    assert _replica_read_variables() == set(REPLICA_VALUES)
 
 
 @pytest.mark.parametrize("args", [
@@ -106,19 +106,19 @@ def test_a_replica_expecting_keys_that_finds_none_refuses_to_start(tmp_path):
     empty.write_text("# the Secret was created empty\n")
     require = {"KVROUTE_REQUIRE_API_KEYS": "1"}
     with pytest.raises(ValueError, match="refusing to serve unauthenticated"):
-        load_api_keys(None, require)
+        load_api_keys(None, env(require))
     with pytest.raises(ValueError, match="refusing to serve unauthenticated"):
-        load_api_keys(str(empty), {**require, "KVROUTE_API_KEYS": ""})
-    assert load_api_keys(None, {**require, "KVROUTE_API_KEYS": "k=t"}) == {"k": "t"}
-    assert load_api_keys(str(empty), {}) == {}  # not required: an open server, as before
+        load_api_keys(str(empty), env({**require, "KVROUTE_API_KEYS": ""}))
+    assert load_api_keys(None, env({**require, "KVROUTE_API_KEYS": "k=t"})) == {"k": "t"}
+    assert load_api_keys(str(empty), env({})) == {}  # not required: an open server, as before
 
 
 def test_a_replica_expecting_an_admin_key_that_finds_none_refuses_to_start():
     with pytest.raises(ValueError, match="refusing to start"):
-        load_admin_key(None, {"KVROUTE_REQUIRE_ADMIN_KEY": "1", "KVROUTE_ADMIN_KEY": " "})
-    assert load_admin_key(None, {"KVROUTE_REQUIRE_ADMIN_KEY": "1",
-                                 "KVROUTE_ADMIN_KEY": "a"}) == "a"
-    assert load_admin_key(None, {}) is None
+        load_admin_key(None, env({"KVROUTE_REQUIRE_ADMIN_KEY": "1", "KVROUTE_ADMIN_KEY": " "}))
+    assert load_admin_key(None, env({"KVROUTE_REQUIRE_ADMIN_KEY": "1",
+                                     "KVROUTE_ADMIN_KEY": "a"})) == "a"
+    assert load_admin_key(None, env({})) is None
 
 
 def test_the_chart_tells_every_ray_container_that_keys_are_required(helm_bin):
@@ -132,7 +132,7 @@ def test_the_chart_tells_every_ray_container_that_keys_are_required(helm_bin):
     for env in envs(on):
         assert {name: env[name] for name in REQUIRED} == REQUIRED
         with pytest.raises(ValueError):  # the Secret's key file empty: refuses to start
-            load_api_keys(None, env)
+            load_api_keys(None, ProcessSettings.from_environ(env))
 
 
 def _key_config(deployment):
@@ -164,9 +164,11 @@ def test_key_files_reach_the_replicas_as_paths_and_the_replicas_find_the_keys(
             continue
         assert "from-file" not in repr(config)
         assert config.api_keys_file == str(tmp_path / "keys")
-        assert load_api_keys(config.api_keys_file, env) == {"sk-from-file": "tenant-a"}
+        assert load_api_keys(config.api_keys_file, ProcessSettings.from_environ(env)) == {
+            "sk-from-file": "tenant-a"}
         if hasattr(config, "admin_key_file"):  # builds a PinAdmin: pins need the admin key
             pin_checkers += 1
             assert config.admin_key_file == str(tmp_path / "admin")
-            assert load_admin_key(config.admin_key_file, env) == "admin-from-file"
+            assert load_admin_key(config.admin_key_file,
+                                  ProcessSettings.from_environ(env)) == "admin-from-file"
     assert pin_checkers == 1  # the gateway, or with ingress direct the engine replicas

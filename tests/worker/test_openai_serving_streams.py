@@ -13,7 +13,7 @@ from worker.engine_config import EngineConfig
 from worker.engine_factory import build_engine
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder
-from worker.openai.stream_slots import MAX_STREAMS_ENV, StreamSlots, TooManyStreams
+from worker.openai.stream_slots import StreamSlots, TooManyStreams
 from worker.openai_server.serving import OpenAIServing
 from worker.tokenizer_files import tokenizer_dir
 
@@ -88,13 +88,12 @@ async def test_a_request_not_streamed_gives_its_seat_back_when_it_is_refused(ser
 
 
 def test_kvroute_engine_limits_streams_only_when_the_operator_sets_it():
-    assert StreamSlots.from_env_if_set({}) is None
-    assert StreamSlots.from_env_if_set({MAX_STREAMS_ENV: "3"}).max_per_tenant == 3
-    assert StreamSlots.from_env({}).max_per_tenant == 64
+    assert StreamSlots.for_tenants(False, None) is None
+    assert StreamSlots.for_tenants(False, 3).max_per_tenant == 3
 
 
 def test_tenants_of_api_keys_get_the_default_cap_one_anonymous_user_none_unless_set():
-    assert StreamSlots.for_tenants(True, {}).max_per_tenant == 64
-    assert StreamSlots.for_tenants(True, {MAX_STREAMS_ENV: "5"}).max_per_tenant == 5
-    assert StreamSlots.for_tenants(False, {}) is None
-    assert StreamSlots.for_tenants(False, {MAX_STREAMS_ENV: "5"}).max_per_tenant == 5
+    assert StreamSlots.for_tenants(True, None).max_per_tenant == 64
+    assert StreamSlots.for_tenants(True, 5).max_per_tenant == 5
+    assert StreamSlots.for_tenants(False, None) is None
+    assert StreamSlots.for_tenants(False, 5).max_per_tenant == 5

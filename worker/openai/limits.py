@@ -8,20 +8,17 @@ detokenizer scans every one of them at every generated token.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from worker.openai.errors import APIError
 
-MAX_BODY_BYTES_ENV = "KVROUTE_MAX_BODY_BYTES"
-MAX_PROMPT_CHARS_ENV = "KVROUTE_MAX_PROMPT_CHARS"
-MAX_SEQUENCES_ENV = "KVROUTE_MAX_SEQUENCES_PER_REQUEST"
-
 
 @dataclass(frozen=True)
 class RequestLimits:
+    """The limits; those an operator sets come from worker/process_settings.py."""
+
     max_body_bytes: int = 8 * 1024 * 1024
     max_json_depth: int = 32  # an OpenAI body needs about 5 levels
     max_prompt_chars: int = 1_000_000  # prompt or all messages' text, before tokenizing
@@ -40,20 +37,6 @@ class RequestLimits:
             if getattr(self, name) < 1:
                 raise ValueError(f"RequestLimits: {name} must be >= 1, got "
                                  f"{getattr(self, name)}")
-
-    @classmethod
-    def from_env(cls, environ=None) -> RequestLimits:
-        environ = os.environ if environ is None else environ
-        kw = {}
-        for env, name in ((MAX_BODY_BYTES_ENV, "max_body_bytes"),
-                          (MAX_PROMPT_CHARS_ENV, "max_prompt_chars"),
-                          (MAX_SEQUENCES_ENV, "max_sequences")):
-            if environ.get(env):
-                try:
-                    kw[name] = int(environ[env])
-                except ValueError:
-                    raise ValueError(f"{env} must be an integer, got {environ[env]!r}") from None
-        return cls(**kw)
 
 
 def check_body_size(num_bytes: int, limits: RequestLimits) -> None:

@@ -3,23 +3,21 @@ gateway.
 
 Every generation request holds a slot of its tenant until it ends: a stream until its last
 event (or its client leaves), a non-streamed request until its whole body is answered. The
-names keep "stream" (`KVROUTE_MAX_STREAMS_PER_TENANT`, the chart's `maxStreamsPerTenant`,
-the 429's code) from when only streams were counted; a tenant's `stream: false` requests
-took every seat then. Counted per process that answers the OpenAI API (a gateway, the
-external-workers gateway, or an engine replica with ingress direct: N of them allow N times
-the limit in all); a request over the limit is refused with 429 and Retry-After before any
-engine work is done for it. Without API keys there are no tenants to keep apart: no limit
-unless the operator sets one.
+names keep "stream" (the `max_streams_per_tenant` setting, worker/process_settings.py; the
+chart's `maxStreamsPerTenant`; the 429's code) from when only streams were counted; a
+tenant's `stream: false` requests took every seat then. Counted per process that answers
+the OpenAI API (a gateway, the external-workers gateway, or an engine replica with ingress
+direct: N of them allow N times the limit in all); a request over the limit is refused with
+429 and Retry-After before any engine work is done for it. Without API keys there are no
+tenants to keep apart: no limit unless the operator sets one.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 
 from worker.openai.errors import APIError
 
-MAX_STREAMS_ENV = "KVROUTE_MAX_STREAMS_PER_TENANT"
 RETRY_AFTER_S = 1
 DEFAULT_MAX_STREAMS_PER_TENANT = 64
 
@@ -35,28 +33,21 @@ class TooManyStreams(APIError):
 class StreamSlots:
     def __init__(self, max_per_tenant: int):
         if max_per_tenant < 1:
-            raise ValueError(f"{MAX_STREAMS_ENV} must be >= 1, got {max_per_tenant}")
+            raise ValueError(f"max_streams_per_tenant must be >= 1, got {max_per_tenant}")
         self.max_per_tenant = max_per_tenant
         self._open: dict[str, int] = {}
 
     @classmethod
-    def from_env(cls, environ=None) -> StreamSlots:
-        environ = os.environ if environ is None else environ
-        return cls(int(environ.get(MAX_STREAMS_ENV) or DEFAULT_MAX_STREAMS_PER_TENANT))
-
-    @classmethod
-    def for_tenants(cls, keys_configured: bool, environ=None) -> StreamSlots | None:
-        """With API keys, each tenant's limit (64 unless set). Without, there is one
-        anonymous user and no per-tenant limit unless the operator set one (then it bounds
-        all streams together): a default of 64 would cap a single-user server's streams."""
-        return cls.from_env(environ) if keys_configured else cls.from_env_if_set(environ)
-
-    @classmethod
-    def from_env_if_set(cls, environ=None) -> StreamSlots | None:
-        """The limit only where the operator set one (`kvroute engine`: no tenants, so the
-        limit is on all its streams together, and a router in front may hold many)."""
-        environ = os.environ if environ is None else environ
-        return cls.from_env(environ) if environ.get(MAX_STREAMS_ENV) else None
+    def for_tenants(cls, keys_configured: bool, max_per_tenant: int | None
+                    ) -> StreamSlots | None:
+        """With API keys, each tenant's limit (`max_per_tenant`, 64 unless set). Without,
+        there is one anonymous user and no per-tenant limit unless the operator set one
+        (then it bounds all streams together): a default of 64 would cap a single-user
+        server's streams (`kvroute engine`, which has no tenants, and a router in front of
+        it may hold many)."""
+        if max_per_tenant is None:
+            return cls(DEFAULT_MAX_STREAMS_PER_TENANT) if keys_configured else None
+        return cls(max_per_tenant)
 
     def acquire(self, tenant: str) -> None:
         n = self._open.get(tenant, 0)

@@ -21,19 +21,24 @@ from worker.api import EngineUnhealthyError
 from worker.engine import Engine
 from worker.openai.errors import APIError
 from worker.openai.http_errors import install_error_handlers
-from worker.openai.limits import RequestLimits, read_body
+from worker.openai.limits import read_body
 from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlots
 from worker.openai.tokenize import detokenize, tokenize, version_body
 from worker.openai_server.kv_events import EventPump
 from worker.openai_server.serving import OpenAIServing
 from worker.openai_server.vllm_metrics import VLLMGaugeCollector
+from worker.process_settings import ProcessSettings
 
 
-def create_app(engine: Engine, prompts: PromptBuilder, pump: EventPump) -> FastAPI:
-    """The app serving `engine`; `prompts` tokenizes for the same model."""
-    serving = OpenAIServing(engine, prompts, limits=RequestLimits.from_env(),
-                            streams=StreamSlots.from_env_if_set())
+def create_app(engine: Engine, prompts: PromptBuilder, pump: EventPump,
+               settings: ProcessSettings) -> FastAPI:
+    """The app serving `engine`; `prompts` tokenizes for the same model; `settings`:
+    the process's limits."""
+    # No tenants: a stream limit only where the operator set one (on all streams together).
+    serving = OpenAIServing(engine, prompts, limits=settings.request_limits(),
+                            streams=StreamSlots.for_tenants(
+                                False, settings.max_streams_per_tenant))
     vllm_registry = CollectorRegistry(auto_describe=True)
     vllm_registry.register(VLLMGaugeCollector(engine.stats, engine.model_name))
 

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.engine_config import EngineConfig, EngineSettings
 from worker.openai_server.kv_events import EventPump, EventPumpConfig
+from worker.process_settings import ProcessSettings
 from worker.settings import add_flags, flag_name, given_flags, load_settings
 
 if TYPE_CHECKING:  # zmq and the publisher load only when events are published
@@ -131,6 +132,7 @@ def run_engine(ns: argparse.Namespace) -> int:
     publisher = None
     try:
         engine_config, server_config = configs_from(ns)
+        process = ProcessSettings.from_environ(os.environ)  # limits, the cache directory
         if server_config.kv_events_port is not None:  # bound first: a taken port fails fast
             from worker.openai_server.vllm_sink import open_publisher
 
@@ -154,7 +156,7 @@ def run_engine(ns: argparse.Namespace) -> int:
               flush=True)
     pump = EventPump(engine.drain_events, sink,
                      EventPumpConfig(server_config.kv_events_interval_s))
-    app = create_app(engine, prompts, pump)
+    app = create_app(engine, prompts, pump, process)
     config = uvicorn.Config(app, host=server_config.host, port=server_config.port,
                             log_level="warning", access_log=False,
                             timeout_graceful_shutdown=server_config.graceful_shutdown_timeout_s)

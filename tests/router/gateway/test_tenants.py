@@ -4,15 +4,18 @@ import pytest
 
 from router.gateway.tenants import TenantAuth, load_api_keys
 from worker.openai.errors import APIError
+from worker.process_settings import ProcessSettings
+
+env = ProcessSettings.from_environ  # a process's settings from its variables
 
 
 def test_keys_from_file_and_env(tmp_path):
     path = tmp_path / "keys"
     path.write_text("# key tenant\nk1 team-a\n\nk2 team-b  # comment\n")
-    keys = load_api_keys(str(path), {"KVROUTE_API_KEYS": "k3=team-c,k2=team-z"})
+    keys = load_api_keys(str(path), env({"KVROUTE_API_KEYS": "k3=team-c,k2=team-z"}))
     assert keys == {"k1": "team-a", "k2": "team-z", "k3": "team-c"}
     (tmp_path / "keys.json").write_text('{"j1": "team-j"}')
-    assert load_api_keys(str(tmp_path / "keys.json"), {}) == {"j1": "team-j"}
+    assert load_api_keys(str(tmp_path / "keys.json"), env({})) == {"j1": "team-j"}
 
 
 def test_auth_maps_bearer_keys_and_rejects_others():
@@ -27,7 +30,7 @@ def test_auth_maps_bearer_keys_and_rejects_others():
 
 def test_malformed_env_entry_does_not_echo_the_secret():
     with pytest.raises(ValueError) as err:
-        load_api_keys(None, {"KVROUTE_API_KEYS": "k1=team-a,sk-very-secret"})
+        load_api_keys(None, env({"KVROUTE_API_KEYS": "k1=team-a,sk-very-secret"}))
     assert "sk-very-secret" not in str(err.value)
     assert "entry 2" in str(err.value)
 

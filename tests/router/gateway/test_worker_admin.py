@@ -10,6 +10,9 @@ from router.gateway.admin import (
     spec_from_body,
 )
 from worker.openai.errors import APIError
+from worker.process_settings import ProcessSettings
+
+env = ProcessSettings.from_environ  # a process's settings from its variables
 
 
 def status_of(call) -> int:
@@ -21,12 +24,12 @@ def status_of(call) -> int:
 def test_the_key_comes_from_the_environment_first_then_the_file(tmp_path):
     key_file = tmp_path / "admin.key"
     key_file.write_text("from-file\n")
-    assert load_admin_key(str(key_file), {}) == "from-file"
-    assert load_admin_key(str(key_file), {"KVROUTE_ADMIN_KEY": "from-env"}) == "from-env"
-    assert load_admin_key(None, {}) is None
+    assert load_admin_key(str(key_file), env({})) == "from-file"
+    assert load_admin_key(str(key_file), env({"KVROUTE_ADMIN_KEY": "from-env"})) == "from-env"
+    assert load_admin_key(None, env({})) is None
     (tmp_path / "empty.key").write_text("\n")
     with pytest.raises(ValueError, match="is empty"):
-        load_admin_key(str(tmp_path / "empty.key"), {})
+        load_admin_key(str(tmp_path / "empty.key"), env({}))
 
 
 def test_no_key_is_401_a_wrong_key_403_and_no_admin_key_configured_403():

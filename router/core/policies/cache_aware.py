@@ -22,7 +22,11 @@ building a queue that the discount would tolerate.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from router.core.policies.base import RankingPolicy, ReplicaView, RouteQuery
 from router.core.prefix_match import PrefixMatch
@@ -43,6 +47,8 @@ class CacheAwarePolicy(RankingPolicy):
         # Work routed so far per replica (prefill cost + max_tokens): the last tie-break, so
         # that candidates equal on cost and load (all idle) do not all go to the first one.
         self._routed_tokens: dict[str, float] = {}
+        self._listed_ids: tuple[str, ...] = ()  # the last candidates ranked, and where each
+        self._listed_positions: dict[str, int] = {}  # sits in that list
 
     def prefill_cost_tokens(self, match: PrefixMatch | None, num_prompt_tokens: int) -> float:
         """Tokens of prefill the request costs on a replica with this cached prefix."""
@@ -54,32 +60,39 @@ class CacheAwarePolicy(RankingPolicy):
 
     def rank(self, query: RouteQuery, view: ReplicaView) -> list[str]:
         """Candidates by (cost, load, work routed so far, listed order); the imbalance guard
-        may put the least loaded one first."""
-        matches, load_of, w = view.matches, view.load, self.load_weight
-        num_prompt_tokens = float(query.num_prompt_tokens)
-        routed_of = self._routed_tokens.get
+        may put the least loaded one first. Scored as arrays: at hundreds of candidates a
+        Python key per candidate cost more than the rest of the decision's scoring."""
         ids = query.replica_ids
-        keys = []
-        prefills = []
-        for i, rid in enumerate(ids):  # hot loop (64 replicas): plain floats
-            load = load_of(rid)
-            match = matches.get(rid)
-            prefill = (self.prefill_cost_tokens(match, query.num_prompt_tokens) if match
-                       else num_prompt_tokens)
-            prefills.append(prefill)
-            keys.append((prefill + w * load, load, routed_of(rid, 0.0), i))
-        keys.sort()
-        order = [k[3] for k in keys]
-        best, best_prefill = keys[0], prefills[keys[0][3]]
+        n = len(ids)
+        loads = np.fromiter(map(view.load, ids), np.float64, n)
+        prefills = np.full(n, float(query.num_prompt_tokens))
+        if view.matches:
+            positions = self._positions(ids)
+            for rid, match in view.matches.items():
+                i = positions.get(rid)
+                if i is not None:
+                    prefills[i] = self.prefill_cost_tokens(match, query.num_prompt_tokens)
+        routed = np.fromiter(map(self._routed_tokens.get, ids, repeat(0.0)), np.float64, n)
+        costs = prefills + self.load_weight * loads
+        order = np.lexsort((routed, loads, costs)).tolist()  # stable: ties keep listed order
+        best = order[0]
         if self.imbalance_threshold != math.inf:
-            least = min(keys, key=lambda k: (k[1], prefills[k[3]], k[2], k[3]))
-            load_gap = best[1] - least[1]
+            least = int(np.lexsort((routed, prefills, loads))[0])
+            load_gap = loads[best] - loads[least]
             if load_gap > self.imbalance_threshold and (
-                    prefills[least[3]] - best_prefill < load_gap):
-                order.remove(least[3])
-                order.insert(0, least[3])
-                best_prefill = prefills[least[3]]
-        best_id = ids[order[0]]
-        self._routed_tokens[best_id] = (self._routed_tokens.get(best_id, 0.0) + best_prefill
-                                        + query.max_tokens)
-        return [ids[i] for i in order]
+                    prefills[least] - prefills[best] < load_gap):
+                order.remove(least)
+                order.insert(0, least)
+                best = least
+        best_id = ids[best]
+        self._routed_tokens[best_id] = (self._routed_tokens.get(best_id, 0.0)
+                                        + float(prefills[best]) + query.max_tokens)
+        return list(map(ids.__getitem__, order))
+
+    def _positions(self, ids: Sequence[str]) -> dict[str, int]:
+        """Each candidate's position in `ids`, kept while the candidates stay the same."""
+        key = tuple(ids)
+        if key != self._listed_ids:
+            self._listed_ids = key
+            self._listed_positions = {rid: i for i, rid in enumerate(key)}
+        return self._listed_positions

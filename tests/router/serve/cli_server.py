@@ -56,20 +56,26 @@ class CLIServer(Server):
         return False
 
 
-def _ready(base_url: str, num_replicas: int, routed_probe: dict[str, str] | None) -> bool:
+def _ready(base_url: str, num_replicas: int, routed_probe: dict[str, str] | None,
+           seen: list[str]) -> bool:
     """/ready lists every replica, and with `routed_probe` (request headers) a completion
     says a router routed it (ingress direct: HAProxy takes the ingress request router into
-    its config some time after the replicas answer)."""
+    its config some time after the replicas answer). What the last probe saw goes in
+    `seen`, for the error when the server never gets there."""
     try:
         body = httpx.get(f"{base_url}/ready", timeout=5).json()
         if len(body.get("replicas", [])) != num_replicas:
+            seen[:] = [f"/ready: {str(body)[:300]}"]
             return False
         if routed_probe is None:
             return True
         resp = httpx.post(f"{base_url}/v1/completions", timeout=30, headers=routed_probe,
                           json={"model": "tiny", "prompt": "ready?", "max_tokens": 1})
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, ValueError) as err:
+        seen[:] = [f"probe failed: {err!r}"]
         return False
+    seen[:] = [f"completion: {resp.status_code}, headers {dict(resp.headers)}, "
+               f"body {resp.text[:300]}"]
     return resp.status_code == 200 and ROUTED_BY_HEADER in resp.headers
 
 
@@ -80,6 +86,7 @@ def kvroute_cli_server(flags: list[str], num_replicas: int, log_path: Path,
     """`kvroute serve FLAGS --replicas N` on a free port; stopped (SIGTERM, then its whole
     process group) on exit. A start that fails (a crowded box can make the local Ray
     instance miss its own startup deadline) is tried again."""
+    failures: list[str] = []
     for attempt in range(attempts):
         port = free_port()
         cmd = [KVROUTE, "serve", *flags, "--replicas", str(num_replicas),
@@ -88,9 +95,10 @@ def kvroute_cli_server(flags: list[str], num_replicas: int, log_path: Path,
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=dict(os.environ))
         base_url = f"http://127.0.0.1:{port}"
+        seen: list[str] = []
         try:
-            wait_until(lambda p=proc, u=base_url: (
-                p.poll() is not None or _ready(u, num_replicas, routed_probe)),
+            wait_until(lambda p=proc, u=base_url, s=seen: (
+                p.poll() is not None or _ready(u, num_replicas, routed_probe, s)),
                 300, "kvroute serve to come up")
             if proc.poll() is None:
                 break
@@ -98,9 +106,12 @@ def kvroute_cli_server(flags: list[str], num_replicas: int, log_path: Path,
             pass
         _stop(proc)
         log.close()
+        failures.append(f"attempt {attempt}: " + (
+            f"exited with {proc.returncode}, its log ending {log_path.read_text()[-300:]!r}"
+            if proc.returncode else f"not ready in 300 s; the last probe saw {seen}"))
         if attempt == attempts - 1:
-            raise RuntimeError(f"kvroute serve did not start; its log ends with:\n"
-                               f"{log_path.read_text()[-3000:]}")
+            raise RuntimeError(f"kvroute serve did not start ({'; '.join(failures)}); "
+                               f"its log ends with:\n{log_path.read_text()[-3000:]}")
     try:
         yield CLIServer(base_url, {"replicas": num_replicas}, proc.pid)
     finally:

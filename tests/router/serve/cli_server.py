@@ -104,11 +104,12 @@ def kvroute_cli_server(flags: list[str], num_replicas: int, log_path: Path,
                 break
         except AssertionError:
             pass
+        exited = proc.poll() is not None
         _stop(proc)
         log.close()
         failures.append(f"attempt {attempt}: " + (
             f"exited with {proc.returncode}, its log ending {log_path.read_text()[-300:]!r}"
-            if proc.returncode else f"not ready in 300 s; the last probe saw {seen}"))
+            if exited else f"not ready in 300 s; the last probe saw {seen}"))
         if attempt == attempts - 1:
             raise RuntimeError(f"kvroute serve did not start ({'; '.join(failures)}); "
                                f"its log ends with:\n{log_path.read_text()[-3000:]}")

@@ -138,7 +138,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     # replicas inherit the controller's and the job's); on a local instance it is there.
     controller = {"runtime_env": {"env_vars": env}}
     if settings.workers:  # its gateways serve HTTP themselves (router/serve/workers_app.py)
-        from router.gateway.http_server import HttpConfig
+        from router.front.http_server import HttpConfig
         from router.serve.workers_app import workers_application
 
         serve.start(proxy_location="Disabled", controller_options=controller)

@@ -132,3 +132,24 @@ def queue_stats_from_metrics(text: str) -> EngineStats | None:
                        num_blocks=0, num_used_blocks=0, num_cached_blocks=0,
                        num_pinned_blocks=0, num_free_blocks=0, num_host_blocks=0,
                        num_host_cached_blocks=0)
+
+
+MAX_CONTEXT_TOKENS = 1 << 31  # more than any model's context: a larger one is a lie
+
+
+async def listed_context(client: httpx.AsyncClient, spec: WorkerSpec, model: str,
+                         timeout_s: float) -> int | None:
+    """The context length (tokens) the worker's /v1/models lists for `model` (vLLM, SGLang
+    and `kvroute engine` list `max_model_len`); None when it lists none, fails, or lists
+    one that cannot be a context length."""
+    try:
+        status, text = await _get(client, f"{spec.url}/v1/models", timeout_s)
+        if status != 200:
+            return None
+        entries = [m for m in json.loads(text)["data"] if m.get("id") == model]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    tokens = entries[0].get("max_model_len") if entries else None
+    if type(tokens) is not int or not 1 <= tokens <= MAX_CONTEXT_TOKENS:
+        return None
+    return tokens

@@ -1,12 +1,20 @@
-"""What the gateway reads of a request it forwards to an external worker: the prompt's token
-ids (to hash and route), the output length (the load term) and the sequences it starts (n x
-the prompts of a batch, capped as kvroute's own servers cap them). Before any of it is
-tokenized, the body's size, nesting and prompt text are checked against the gateway's
-limits (worker/openai/limits.py), and the numbers that set the router's load (n, the output
-length) are checked as the engine checks them (`output_tokens`, which the ingress router
-uses too): a bad one is a 400 before it reaches the router. Nothing else is checked here
-(the worker validates the rest: it may accept parameters kvroute's own engine does not),
-and the body goes out as it came, unless a tenant's cache salt must be set in it.
+"""What a router reads of a client's body to route it: one reader for the ingress router
+(router/serve/route_calls.py) and the gateway to external workers
+(router/gateway/routed_body.py), with one set of rules.
+
+- The prompt: a string, a list of token ids, or a batch of either (routed on its first
+  prompt); chat messages through the model's chat template (text parts only).
+- The output it asks for (`output_tokens`): `max_completion_tokens` wins over `max_tokens`
+  (OpenAI's default when neither is set), times n times the prompts of a batch; n and the
+  output length must be JSON integers >= 1, the sequences within the cap.
+- Every number that reaches a router's load is bounded first, and text is measured before
+  it is tokenized: the limits' prompt characters, and, where the context length is known,
+  text that cannot fit it (no token stands for more characters than the vocabulary's
+  longest piece) and prompt + output over it.
+
+A body that breaks a rule raises APIError (4xx); each caller decides what that means (the
+worker gateway answers it; the ingress router routes such a body by load alone and lets
+the replica answer it).
 """
 
 from __future__ import annotations
@@ -21,36 +29,11 @@ from worker.openai.limits import (
     check_body_size,
     check_json_depth,
     check_sequences,
+    check_text_fits,
     check_text_length,
 )
 from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.schema import DEFAULT_LIMITS, DEFAULT_MAX_TOKENS
-
-
-@dataclass(frozen=True)
-class RoutedBody:
-    token_ids: list[int]  # the (first) prompt's ids, as the worker will see them
-    # output tokens asked for (OpenAI's default when unset), times the sequences (n x the
-    # prompts of a batch): the most the request makes its worker generate
-    max_tokens: int
-    body: bytes  # what goes to the worker
-    stream: bool = False  # asked for a stream (holds one of its tenant's stream slots)
-
-
-def _load(raw: bytes, model: str, limits: RequestLimits) -> dict[str, Any]:
-    check_body_size(len(raw), limits)
-    check_json_depth(raw, limits)
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
-        raise APIError(400, f"the request body is not valid JSON: {err}",
-                       code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    if data.get("model") != model:
-        raise APIError(404, f"the model {data.get('model')!r} does not exist; this server "
-                            f"serves {model!r}", param="model", code="model_not_found")
-    return data
+from worker.openai.schema import DEFAULT_MAX_TOKENS
 
 
 class OutputTokens(NamedTuple):
@@ -63,13 +46,101 @@ class OutputTokens(NamedTuple):
         return self.per_sequence * self.num_sequences
 
 
+@dataclass(frozen=True)
+class Context:
+    """What a reader knows of the model's context: its length in tokens and the longest
+    token's characters (`longest_token_chars`), to refuse text before tokenizing it."""
+
+    max_model_len_tokens: int
+    max_token_chars: int
+
+    def __post_init__(self):
+        if self.max_model_len_tokens < 1 or self.max_token_chars < 1:
+            raise ValueError(f"Context: both >= 1 required, got {self}")
+
+
+@dataclass(frozen=True)
+class RoutingRead:
+    token_ids: list[int]  # the (first) prompt's ids, as the server will see them
+    output: OutputTokens
+    stream: bool  # asked for a stream
+
+
+def load_json(raw: bytes, limits: RequestLimits) -> dict[str, Any]:
+    """The body as a JSON object, within the size and nesting limits (400/413 otherwise)."""
+    check_body_size(len(raw), limits)
+    check_json_depth(raw, limits)
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise APIError(400, f"the request body is not valid JSON: {err}",
+                       code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def read_completion(data: dict[str, Any], prompts: PromptBuilder, limits: RequestLimits,
+                    context: Context | None = None) -> RoutingRead:
+    """A /v1/completions body. A batch of prompts is routed on its first one."""
+    prompt = data.get("prompt")
+    num_prompts = 1
+    texts = [prompt] if isinstance(prompt, str) else []
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        num_prompts = len(prompt)
+        texts = [p for p in prompt if isinstance(p, str)]
+        prompt = prompt[0]  # a batch: its first prompt
+    check_text_length(sum(map(len, texts)), limits, "prompt")
+    if context is not None and texts:
+        check_text_fits(max(map(len, texts)), context.max_model_len_tokens,
+                        context.max_token_chars, "prompt")
+    output = output_tokens(data, limits, num_prompts, context)  # before any tokenizing
+    if isinstance(prompt, str) and prompt:
+        token_ids = prompts.encode_text(prompt)
+    elif isinstance(prompt, list) and _token_ids(prompt):
+        token_ids = prompt
+    else:
+        raise APIError(400, "prompt must be a non-empty string or list of token ids "
+                            "(or a list of them)", param="prompt", code="invalid_value")
+    return _fitted(RoutingRead(token_ids, output, data.get("stream") is True), context,
+                   "prompt")
+
+
+def read_chat(data: dict[str, Any], prompts: PromptBuilder, limits: RequestLimits,
+              context: Context | None = None) -> RoutingRead:
+    """A /v1/chat/completions body, through the model's chat template (text parts only:
+    other parts, such as images, take no part in routing)."""
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "messages must be a non-empty list", param="messages",
+                       code="invalid_value")
+    rendered = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise APIError(400, f"messages[{i}] must be an object with a role",
+                           param=f"messages.{i}", code="invalid_value")
+        rendered.append({"role": message["role"], "content": _text(message.get("content"))})
+    num_chars = sum(len(m["content"]) for m in rendered)
+    check_text_length(num_chars, limits, "messages")
+    if context is not None:
+        check_text_fits(num_chars, context.max_model_len_tokens, context.max_token_chars,
+                        "messages")
+    output = output_tokens(data, limits, 1, context)
+    try:
+        token_ids = prompts.encode_chat(rendered)
+    except PromptError as err:
+        raise APIError(400, str(err), param="messages") from None
+    return _fitted(RoutingRead(token_ids, output, data.get("stream") is True), context,
+                   "messages")
+
+
 def output_tokens(data: dict[str, Any], limits: RequestLimits, num_prompts: int = 1,
-                  max_model_len: int | None = None) -> OutputTokens:
+                  context: Context | None = None) -> OutputTokens:
     """The output a body asks for, every number checked as kvroute's engine checks it, so
     whatever the router charges for it is bounded: 400 when n or the output length is not
     an integer (a bool, a float, a string) or is below 1, when the sequences are over the
-    cap, or when the output alone is longer than the context (`max_model_len` when known,
-    else `limits.max_output_tokens`). `max_completion_tokens` wins over `max_tokens`."""
+    cap, or when the output alone is longer than the context (when known, else
+    `limits.max_output_tokens`). `max_completion_tokens` wins over `max_tokens`."""
     n = data.get("n")
     if n is None:
         n = 1
@@ -85,11 +156,22 @@ def output_tokens(data: dict[str, Any], limits: RequestLimits, num_prompts: int 
     if not _is_int(value) or value < 1:
         raise APIError(400, f"{key} must be an integer >= 1, got {_shown(value)}", param=key,
                        code="invalid_value")
-    cap = limits.max_output_tokens if max_model_len is None else max_model_len
+    cap = limits.max_output_tokens if context is None else context.max_model_len_tokens
     if value > cap:
         raise APIError(400, f"{key} is over the model's context of {cap} tokens",
                        param=key, code="context_length_exceeded")
     return OutputTokens(value, num_prompts * n)
+
+
+def _fitted(read: RoutingRead, context: Context | None, param: str) -> RoutingRead:
+    """`read`, unless its prompt and output cannot fit the context (when known)."""
+    if context is not None and (len(read.token_ids) + read.output.per_sequence
+                                > context.max_model_len_tokens):
+        raise APIError(400, f"the prompt ({len(read.token_ids)} tokens) and the output "
+                            f"({read.output.per_sequence}) are over the model's context of "
+                            f"{context.max_model_len_tokens} tokens", param=param,
+                       code="context_length_exceeded")
+    return read
 
 
 def _is_int(value: Any) -> bool:
@@ -101,64 +183,6 @@ def _shown(value: Any) -> str:
         return f"an integer of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= 40 else text[:40] + "..."
-
-
-def _out(data: dict[str, Any], raw: bytes, tenant: str) -> bytes:
-    """The body to forward: as received, or with the tenant's salt (never the client's own,
-    so tenants share no KV on the worker either; vLLM reads `cache_salt`)."""
-    if not tenant:
-        return raw
-    return json.dumps({**data, "cache_salt": tenant}, separators=(",", ":")).encode()
-
-
-def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
-                    limits: RequestLimits = DEFAULT_LIMITS) -> RoutedBody:
-    """A /v1/completions body. A batch of prompts is routed on its first one."""
-    data = _load(raw, model, limits)
-    prompt = data.get("prompt")
-    num_prompts = 1
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        num_prompts = len(prompt)
-        num_chars = sum(len(p) for p in prompt if isinstance(p, str))
-        prompt = prompt[0]  # a batch: its first prompt
-    else:
-        num_chars = len(prompt) if isinstance(prompt, str) else 0
-    check_text_length(num_chars, limits, "prompt")
-    output = output_tokens(data, limits, num_prompts)  # checked before any tokenizing
-    if isinstance(prompt, str) and prompt:
-        token_ids = prompts.encode_text(prompt)
-    elif isinstance(prompt, list) and _token_ids(prompt):
-        token_ids = prompt
-    else:
-        raise APIError(400, "prompt must be a non-empty string or list of token ids "
-                            "(or a list of them)", param="prompt", code="invalid_value")
-    return RoutedBody(token_ids, output.total, _out(data, raw, tenant),
-                      data.get("stream") is True)
-
-
-def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
-              limits: RequestLimits = DEFAULT_LIMITS) -> RoutedBody:
-    """A /v1/chat/completions body, through the model's chat template (text parts only:
-    other parts, such as images, do not take part in routing)."""
-    data = _load(raw, model, limits)
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError(400, "messages must be a non-empty list", param="messages",
-                       code="invalid_value")
-    rendered = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise APIError(400, f"messages[{i}] must be an object with a role",
-                           param=f"messages.{i}", code="invalid_value")
-        rendered.append({"role": message["role"], "content": _text(message.get("content"))})
-    check_text_length(sum(len(m["content"]) for m in rendered), limits, "messages")
-    output = output_tokens(data, limits)
-    try:
-        token_ids = prompts.encode_chat(rendered)
-    except PromptError as err:
-        raise APIError(400, str(err), param="messages") from None
-    return RoutedBody(token_ids, output.total, _out(data, raw, tenant),
-                      data.get("stream") is True)
 
 
 def _token_ids(values: list) -> bool:

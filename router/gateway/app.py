@@ -15,45 +15,32 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 from ray import serve
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from router.cluster.index_actor import get_index_actor
-from router.cluster.metrics_hub import (
-    MetricsHubConfig,
-    MetricsPusher,
-    flush_local_pushers,
-    get_metrics_hub,
-)
+from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher, get_metrics_hub
+from router.front.metrics import CountRequests, GatewayMetrics
+from router.front.process import process_id
+from router.front.routes import cluster_metrics, cluster_ready, pin_routes
 from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
-from router.gateway.metrics import CountRequests, GatewayMetrics
 from router.gateway.pin_admin import PinAdmin
 from router.gateway.prefixes import PrefixRegisterRequest, PrefixService
 from router.gateway.tenants import TenantAuth, load_api_keys
-from router.serve.request_router import gateway_process_id
 from worker.openai.choices import Choices, collect, replay
 from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError
-from worker.openai.http_errors import install_error_handlers
+from worker.openai.front import FrontDoor
 from worker.openai.latency import arrival_of
-from worker.openai.limits import read_body
 from worker.openai.logprobs import LogprobsFormatter
-from worker.openai.openapi_body import request_body
 from worker.openai.prompt import PromptBuilder
-from worker.openai.prompt_encoder import PromptEncoder
 from worker.openai.responses import ResponseShape
+from worker.openai.routes import OwnRoutes, build_app, route_table
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
-from worker.openai.stream_slots import StreamSlot, StreamSlots
+from worker.openai.stream_slots import StreamSlot
 from worker.openai.streaming import full_response, sse_events
-from worker.openai.tokenize import (
-    DetokenizeRequest,
-    TokenizeCompletionRequest,
-    detokenize,
-    tokenize,
-    version_body,
-)
 from worker.process_settings import ProcessSettings
 from worker.tokenizer_files import tokenizer_dir
 
@@ -75,135 +62,71 @@ class GatewayConfig:
             raise ValueError("GatewayConfig: block_size >= 1 required")
 
 
-app = FastAPI(title="kvroute", docs_url=None, redoc_url=None)
-
-
-install_error_handlers(app)
-
-
-app.add_middleware(CountRequests)
-
-
-@serve.deployment(name="Gateway")
-@serve.ingress(app)
-class Gateway:
+class _Gateway:
     async def __init__(self, engine_handle, config: GatewayConfig):
         self.config = config
         self.model = config.served_model_name
-        self.gateway_id = gateway_process_id()
+        self.gateway_id = process_id()
+        prompts = PromptBuilder(tokenizer_dir(config.model), self.model, config.block_size)
+        self.logprobs = LogprobsFormatter(prompts.tokenizer)
         process = ProcessSettings.from_environ(os.environ)  # limits, keys, quotas
-        self.limits = process.request_limits()
-        self.prompts = PromptBuilder(tokenizer_dir(config.model), self.model, config.block_size)
-        self.encoder = PromptEncoder(self.prompts)  # long prompts off the event loop
-        self.logprobs = LogprobsFormatter(self.prompts.tokenizer)
-        self.auth = TenantAuth(load_api_keys(config.api_keys_file, process))
-        self.streams = StreamSlots.for_tenants(self.auth.enabled,
-                                               process.max_streams_per_tenant)
+        auth = TenantAuth(load_api_keys(config.api_keys_file, process))
+        self.door = FrontDoor.for_tenants(self.model, prompts, process, auth,
+                                          self._known_context)
         self.engine = EngineClient(engine_handle, config.retry)
         self._engine_handle = engine_handle
         self._max_model_len: int | None = None  # the replicas' own context limit
         self.index = get_index_actor()
         self.hub = get_metrics_hub(config.metrics)
-        self.pin_admin = PinAdmin.of(self.auth, config.admin_key_file, process)
-        self.prefixes = PrefixService(self.engine, self.index, self.prompts,
-                                      self.pin_admin.quota)
+        self.pin_admin = PinAdmin.of(auth, config.admin_key_file, process)
+        self.prefixes = PrefixService(self.engine, self.index, prompts, self.pin_admin.quota)
         self.metrics = GatewayMetrics(self.model)
         self._pusher = MetricsPusher(f"gateway/{self.gateway_id}", self.metrics.registry,
                                      config.metrics)
-        app.state.gateway_metrics = self.metrics
         self._pusher.start()
         # The first call creates this process's request router (its index mirror and its
         # per-replica series, at 0 from the start); do it now rather than at the first request.
-        self._warmup = asyncio.get_running_loop().create_task(self._warm_up(engine_handle))
+        self._warmup = asyncio.get_running_loop().create_task(self._warm_up())
         # Pinned prefixes whose replica died are pinned again (by one gateway at a time).
         self._rewarm = asyncio.get_running_loop().create_task(self.prefixes.rewarm_orphans())
 
+    def __serve_build_asgi_app__(self) -> Starlette:
+        """The front door's route table with the engine replicas (through Serve) behind it,
+        the cluster's /ready and /metrics, and pins; its OpenAPI document describes the
+        request bodies."""
+        own = OwnRoutes(self.completions, self.chat_completions, cluster_ready(self.index),
+                        cluster_metrics(self.hub),
+                        extra=pin_routes(self.door, self.prefixes, self.pin_admin,
+                                         PrefixRegisterRequest))
+        app = build_app(route_table(self.door, own), title="kvroute", openapi=True)
+        app.state.gateway_metrics = self.metrics
+        app.add_middleware(CountRequests)
+        return app
+
     # ---- OpenAI API ----
 
-    @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
-        tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        body = parse_body(await read_body(request, self.limits), CompletionRequest,
-                          self.limits)
-        self._check_model(body.model)
-        prompts = await self.encoder.completion(body.prompts(), await self._context_limit())
+        tenant = self.door.tenant(request)
+        body = parse_body(await self.door.body(request), CompletionRequest, self.door.limits)
+        self.door.check_model(body.model)
+        prompts = await self.door.encoder.completion(body.prompts(),
+                                                     await self._context_limit())
         return await self._generate("completion", "cmpl", body, prompts, tenant,
                                     arrival_of(request.scope))
 
-    @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
-        tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        body = parse_body(await read_body(request, self.limits), ChatCompletionRequest,
-                          self.limits)
-        self._check_model(body.model)
+        tenant = self.door.tenant(request)
+        body = parse_body(await self.door.body(request), ChatCompletionRequest,
+                          self.door.limits)
+        self.door.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        token_ids = await self.encoder.chat(messages, await self._context_limit())
+        token_ids = await self.door.encoder.chat(messages, await self._context_limit())
         return await self._generate("chat", "chatcmpl", body, [token_ids], tenant,
                                     arrival_of(request.scope))
 
-    @app.get("/v1/models")
-    async def models(self, request: Request) -> dict:
-        self.auth.tenant_of(request.headers.get("authorization"))
-        return {"object": "list", "data": [{"id": self.model, "object": "model",
-                                            "created": 0, "owned_by": "kvroute"}]}
-
-    @app.post("/tokenize", openapi_extra=request_body(TokenizeCompletionRequest))
-    async def tokenize_endpoint(self, request: Request) -> dict:
-        self.auth.tenant_of(request.headers.get("authorization"))
-        return tokenize(await read_body(request, self.limits), self.prompts, self._check_model,
-                        await self._context_limit(), self.limits)
-
-    @app.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))
-    async def detokenize_endpoint(self, request: Request) -> dict:
-        self.auth.tenant_of(request.headers.get("authorization"))
-        return detokenize(await read_body(request, self.limits), self.prompts,
-                          self._check_model, self.limits)
-
-    @app.get("/version")
-    async def version(self) -> dict:
-        return version_body()
-
-    # ---- pinned prefixes ----
-
-    @app.post("/v1/prefixes", openapi_extra=request_body(PrefixRegisterRequest))
-    async def register_prefix(self, request: Request) -> dict:
-        tenant = self.pin_admin.tenant_for_change(request.headers)
-        return await self.prefixes.register(await read_body(request, self.limits), tenant,
-                                            self._check_model)
-
-    @app.get("/v1/prefixes")
-    async def list_prefixes(self, request: Request) -> dict:
-        tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        return await self.prefixes.list(tenant)
-
-    @app.delete("/v1/prefixes/{name}")
-    async def delete_prefix(self, name: str, request: Request) -> dict:
-        tenant = self.pin_admin.tenant_for_change(request.headers)
-        return await self.prefixes.delete(name, tenant)
-
-    # ---- operations ----
-
-    @app.get("/health")
-    async def health(self) -> dict:
-        return {"status": "ok"}
-
-    @app.get("/ready")
-    async def ready(self) -> JSONResponse:
-        replica_ids = await self.index.replica_ids.remote()
-        body = {"ready": bool(replica_ids), "replicas": replica_ids}
-        return JSONResponse(body, status_code=200 if replica_ids else 503)
-
-    @app.get("/metrics")
-    async def metrics_endpoint(self, node: str | None = None) -> Response:
-        """Every process's series, or with `?node=IP` those of the processes on that Ray
-        node (a per-pod scrape target, see the chart's PodMonitor)."""
-        await flush_local_pushers()  # this process's series (gateway, router) are current
-        return Response(await self.hub.exposition.remote(node),
-                        media_type=CONTENT_TYPE_LATEST)
-
     # ---- internals ----
 
-    async def _warm_up(self, engine_handle) -> None:
+    async def _warm_up(self) -> None:
         try:
             await self._context_limit()
         except Exception as err:  # the engines are not up yet: the first request does it
@@ -219,10 +142,11 @@ class Gateway:
             self._max_model_len = int(info["max_model_len"])
         return self._max_model_len
 
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                                f"{self.model!r}", param="model", code="model_not_found")
+    async def _known_context(self) -> int | None:
+        try:
+            return await self._context_limit()
+        except APIError:  # no replica answered yet
+            return None
 
     async def _generate(self, kind: Kind, id_prefix: str,
                         body: CompletionRequest | ChatCompletionRequest,
@@ -231,12 +155,12 @@ class Gateway:
         response_id = f"{id_prefix}-{uuid.uuid4().hex}"
         requests = engine_requests(kind, response_id, body, prompts,
                                    await self._context_limit(), tenant,
-                                   lambda ids: self.prompts.block_hashes(ids, tenant))
+                                   lambda ids: self.door.prompts.block_hashes(ids, tenant))
         shape = ResponseShape.new(kind, response_id, self.model)
         timer = self.metrics.latency.timer(arrival_s)  # each choice's deltas, observed
         timer.dispatched()
         # every request, streamed or not: 429 + Retry-After over the tenant's limit
-        slot = StreamSlot(self.streams, tenant)
+        slot = StreamSlot(self.door.streams, tenant)
         if not body.stream:
             # each choice whole, retried from the start on a lost replica
             choices = Choices(requests, body.n, lambda request: replay(
@@ -257,3 +181,6 @@ class Gateway:
         events = sse_events(shape, choices, body.include_usage(), self.logprobs,
                             lost_errors=(ReplicaLost,))
         return StreamingResponse(slot.hold(events), media_type="text/event-stream")
+
+
+Gateway = serve.deployment(name="Gateway")(serve.ingress()(_Gateway))

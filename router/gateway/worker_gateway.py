@@ -23,32 +23,32 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from prometheus_client import CONTENT_TYPE_LATEST
+import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from router.cluster.metrics_hub import (
     MetricsHubConfig,
     MetricsPusher,
-    flush_local_pushers,
     get_metrics_hub,
 )
+from router.cluster.worker_probe import listed_context
 from router.cluster.worker_set import WorkerSetConfig, get_worker_set_actor
 from router.cluster.worker_spec import WorkerSpec, WorkerSpecError, canonical_url
 from router.core.router import RouterConfig
+from router.front.metrics import GatewayMetrics
 from router.gateway.admin import AdminAuth, change_body, load_admin_key, spec_from_body, worker_body
-from router.gateway.metrics import GatewayMetrics
 from router.gateway.routed_body import RoutedBody, chat_body, completion_body
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.gateway.worker_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
 from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
 from worker.openai.errors import APIError
+from worker.openai.front import FrontDoor, ready_body
 from worker.openai.latency import arrival_of, relayed
-from worker.openai.limits import RequestLimits, read_body
+from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
-from worker.openai.stream_slots import StreamSlot, StreamSlots
-from worker.openai.tokenize import version_body
+from worker.openai.stream_slots import StreamSlot
 from worker.process_settings import ProcessSettings
 from worker.tokenizer_files import tokenizer_dir
 
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 # and this loop serves every tenant (the tokenizer releases the GIL on long text).
 _INLINE_BODY_BYTES = 8 * 1024
 _TOKENIZER_THREADS = 2
+_MODELS_TIMEOUT_S = 2.0  # asking a worker's /v1/models for its context length
 
 BodyReader = Callable[[bytes, PromptBuilder, str, str, RequestLimits], RoutedBody]
 
@@ -100,14 +101,15 @@ class WorkerGateway:
         self.prompts = PromptBuilder(tokenizer_dir(config.tokenizer), config.model,
                                      config.router.block_size)
         process = ProcessSettings.from_environ(os.environ)  # limits, keys
-        self.auth = TenantAuth(load_api_keys(config.api_keys_file, process))
+        self.door = FrontDoor.for_tenants(
+            config.model, self.prompts, process,
+            TenantAuth(load_api_keys(config.api_keys_file, process)), self._workers_context)
         self.admin = AdminAuth(load_admin_key(config.admin_key_file, process))
         self.proxy = WorkerProxy(config.proxy)
-        self.limits = process.request_limits()  # the chart's `limits` values
+        self.limits = self.door.limits
         self._tokenizer_threads = ThreadPoolExecutor(_TOKENIZER_THREADS,
                                                      thread_name_prefix="tokenize")
-        self.stream_slots = StreamSlots.for_tenants(self.auth.enabled,
-                                                    process.max_streams_per_tenant)
+        self._context: tuple[int, int | None] | None = None  # (worker set version, tokens)
         self.metrics = GatewayMetrics(self.model)
         self._pusher = MetricsPusher(f"gateway/{gateway_id}", self.metrics.registry,
                                      config.metrics)
@@ -135,31 +137,42 @@ class WorkerGateway:
     # ---- OpenAI API ----
 
     async def completions(self, request: Request) -> Response:
-        tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        raw = await read_body(request, self.limits)
+        tenant = self.door.tenant(request)
+        raw = await self.door.body(request)
         routed = await self._routed(completion_body, raw, tenant)
         body = allowed_body(routed.body, COMPLETION_FIELDS, tenant)
         return await until_disconnected(request, self._forward(
             "/v1/completions", routed, body, tenant, arrival_of(request.scope)))
 
     async def chat_completions(self, request: Request) -> Response:
-        tenant = self.auth.tenant_of(request.headers.get("authorization"))
-        raw = await read_body(request, self.limits)
+        tenant = self.door.tenant(request)
+        raw = await self.door.body(request)
         routed = await self._routed(chat_body, raw, tenant)
         body = allowed_body(routed.body, CHAT_FIELDS, tenant)
         return await until_disconnected(request, self._forward(
             "/v1/chat/completions", routed, body, tenant, arrival_of(request.scope)))
 
-    async def models(self, request: Request) -> JSONResponse:
-        self.auth.tenant_of(request.headers.get("authorization"))
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": 0, "owned_by": "kvroute"}]})
+    async def _workers_context(self) -> int | None:
+        """The context length an up worker lists in its /v1/models (vLLM and kvroute engine
+        do), asked again when the worker set changes; None without one."""
+        version = self.router.view.version if self.router is not None else -1
+        if self._context is None or self._context[0] != version:
+            up = self.router.view.up() if self.router is not None else ()
+            tokens = None
+            async with httpx.AsyncClient(trust_env=False) as client:
+                for status in up:
+                    tokens = await listed_context(client, status.spec, self.model,
+                                                  _MODELS_TIMEOUT_S)
+                    if tokens is not None:
+                        break
+            self._context = (version, tokens)
+        return self._context[1]
 
     async def tokenizer_call(self, request: Request) -> Response:
         """/tokenize and /detokenize, answered by a worker that is up (it knows its own
         context length, which vLLM's /tokenize reports)."""
-        self.auth.tenant_of(request.headers.get("authorization"))
-        raw = await read_body(request, self.limits)
+        self.door.tenant(request)
+        raw = await self.door.body(request)
         up = [w.spec for w in self.router.view.up()]
 
         def pick(tried: frozenset[str]) -> WorkerSpec:
@@ -172,9 +185,6 @@ class WorkerGateway:
         return await until_disconnected(request, self.proxy.forward(
             request.url.path, raw, pick, lambda *_, **__: None))
 
-    async def version(self, request: Request) -> JSONResponse:
-        return JSONResponse(version_body())
-
     # ---- the worker set (admin key) ----
 
     async def list_workers(self, request: Request) -> JSONResponse:
@@ -185,7 +195,7 @@ class WorkerGateway:
 
     async def add_worker(self, request: Request) -> JSONResponse:
         self.admin.check(request.headers.get("authorization"))
-        spec = spec_from_body(await read_body(request, self.limits))
+        spec = spec_from_body(await self.door.body(request))
         body = change_body(await self.workers.add.remote(spec))
         return JSONResponse(body, status_code=201)
 
@@ -200,20 +210,16 @@ class WorkerGateway:
 
     # ---- operations ----
 
-    async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
-
     async def ready(self, request: Request) -> JSONResponse:
         """200 while a worker is up. The body counts the workers; with the admin key it
         lists each (URL, event sockets, state, and why a down one is): those name internal
         addresses and quote the workers' errors, which are not everyone's to read."""
         view = self.router.view
-        ready = bool(view.up())
-        body: dict = {"ready": ready, "num_workers": len(view.workers),
-                      "num_workers_up": len(view.up())}
+        details: dict = {"num_workers": len(view.workers), "num_workers_up": len(view.up())}
         if self._is_admin(request):
-            body["workers"] = [worker_body(w) for w in view.workers]
-        return JSONResponse(body, status_code=200 if ready else 503)
+            details["workers"] = [worker_body(w) for w in view.workers]
+        body, status = ready_body(bool(view.up()), **details)
+        return JSONResponse(body, status_code=status)
 
     def _is_admin(self, request: Request) -> bool:
         try:
@@ -221,12 +227,6 @@ class WorkerGateway:
         except APIError:
             return False
         return True
-
-    async def metrics_endpoint(self, request: Request) -> Response:
-        """Every process's series, or with `?node=IP` those on that Ray node (per pod)."""
-        await flush_local_pushers()  # this process's series (gateway, router) are current
-        node = request.query_params.get("node")
-        return Response(await self.hub.exposition.remote(node), media_type=CONTENT_TYPE_LATEST)
 
     # ---- internals ----
 
@@ -258,7 +258,7 @@ class WorkerGateway:
                                 violation=violation)
 
         # every request, streamed or not: 429 before any routing or worker work
-        slot = StreamSlot(self.stream_slots, tenant)
+        slot = StreamSlot(self.door.streams, tenant)
         try:
             response = await self.proxy.forward(path, body, pick, release)
         except BaseException:

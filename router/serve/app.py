@@ -17,8 +17,8 @@ import ray
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from router.front.http_server import HttpConfig
 from router.gateway.app import Gateway, GatewayConfig
-from router.gateway.http_server import HttpConfig
 from router.serve.engine_http import DirectEngineReplica, EngineHTTPConfig
 from router.serve.engine_replica import EngineReplica, ReplicaResources, engine_deployment_options
 from router.serve.ingress_router import IngressRouter, IngressRouterConfig

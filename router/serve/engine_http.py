@@ -23,31 +23,26 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, Counter
+from prometheus_client import Counter
 from ray import serve
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
 
 from router.cluster.index_actor import get_index_actor
-from router.cluster.metrics_hub import (
-    MetricsHubConfig,
-    MetricsPusher,
-    flush_local_pushers,
-    get_metrics_hub,
-)
+from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher, get_metrics_hub
+from router.front.metrics import CountRequests, GatewayMetrics
+from router.front.routes import cluster_metrics, cluster_ready, pin_routes
 from router.gateway.engine_client import EngineClient, RetryConfig
-from router.gateway.metrics import CountRequests, GatewayMetrics
 from router.gateway.pin_admin import PinAdmin
-from router.gateway.prefixes import PrefixService
+from router.gateway.prefixes import PrefixRegisterRequest, PrefixService
 from router.gateway.tenants import TenantAuth, load_api_keys
 from router.serve.engine_replica import EngineReplicaBody
 from router.serve.route_header import RouteSigner
 from router.serve.route_tracking import RouteReports, RouteTracking
-from worker.openai.http_errors import install_error_handlers
-from worker.openai.limits import read_body
+from worker.openai.front import FrontDoor, fixed_context
 from worker.openai.prompt import PromptBuilder
-from worker.openai.stream_slots import StreamSlots
-from worker.openai.tokenize import detokenize, tokenize, version_body
+from worker.openai.routes import OwnRoutes, build_app, route_table
 from worker.openai_server.serving import OpenAIServing
 from worker.process_settings import ProcessSettings
 from worker.tokenizer_files import tokenizer_dir
@@ -80,7 +75,7 @@ class _DirectEngineReplica(EngineReplicaBody):
         await super().__init__(engine_config, publisher_config, metrics_config,
                                take_route_ends=self.route_reports.take)
 
-    def __serve_build_asgi_app__(self) -> FastAPI:
+    def __serve_build_asgi_app__(self) -> Starlette:
         return build_engine_app(self)
 
 
@@ -88,18 +83,19 @@ DirectEngineReplica = serve.deployment(name="EngineReplica")(
     serve.ingress()(_DirectEngineReplica))
 
 
-def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
-    """The replica's OpenAI API (built in the replica, once its engine is up)."""
+def build_engine_app(replica: _DirectEngineReplica) -> Starlette:
+    """The replica's OpenAI API (built in the replica, once its engine is up): the front
+    door's route table with this replica's engine behind it, the cluster's /ready and
+    /metrics, and pins."""
     config, engine = replica.http_config, replica.engine
     model = engine.model_name
     prompts = PromptBuilder(tokenizer_dir(config.model), model, config.block_size)
     metrics = GatewayMetrics(model)
     process = ProcessSettings.from_environ(os.environ)  # limits, keys, quotas
-    limits = process.request_limits()  # the chart's `limits` values
     auth = TenantAuth(load_api_keys(config.api_keys_file, process))
-    serving = OpenAIServing(engine, prompts, metrics.latency, limits,
-                            StreamSlots.for_tenants(auth.enabled,
-                                                    process.max_streams_per_tenant))
+    door = FrontDoor.for_tenants(model, prompts, process, auth,
+                                 fixed_context(engine.max_model_len))
+    serving = OpenAIServing(engine, door, metrics.latency)
     index, hub = get_index_actor(), get_metrics_hub(config.metrics)
     context = serve.get_replica_context()
     own_deployment = serve.get_deployment_handle(context.deployment, context.app_name)
@@ -109,7 +105,7 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
     pusher = MetricsPusher(f"gateway/{replica.replica_id}", metrics.registry, config.metrics)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         pusher.start()
         # Pinned prefixes whose replica died are pinned again (by one process at a time).
         rewarm = asyncio.get_running_loop().create_task(prefixes.rewarm_orphans())
@@ -119,9 +115,15 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
             rewarm.cancel()
             await pusher.stop()
 
-    app = FastAPI(title="kvroute", docs_url=None, redoc_url=None, openapi_url=None,
-                  lifespan=lifespan)
-    install_error_handlers(app)
+    async def completions(request: Request) -> Response:
+        return await serving.completions(request, door.tenant(request))
+
+    async def chat_completions(request: Request) -> Response:
+        return await serving.chat_completions(request, door.tenant(request))
+
+    own = OwnRoutes(completions, chat_completions, cluster_ready(index), cluster_metrics(hub),
+                    extra=pin_routes(door, prefixes, pin_admin, PrefixRegisterRequest))
+    app = build_app(route_table(door, own), title="kvroute", lifespan=lifespan)
     app.state.gateway_metrics = metrics
     app.add_middleware(CountRequests)
     # Outermost: every routed request is claimed and ended, whatever answers it (a 404 too).
@@ -130,70 +132,4 @@ def build_engine_app(replica: _DirectEngineReplica) -> FastAPI:
                      "ingress router's answer), served as not routed", registry=metrics.registry)
     app.add_middleware(RouteTracking, signer=RouteSigner(config.route_key),
                        reports=replica.route_reports, on_forged=forged.inc)
-
-    def tenant_of(request: Request) -> str:
-        return auth.tenant_of(request.headers.get("authorization"))
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await serving.completions(request, tenant_of(request))
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await serving.chat_completions(request, tenant_of(request))
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict:
-        auth.tenant_of(request.headers.get("authorization"))
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0,
-                                            "owned_by": "kvroute",
-                                            "max_model_len": engine.max_model_len}]}
-
-    @app.post("/v1/prefixes")
-    async def register_prefix(request: Request) -> dict:
-        tenant = pin_admin.tenant_for_change(request.headers)
-        raw = await read_body(request, limits)
-        return await prefixes.register(raw, tenant, serving.check_model)
-
-    @app.get("/v1/prefixes")
-    async def list_prefixes(request: Request) -> dict:
-        return await prefixes.list(auth.tenant_of(request.headers.get("authorization")))
-
-    @app.delete("/v1/prefixes/{name}")
-    async def delete_prefix(name: str, request: Request) -> dict:
-        tenant = pin_admin.tenant_for_change(request.headers)
-        return await prefixes.delete(name, tenant)
-
-    @app.post("/tokenize")
-    async def tokenize_endpoint(request: Request) -> dict:
-        auth.tenant_of(request.headers.get("authorization"))
-        return tokenize(await read_body(request, limits), prompts, serving.check_model,
-                        engine.max_model_len, limits)
-
-    @app.post("/detokenize")
-    async def detokenize_endpoint(request: Request) -> dict:
-        auth.tenant_of(request.headers.get("authorization"))
-        return detokenize(await read_body(request, limits), prompts, serving.check_model,
-                          limits)
-
-    @app.get("/version")
-    async def version() -> dict:
-        return version_body()
-
-    @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
-
-    @app.get("/ready")
-    async def ready() -> JSONResponse:
-        replica_ids = await index.replica_ids.remote()
-        return JSONResponse({"ready": bool(replica_ids), "replicas": replica_ids},
-                            status_code=200 if replica_ids else 503)
-
-    @app.get("/metrics")
-    async def metrics_endpoint(node: str | None = None) -> Response:
-        """Every process's series, or with `?node=IP` those on that Ray node (per pod)."""
-        await flush_local_pushers()  # this process's series (engine, gateway) are current
-        return Response(await hub.exposition.remote(node), media_type=CONTENT_TYPE_LATEST)
-
     return app

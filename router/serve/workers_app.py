@@ -22,7 +22,7 @@ from router.cluster.worker_probe import check_worker
 from router.cluster.worker_set import WorkerSetConfig
 from router.cluster.worker_spec import WorkerSpec, parse_workers
 from router.core.router import RouterConfig
-from router.gateway.http_server import HttpConfig, HttpServer
+from router.front.http_server import HttpConfig, HttpServer
 from router.gateway.worker_app import create_app
 from router.gateway.worker_gateway import WorkerGateway, WorkerGatewayConfig
 from router.serve.request_router import gateway_process_id

@@ -10,6 +10,8 @@ from starlette.requests import Request
 
 from worker.engine_config import EngineConfig
 from worker.engine_factory import build_engine
+from worker.openai.front import Anonymous, FrontDoor, fixed_context
+from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
 from worker.openai.prompt_hits import PROMPT_HITS_KEY, PromptHits
 from worker.openai_server.serving import OpenAIServing
@@ -40,7 +42,9 @@ def completion_request(hits: PromptHits | None, stream: bool, **fields) -> Reque
 async def serving():
     engine = build_engine(EngineConfig(model="tiny", engine="sim", sim_preset="tiny",
                                        num_blocks=64, block_size=16))
-    yield OpenAIServing(engine, PromptBuilder(tokenizer_dir("tiny"), "tiny", 16))
+    door = FrontDoor("tiny", PromptBuilder(tokenizer_dir("tiny"), "tiny", 16),
+                     RequestLimits(), Anonymous(), None, fixed_context(engine.max_model_len))
+    yield OpenAIServing(engine, door)
     await engine.shutdown()
 
 

@@ -12,6 +12,8 @@ from starlette.requests import Request
 from worker.engine_config import EngineConfig
 from worker.engine_factory import build_engine
 from worker.openai.errors import APIError
+from worker.openai.front import Anonymous, FrontDoor, fixed_context
+from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlots, TooManyStreams
 from worker.openai_server.serving import OpenAIServing
@@ -38,8 +40,10 @@ def completion_request(stream: bool, max_tokens: int = 4, **fields) -> Request:
 async def serving():
     engine = build_engine(EngineConfig(model="tiny", engine="sim", sim_preset="tiny",
                                        num_blocks=64, block_size=16))
-    yield OpenAIServing(engine, PromptBuilder(tokenizer_dir("tiny"), "tiny", 16),
-                        streams=StreamSlots(1))
+    door = FrontDoor("tiny", PromptBuilder(tokenizer_dir("tiny"), "tiny", 16),
+                     RequestLimits(), Anonymous(), StreamSlots(1),
+                     fixed_context(engine.max_model_len))
+    yield OpenAIServing(engine, door)
     await engine.shutdown()
 
 

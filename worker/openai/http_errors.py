@@ -1,10 +1,12 @@
-"""Every error of an OpenAI-compatible FastAPI app as an OpenAI error body."""
+"""Every error of an OpenAI-compatible app (FastAPI or plain Starlette) as an OpenAI error
+body."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from worker.openai.errors import APIError
@@ -25,7 +27,7 @@ async def _validation_error(request: Request, err: RequestValidationError) -> JS
                         status_code=400)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: Starlette) -> None:
     """APIError as raised; unknown routes and methods (404, 405) and FastAPI's own
     validation errors (400) in the same shape."""
     app.add_exception_handler(APIError, _api_error)

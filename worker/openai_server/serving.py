@@ -29,20 +29,13 @@ from worker.engine import Engine
 from worker.openai.choices import Choices, OpenStream, collect
 from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError, engine_input_error
+from worker.openai.front import FrontDoor
 from worker.openai.latency import LatencyMetrics, arrival_of
-from worker.openai.limits import RequestLimits, read_body
 from worker.openai.logprobs import LogprobsFormatter
-from worker.openai.prompt import PromptBuilder
-from worker.openai.prompt_encoder import PromptEncoder
 from worker.openai.prompt_hits import PROMPT_HITS_KEY, PromptHits, recording
 from worker.openai.responses import ResponseShape
-from worker.openai.schema import (
-    DEFAULT_LIMITS,
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_body,
-)
-from worker.openai.stream_slots import StreamSlot, StreamSlots
+from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
+from worker.openai.stream_slots import StreamSlot
 from worker.openai.streaming import full_response, sse_events
 
 T = TypeVar("T")
@@ -79,39 +72,31 @@ async def while_connected(request: Request, work: Callable[[], Awaitable[T]]) ->
 
 
 class OpenAIServing:
-    """The OpenAI generation endpoints of one engine."""
+    """The OpenAI generation endpoints of one engine, behind a front door (its prompts,
+    limits, model check and each tenant's stream slots: worker/openai/front.py)."""
 
-    def __init__(self, engine: Engine, prompts: PromptBuilder,
-                 latency: LatencyMetrics | None = None,
-                 limits: RequestLimits = DEFAULT_LIMITS, streams: StreamSlots | None = None):
-        """`latency`: where to observe each request's latency (a front that has them);
-        `streams`: concurrent requests per tenant (the cache salt), streamed or not, 429
-        over the limit."""
+    def __init__(self, engine: Engine, door: FrontDoor, latency: LatencyMetrics | None = None):
+        """`latency`: where to observe each request's latency (a front that has them)."""
         self.engine = engine
-        self.prompts = prompts
-        self.encoder = PromptEncoder(prompts)  # long prompts off the event loop
+        self.door = door
+        self.encoder = door.encoder
         self.latency = latency
-        self.limits = limits
-        self.streams = streams
-        self.model = engine.model_name
-        self.logprobs = LogprobsFormatter(prompts.tokenizer)
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                                f"{self.model!r}", param="model", code="model_not_found")
+        self.limits = door.limits
+        self.streams = door.streams  # 429 over a tenant's concurrent requests
+        self.model = door.model
+        self.logprobs = LogprobsFormatter(door.prompts.tokenizer)
 
     async def completions(self, request: Request, cache_salt: str = "") -> Response:
         """`cache_salt`: the tenant's hash namespace (a router in front authenticated it)."""
-        body = parse_body(await read_body(request, self.limits), CompletionRequest, self.limits)
-        self.check_model(body.model)
+        body = parse_body(await self.door.body(request), CompletionRequest, self.limits)
+        self.door.check_model(body.model)
         prompts = await self.encoder.completion(body.prompts(), self.engine.max_model_len)
         return await self._generate(request, "completion", "cmpl", body, prompts,
                                     cache_salt)
 
     async def chat_completions(self, request: Request, cache_salt: str = "") -> Response:
-        body = parse_body(await read_body(request, self.limits), ChatCompletionRequest, self.limits)
-        self.check_model(body.model)
+        body = parse_body(await self.door.body(request), ChatCompletionRequest, self.limits)
+        self.door.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         token_ids = await self.encoder.chat(messages, self.engine.max_model_len)
         return await self._generate(request, "chat", "chatcmpl", body, [token_ids],

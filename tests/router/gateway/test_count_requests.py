@@ -4,7 +4,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from router.gateway.metrics import CountRequests, GatewayMetrics
+from router.front.metrics import CountRequests, GatewayMetrics
 
 
 def _app() -> tuple[FastAPI, GatewayMetrics]:

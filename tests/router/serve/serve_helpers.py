@@ -157,3 +157,16 @@ def assert_latency_histograms_count_each_request(server: Server, oai) -> None:
     want = {stage: count + sent for stage, count in before.items()}
     wait_until(lambda: latency_counts(server) == want, 30,
                f"every latency histogram to count {sent} more requests")
+
+
+def assert_model_list(base_url: str, api_key: str) -> None:
+    """/v1/models is the front door's body, as `kvroute engine` answers it: the model with
+    its context length (the one /tokenize reports)."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    listed = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()
+    tokens = httpx.post(f"{base_url}/tokenize", json={"prompt": "x"}, headers=headers,
+                        timeout=30).json()
+    assert tokens["max_model_len"] > 0
+    assert listed == {"object": "list", "data": [{
+        "id": "tiny", "object": "model", "created": 0, "owned_by": "kvroute", "root": "tiny",
+        "max_model_len": tokens["max_model_len"]}]}

@@ -127,7 +127,7 @@ def test_text_that_cannot_fit_the_context_is_refused_without_tokenizing(prompts,
     calls = RouteCalls(prompts, TenantAuth({}), max_model_len=64)
     encoded = []
     monkeypatch.setattr(prompts, "_encode", lambda text, **kw: encoded.append(text) or [1])
-    too_long = "a" * (64 * calls.max_token_chars + 1)
+    too_long = "a" * (64 * calls.context.max_token_chars + 1)
     assert calls.of(_body(prompt=too_long), None) is None
     assert calls.of(_body(prompt=["b", too_long]), None) is None  # any prompt of a batch
     assert calls.of(_body(messages=[{"role": "user", "content": too_long}]), None) is None

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.router.serve.serve_helpers import (
     assert_latency_histograms_count_each_request,
+    assert_model_list,
     kvroute_server,
     prometheus_scraping,
     promql,
@@ -71,6 +72,7 @@ def oai(server, prometheus):
 def test_openai_client_completions_and_chat(server, oai):
     models = oai.models.list()
     assert [m.id for m in models.data] == ["tiny"]
+    assert_model_list(server.base_url, "key-a")
 
     c = oai.completions.create(model="tiny", prompt="Hello, kvroute!", max_tokens=5,
                                temperature=0, extra_body={"ignore_eos": True})

@@ -22,6 +22,7 @@ from tests.router.serve import shared_prefix_traffic as traffic
 from tests.router.serve.cli_server import kvroute_cli_server
 from tests.router.serve.serve_helpers import (
     assert_latency_histograms_count_each_request,
+    assert_model_list,
     wait_until,
 )
 from worker.openai.tokenize import kvroute_version
@@ -60,6 +61,7 @@ def _outstanding(server) -> float:
 
 def test_openai_client_completions_and_chat(server, oai):
     assert [m.id for m in oai.models.list().data] == ["tiny"]
+    assert_model_list(server.base_url, "key-a")
     c = oai.completions.create(model="tiny", prompt="Hello, kvroute!", max_tokens=5,
                                temperature=0, extra_body={"ignore_eos": True})
     assert c.choices[0].finish_reason == "length"

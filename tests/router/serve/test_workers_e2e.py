@@ -21,7 +21,7 @@ from ray import serve
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker, stop_all
 from router.cli import APP_NAME
-from router.gateway.http_server import HttpConfig
+from router.front.http_server import HttpConfig
 from router.serve.settings import ServeSettings
 from router.serve.workers_app import workers_application
 from tests.router.serve.serve_helpers import Server, free_port, latency_counts, wait_until
@@ -198,6 +198,14 @@ def test_choices_batches_logprobs_and_tokenizer_routes_pass_through(server):
     assert back == {"prompt": "abc"}
     assert httpx.get(f"{server.base_url}/version", timeout=30).json() == {
         "version": kvroute_version()}
+
+
+def test_the_model_list_is_the_workers_own(server, workers):
+    """/v1/models answers as kvroute's engine does (the front door's body), with the
+    context length the workers list."""
+    listed = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()
+    assert listed == httpx.get(f"{workers[0].url}/v1/models", timeout=30).json()
+    assert listed["data"][0]["max_model_len"] > 0
 
 
 def test_each_worker_is_routed_in_its_own_mode(server, workers):

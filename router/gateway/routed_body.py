@@ -1,0 +1,59 @@
+"""What the gateway reads of a request it forwards to an external worker: what the routers'
+one body reader reads (router/front/routing_body.py: the prompt's token ids to hash and
+route, the output as the load term, every number bounded before it reaches the router),
+after the model check. Nothing else is checked here (the worker validates the rest: it may
+accept parameters kvroute's own engine does not), and the body goes out as it came, unless
+a tenant's cache salt must be set in it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from router.front.routing_body import RoutingRead, load_json, read_chat, read_completion
+from worker.openai.errors import APIError
+from worker.openai.limits import RequestLimits
+from worker.openai.prompt import PromptBuilder
+from worker.openai.schema import DEFAULT_LIMITS
+
+
+@dataclass(frozen=True)
+class RoutedBody:
+    token_ids: list[int]  # the (first) prompt's ids, as the worker will see them
+    # output tokens asked for (OpenAI's default when unset), times the sequences (n x the
+    # prompts of a batch): the most the request makes its worker generate
+    max_tokens: int
+    body: bytes  # what goes to the worker
+    stream: bool = False  # asked for a stream (holds one of its tenant's stream slots)
+
+
+def _load(raw: bytes, model: str, limits: RequestLimits) -> dict[str, Any]:
+    data = load_json(raw, limits)
+    if data.get("model") != model:
+        raise APIError(404, f"the model {data.get('model')!r} does not exist; this server "
+                            f"serves {model!r}", param="model", code="model_not_found")
+    return data
+
+
+def _routed(read: RoutingRead, data: dict[str, Any], raw: bytes, tenant: str) -> RoutedBody:
+    """The body to forward: as received, or with the tenant's salt (never the client's own,
+    so tenants share no KV on the worker either; vLLM reads `cache_salt`)."""
+    body = raw if not tenant else json.dumps({**data, "cache_salt": tenant},
+                                             separators=(",", ":")).encode()
+    return RoutedBody(read.token_ids, read.output.total, body, read.stream)
+
+
+def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
+                    limits: RequestLimits = DEFAULT_LIMITS) -> RoutedBody:
+    """A /v1/completions body. A batch of prompts is routed on its first one."""
+    data = _load(raw, model, limits)
+    return _routed(read_completion(data, prompts, limits), data, raw, tenant)
+
+
+def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
+              limits: RequestLimits = DEFAULT_LIMITS) -> RoutedBody:
+    """A /v1/chat/completions body, through the model's chat template."""
+    data = _load(raw, model, limits)
+    return _routed(read_chat(data, prompts, limits), data, raw, tenant)

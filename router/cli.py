@@ -25,16 +25,17 @@ def _parser() -> argparse.ArgumentParser:
         description="Start (or join) a Ray cluster and serve MODEL from --replicas engine "
                     "replicas behind an OpenAI-compatible HTTP endpoint; every request goes "
                     "to the replica that will serve it fastest given what it has cached. "
-                    "Every flag can also be set by its KVROUTE_<NAME> environment variable; "
-                    "a flag given wins over the variable.")
+                    "Every flag but --port can also be set by its KVROUTE_<NAME> environment "
+                    "variable (named in its help); a flag given wins over the variable.")
     add_flags(p, ServeSettings)
     add_flags(p, LaunchSettings)
     e = sub.add_parser(
         "engine", help="serve one engine replica as a standalone OpenAI server",
         description="Serve MODEL from one engine replica in this process (no Ray) as an "
                     "OpenAI-compatible HTTP server, as `vllm serve` does: a worker for "
-                    "`kvroute serve --workers` or any other router. Every flag can also be set "
-                    "by its KVROUTE_<NAME> environment variable; a flag given wins.")
+                    "`kvroute serve --workers` or any other router. The engine's flags can also be "
+                    "set by their KVROUTE_<NAME> variables (named in their help); a flag "
+                    "given wins.")
     add_engine_arguments(e)
     return parser
 

@@ -7,10 +7,13 @@ which the serve settings extend) derive their flags, their variables, their vali
 their help from it.
 
 Precedence, lowest to highest: the field's default < `KVROUTE_<NAME>` in the environment <
-an explicit value (a flag, a `key=value` arg, a Serve config arg). A value given as a string
-(env, `serve run key=value`, a flag) is coerced by pydantic ("2" -> 2, "true" -> True, "inf"
--> inf); a bad one raises one `SettingsError` naming the setting and where its value came
-from.
+an explicit value (a flag, a `key=value` arg, a Serve config arg). A field marked
+`FLAG_ONLY` has no variable: Kubernetes injects `KVROUTE_PORT=tcp://...` (and other
+`KVROUTE_*` service-link variables) into every pod of a namespace with a Service named
+kvroute, so a setting named `port` must never be read from the environment. A value given
+as a string (env, `serve run key=value`, a flag) is coerced by pydantic ("2" -> 2, "true"
+-> True, "inf" -> inf); a bad one raises one `SettingsError` naming the setting and where
+its value came from.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
 ENV_PREFIX = "KVROUTE_"
+# `Field(..., json_schema_extra=FLAG_ONLY)`: the setting is never read from the environment.
+FLAG_ONLY = {"env": False}
 
 
 class SettingsError(ValueError):
@@ -32,6 +37,12 @@ class SettingsError(ValueError):
 
 def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
+
+
+def reads_env(field: FieldInfo) -> bool:
+    """Whether the setting is read from `KVROUTE_<NAME>` (all but `FLAG_ONLY` ones)."""
+    extra = field.json_schema_extra
+    return not (isinstance(extra, dict) and extra.get("env") is False)
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
@@ -50,8 +61,8 @@ def load_settings(cls: type[SettingsT], explicit: Mapping[str, Any], env: Mappin
                             f"{', '.join(cls.model_fields)}")
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for name in cls.model_fields:
-        if env.get(env_name(name), "") != "":
+    for name, field in cls.model_fields.items():
+        if reads_env(field) and env.get(env_name(name), "") != "":
             values[name], sources[name] = env[env_name(name)], f"${env_name(name)}"
         if explicit.get(name) not in (None, ""):
             values[name], sources[name] = explicit[name], label(name)
@@ -110,7 +121,7 @@ def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], env: bool
     group = parser.add_argument_group(model.__name__, model.__doc__)
     for name, field in model.model_fields.items():
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS,
-                                  "help": _help(name, field, env)}
+                                  "help": _help(name, field, env and reads_env(field))}
         if field.annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:

@@ -45,8 +45,9 @@ def build_app(args: dict[str, Any]) -> Application:
     if settings.workers:
         from router.serve.workers_app import workers_application
 
-        # Its gateways listen themselves, where $KVROUTE_HOST / $KVROUTE_PORT say (the
-        # Serve proxy is not used: give the Serve config `proxy_location: Disabled`).
+        # Its gateways listen themselves, on LaunchSettings' host ($KVROUTE_HOST) and port
+        # (never read from the environment: its default, the chart's gateway port). The
+        # Serve proxy is not used: give the Serve config `proxy_location: Disabled`.
         launch = load_settings(LaunchSettings, {}, os.environ)
         return workers_application(settings, HttpConfig(launch.host, launch.port))
     return serve_application(settings)

@@ -19,7 +19,7 @@ from router.core.config import RouterConfig
 from router.core.hit_curve import HitCurveConfig
 from router.core.policies import POLICY_NAMES
 from worker.engine_config import EngineConfig, EngineSettings, PositiveInt
-from worker.settings import env_name
+from worker.settings import FLAG_ONLY, env_name
 
 _ROUTER_DEFAULTS = RouterConfig()
 _BOUND_DEFAULTS = HitCurveConfig()
@@ -172,7 +172,10 @@ class LaunchSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     host: str = Field("127.0.0.1", min_length=1, description="HTTP listen address")
-    port: int = Field(8000, ge=1, le=65535, description="HTTP port")
+    # Flags only: Kubernetes sets KVROUTE_PORT=tcp://... in every pod of a namespace with a
+    # Service named kvroute.
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port",
+                      json_schema_extra=FLAG_ONLY)
     address: str | None = Field(
         None, description="join this Ray cluster (e.g. 'auto' or 'ray://head:10001') instead "
                           "of starting a local Ray instance")

@@ -2,7 +2,7 @@
 listening on the gateway port itself (no Serve proxy), the admin key from a Secret."""
 
 from router.serve.app import build_app
-from router.serve.settings import ServeSettings
+from router.serve.settings import LaunchSettings, ServeSettings
 from worker.settings import load_settings
 
 from .helm_chart import engine_group, head_template, render, serve_config, template
@@ -15,7 +15,9 @@ def test_workers_deploy_the_worker_gateway_and_no_engine(helm_bin):
     assert config["proxy_location"] == "Disabled"
     (app,) = config["applications"]
     assert "route_prefix" not in app
-    assert app["runtime_env"]["env_vars"] == {"KVROUTE_HOST": "0.0.0.0", "KVROUTE_PORT": "8000"}
+    assert app["runtime_env"]["env_vars"] == {"KVROUTE_HOST": "0.0.0.0"}
+    # the gateways listen on the port setting's default, the chart's gateway port
+    assert LaunchSettings().port == config["http_options"]["port"] == 8000
     assert [d["name"] for d in app["deployments"]] == ["WorkerGateway"]
     args = app["args"]
     assert (args["model"], args["tokenizer"]) == ("tiny", "tiny")

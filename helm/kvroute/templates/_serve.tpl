@@ -126,8 +126,10 @@ the gateway port themselves, so no Serve proxy runs.
   "deployments" $deployments }}
 {{- $httpOptions := dict "host" "0.0.0.0" "port" (int (include "kvroute.gatewayPort" .)) }}
 {{- if $workers }}
-{{- /* The worker gateways listen on the gateway port themselves (no Serve proxy). */}}
-{{- $env := dict "KVROUTE_HOST" "0.0.0.0" "KVROUTE_PORT" (include "kvroute.gatewayPort" .) }}
+{{- /* The worker gateways listen on the gateway port themselves (no Serve proxy): the
+port setting's default, as the port is never read from the environment (Kubernetes puts
+KVROUTE_PORT=tcp://... into the pods of a namespace with a Service named kvroute). */}}
+{{- $env := dict "KVROUTE_HOST" "0.0.0.0" }}
 {{- $_ := set $app "runtime_env" (dict "env_vars" $env) }}
 {{- toYaml (dict "proxy_location" "Disabled" "http_options" $httpOptions "applications" (list $app)) }}
 {{- else }}

@@ -83,7 +83,16 @@ def test_every_setting_has_a_flag_and_only_given_flags_count():
     assert (settings.num_host_blocks, settings.approximate, settings.replicas) == (64, False, 3)
     help_text = parser._subparsers._group_actions[0].choices["serve"].format_help()
     for name in [*ServeSettings.model_fields, *LaunchSettings.model_fields]:
-        assert flag_name(name) in help_text and env_name(name) in help_text
+        assert flag_name(name) in help_text
+        assert (env_name(name) in help_text) == (name != "port")  # the port: a flag only
+
+
+def test_kubernetes_service_link_variable_is_never_read_as_the_port():
+    # A Service named kvroute puts KVROUTE_PORT=tcp://... into every pod of its namespace.
+    launch = load_settings(LaunchSettings, {}, {"KVROUTE_PORT": "tcp://10.96.0.12:8000",
+                                                "KVROUTE_HOST": "0.0.0.0"})
+    assert (launch.host, launch.port) == ("0.0.0.0", 8000)
+    assert load_settings(LaunchSettings, {"port": "9000"}, {}, flag_name).port == 9000
 
 
 def test_cli_rejects_a_bad_flag_before_starting_anything(capsys):

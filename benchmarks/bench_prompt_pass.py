@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
-from router.gateway.tenants import TenantAuth  # noqa: E402
+from router.front.tenants import TenantAuth  # noqa: E402
 from router.serve.route_calls import RouteCalls  # noqa: E402
 from worker.openai.limits import RequestLimits  # noqa: E402
 from worker.openai.prompt import PromptBuilder  # noqa: E402

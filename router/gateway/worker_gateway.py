@@ -36,10 +36,11 @@ from router.cluster.worker_probe import listed_context
 from router.cluster.worker_set import WorkerSetConfig, get_worker_set_actor
 from router.cluster.worker_spec import WorkerSpec, WorkerSpecError, canonical_url
 from router.core.router import RouterConfig
+from router.front.admin_key import AdminAuth, load_admin_key
 from router.front.metrics import GatewayMetrics
-from router.gateway.admin import AdminAuth, change_body, load_admin_key, spec_from_body, worker_body
+from router.front.tenants import TenantAuth, load_api_keys
+from router.gateway.admin import change_body, spec_from_body, worker_body
 from router.gateway.routed_body import RoutedBody, chat_body, completion_body
-from router.gateway.tenants import TenantAuth, load_api_keys
 from router.gateway.worker_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
 from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from router.serve.worker_router import NoWorkerAvailable, WorkerRouter

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from ray import serve
 from ray.serve.exceptions import DeploymentUnavailableError
 
-from router.gateway.tenants import TenantAuth, load_api_keys
+from router.front.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
 from router.serve.route_calls import RouteCall, RouteCalls
 from router.serve.route_header import ROUTE_HEADER, Route, RouteSigner

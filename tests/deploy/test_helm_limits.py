@@ -4,7 +4,7 @@ a limit below 1."""
 
 import pytest
 
-from router.gateway.pin_admin import PinQuota
+from router.front.pin_admin import PinQuota
 from worker.openai.limits import RequestLimits
 from worker.openai.stream_slots import StreamSlots
 from worker.process_settings import ProcessSettings

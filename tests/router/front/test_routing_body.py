@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from router.front.tenants import TenantAuth
 from router.gateway.routed_body import chat_body, completion_body
-from router.gateway.tenants import TenantAuth
 from router.serve.route_calls import RouteCalls
 from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits

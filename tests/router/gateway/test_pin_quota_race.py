@@ -10,7 +10,7 @@ import json
 import pytest
 
 from router.cluster.index_actor import KVIndex
-from router.gateway.pin_admin import PinQuota
+from router.front.pin_admin import PinQuota
 from router.gateway.prefixes import PrefixService
 from worker.api import PinResult
 from worker.openai.errors import APIError

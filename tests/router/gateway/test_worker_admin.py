@@ -3,12 +3,8 @@
 import pytest
 
 from router.cluster.worker_spec import WorkerChange, WorkerSpec, WorkerStatus
-from router.gateway.admin import (
-    AdminAuth,
-    change_body,
-    load_admin_key,
-    spec_from_body,
-)
+from router.front.admin_key import AdminAuth, load_admin_key
+from router.gateway.admin import change_body, spec_from_body
 from worker.openai.errors import APIError
 from worker.process_settings import ProcessSettings
 

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from router.gateway.tenants import TenantAuth
+from router.front.tenants import TenantAuth
 from router.serve.ingress_router import _read_body, call_of
 from router.serve.route_calls import RouteCalls as _RouteCalls
 from worker.openai.prompt import PromptBuilder

@@ -30,7 +30,7 @@ from worker.openai.tokenize import kvroute_version
 pytestmark = pytest.mark.slow
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
-ADMIN_KEY = "admin-key"  # pins are an admin operation (router/gateway/pin_admin.py)
+ADMIN_KEY = "admin-key"  # pins are an admin operation (router/front/pin_admin.py)
 ADMIN_FOR_A = {"Authorization": f"Bearer {ADMIN_KEY}", "X-Kvroute-Tenant": "tenant-a"}
 # ~40 blocks of 16 tokens shared by every affinity request; the byte tokenizer is 1 token/byte
 SHARED = "You are a meticulous assistant. Answer briefly and cite sources. " * 10

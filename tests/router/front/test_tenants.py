@@ -2,7 +2,7 @@
 
 import pytest
 
-from router.gateway.tenants import TenantAuth, load_api_keys
+from router.front.tenants import TenantAuth, load_api_keys
 from worker.openai.errors import APIError
 from worker.process_settings import ProcessSettings
 
@@ -36,7 +36,7 @@ def test_malformed_env_entry_does_not_echo_the_secret():
 
 
 def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch):
-    import router.gateway.tenants as tenants
+    import router.front.tenants as tenants
 
     compared = []
     real = tenants.hmac.compare_digest

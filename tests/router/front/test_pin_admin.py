@@ -6,9 +6,9 @@ import json
 import pytest
 
 from router.cluster.prefix_registry import PrefixRegistry
-from router.gateway.pin_admin import PinAdmin, PinQuota
+from router.front.pin_admin import PinAdmin, PinQuota
+from router.front.tenants import TenantAuth
 from router.gateway.prefixes import PrefixService
-from router.gateway.tenants import TenantAuth
 from worker.api import PinResult
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder

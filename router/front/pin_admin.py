@@ -2,7 +2,7 @@
 
 A pin holds engine blocks out of every tenant's reach, so a tenant's API key may list its
 prefixes but not create or delete them. `POST /v1/prefixes` and `DELETE /v1/prefixes/NAME`
-need `Authorization: Bearer ADMIN_KEY` (the admin key, router/gateway/admin.py) and
+need `Authorization: Bearer ADMIN_KEY` (the admin key, router/front/admin_key.py) and
 name the tenant in `X-Kvroute-Tenant` (absent: the anonymous tenant ""). With neither API
 keys nor an admin key configured (a single-user setup) pins stay open, as before.
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from router.cluster.pin_quota import PinQuota
-from router.gateway.admin import AdminAuth, load_admin_key
-from router.gateway.tenants import TenantAuth
+from router.front.admin_key import AdminAuth, load_admin_key
+from router.front.tenants import TenantAuth
 from worker.process_settings import ProcessSettings
 
 TENANT_HEADER = "x-kvroute-tenant"

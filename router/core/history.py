@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import islice
 from typing import NamedTuple
 
@@ -158,7 +158,7 @@ class RoutedHistory:
             self._pop_oldest(replica_id, routed)  # what is left still spans 2 x capacity
 
     def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str],
-              confirmed: dict[str, int] | None = None) -> dict[str, PrefixMatch]:
+              confirmed: dict[str, int] | None = None) -> Mapping[str, PrefixMatch]:
         """Like `PrefixIndex.match`, from the routed history; needs `active` (while
         `warming`, cold replicas have no match). There are no pending marks here, so
         `confirmed` stays as given."""

@@ -26,12 +26,13 @@ from kv.hashing import BlockHash
 from router.core.block_table import SLOTS_PER_WORD, BlockTable, key_words
 from router.core.held_rows import HeldRows, HeldView
 from router.core.pending import PendingMarks
-from router.core.prefix_match import PrefixMatch
+from router.core.prefix_match import PrefixMatch, PrefixMatches
 from router.core.prefix_walk import as_int, prefix_runs
 
 __all__ = ["PrefixIndex", "PrefixMatch"]
 
 _DEVICE_WORD = np.uint64(0x5555_5555_5555_5555)  # the device bits of a mask word
+_NO_RUNS = np.zeros(0, np.int64)
 _FIRST_CHUNK_BLOCKS = 32  # blocks of a prompt looked up before the rest (see `match`)
 
 
@@ -244,7 +245,7 @@ class PrefixIndex:
     # -- lookups ---------------------------------------------------------------------------
 
     def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str],
-              confirmed: dict[str, int] | None = None) -> dict[str, PrefixMatch]:
+              confirmed: dict[str, int] | None = None) -> PrefixMatches:
         """Every candidate replica's cached prefix of the prompt, in one walk.
 
         Returns only replicas with at least one cached block; a candidate the index has
@@ -261,24 +262,25 @@ class PrefixIndex:
             if rep is not None:
                 candidates |= rep.device_bit
         if not candidates or not block_hashes:
-            return {}
+            return PrefixMatches([], _NO_RUNS, _NO_RUNS)
         table, pending = self._table, self.pending
         keys = key_words(block_hashes)
         # Most prompts' cached prefixes end early (every miss at its first block): look up
         # a first chunk, and the rest only if some run reaches the chunk's end.
         masks = table.masks[table.lookup(keys[:_FIRST_CHUNK_BLOCKS])]
-        runs, carried = prefix_runs(masks, candidates, block_hashes, pending)
+        slots, device_runs, total_runs, carried = prefix_runs(masks, candidates, block_hashes,
+                                                              pending)
         n = len(masks)
-        if len(keys) > n and any(t == n for _, t in runs.values()):
+        if len(keys) > n and (total_runs == n).any():
             masks = np.concatenate((masks, table.masks[table.lookup(keys[n:])]))
-            runs, carried = prefix_runs(masks, candidates, block_hashes, pending)
+            slots, device_runs, total_runs, carried = prefix_runs(
+                masks, candidates, block_hashes, pending)
         replica_of_slot = self._replica_of_slot
         if confirmed is not None:
             for slot, num_blocks in carried.items():
                 confirmed[replica_of_slot[slot]] = num_blocks
-        new = tuple.__new__  # skips NamedTuple's Python-level __new__: this runs per replica
-        return {replica_of_slot[slot]: new(PrefixMatch, (d, t - d))
-                for slot, (d, t) in runs.items()}
+        return PrefixMatches(list(map(replica_of_slot.__getitem__, slots.tolist())),
+                             device_runs, total_runs)
 
     def num_confirmed_device_blocks(self, replica_id: str,
                                     block_hashes: Sequence[BlockHash]) -> int:

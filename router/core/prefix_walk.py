@@ -75,7 +75,8 @@ def _carried_run_end(masks: np.ndarray, bit: int, start: int, block_hashes: Sequ
 
 
 def prefix_runs(masks: np.ndarray, candidates: int, block_hashes: Sequence[BlockHash],
-                pending: PendingMarks) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+                pending: PendingMarks
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, int]]:
     """Each candidate's device run and whole cached run of the prompt.
 
     Args:
@@ -86,9 +87,10 @@ def prefix_runs(masks: np.ndarray, candidates: int, block_hashes: Sequence[Block
         pending: the pending marks, by replica device bit.
 
     Returns:
-        (slot -> (device run, device run + host run) for every candidate with a cached
-        block; slot -> its confirmed device run, for the candidates whose device run a
-        pending mark carried on).
+        (the slots of the candidates with a cached block, ascending; their device runs;
+        their device + host runs; slot -> confirmed device run, for the candidates whose
+        device run a pending mark carried on). Arrays, so that a prefix most of a large
+        fleet shares costs no Python work per replica.
     """
     n, num_words = masks.shape
     masked = masks & as_words(candidates | candidates << 1, num_words)
@@ -99,19 +101,18 @@ def prefix_runs(masks: np.ndarray, candidates: int, block_hashes: Sequence[Block
                 for k in range(0, len(row_bytes), width)]
     pending_bits, pending_by_bit = pending.bits_mask, pending.by_bit
     alive = candidates
-    device_len: dict[int, int] = {}  # device bit -> its device run, where > 0
+    device_ends: list[tuple[int, int]] = []  # (block, device bits whose device run ends there)
     ends: list[tuple[int, int]] = []  # (block, device bits whose whole run ends there)
     confirmed: dict[int, int] = {}
     carried: list[tuple[int, int]] = []  # heap of (block, device bit): carried runs' ends
 
     def run_ends(i: int, device_ending: int, m: int) -> int:
         """Device runs end at block i; returns the host bits whose host run starts there."""
-        if i:
-            for bit in set_bits(device_ending):
-                device_len[bit] = i
         into_host = (device_ending << 1) & m
-        if device_ending ^ (into_host >> 1):
-            ends.append((i, device_ending ^ (into_host >> 1)))
+        if i and device_ending:
+            device_ends.append((i, device_ending))
+            if device_ending ^ (into_host >> 1):
+                ends.append((i, device_ending ^ (into_host >> 1)))
         return into_host
 
     def take_up(last: int, m: int) -> int:
@@ -146,19 +147,27 @@ def prefix_runs(masks: np.ndarray, candidates: int, block_hashes: Sequence[Block
             ends.append((i, host_ending >> 1))
         alive ^= ending | run_ends(i, device_ending, m)
     alive |= take_up(n - 1, m)
-    for _, bit in carried:  # carried on to the prompt's end
-        device_len[bit] = n
-        ends.append((n, bit))
-    if alive:  # whoever is left holds the whole prompt
-        for bit in set_bits(alive & candidates):
-            device_len[bit] = n
-        ends.append((n, (alive & candidates) | ((alive >> 1) & candidates)))
-    runs: dict[int, tuple[int, int]] = {}
-    for t, bits in ends:
-        if t:
-            for bit in set_bits(bits):
-                runs[(bit.bit_length() - 1) >> 1] = (device_len.get(bit, 0), t)
-    return runs, {(bit.bit_length() - 1) >> 1: i for bit, i in confirmed.items()}
+    whole = (alive & candidates) | sum(bit for _, bit in carried)  # device runs to the end
+    if whole:
+        device_ends.append((n, whole))
+    if whole | (alive >> 1 & candidates):  # and whole runs
+        ends.append((n, whole | (alive >> 1 & candidates)))
+    total = _lengths(ends, num_words)
+    slots = np.flatnonzero(total)
+    return (slots, _lengths(device_ends, num_words)[slots], total[slots],
+            {(bit.bit_length() - 1) >> 1: i for bit, i in confirmed.items()})
+
+
+def _lengths(ends: list[tuple[int, int]], num_words: int) -> np.ndarray:
+    """Per slot, the block at which its run ends ([32 W] int64): `ends` lists (block,
+    device bits), each bit in one entry at most (0: no run)."""
+    if not ends:
+        return np.zeros(num_words * WORD_BITS // 2, np.int64)
+    width = 8 * num_words
+    rows = np.frombuffer(b"".join(bits.to_bytes(width, "little") for _, bits in ends),
+                         np.uint8).reshape(len(ends), width)
+    bits = np.unpackbits(rows, axis=1, bitorder="little")[:, 0::2]  # device bit 2s: slot s
+    return np.fromiter((i for i, _ in ends), np.int64, len(ends)) @ bits
 
 
 def _marked(bits: int, pending: PendingMarks, block_hash: BlockHash) -> list[int]:

@@ -10,7 +10,7 @@ the others are still routed on their events.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from kv.events import EventBatch, Snapshot
@@ -208,7 +208,8 @@ class Router:
         return self._approximate_ids.intersection(replica_ids)
 
     def _match(self, block_hashes: Sequence[BlockHash], replica_ids: Sequence[str],
-               on_history: frozenset[str], confirmed: dict[str, int]) -> dict[str, PrefixMatch]:
+               on_history: frozenset[str], confirmed: dict[str, int]
+               ) -> Mapping[str, PrefixMatch]:
         """Each candidate's cached prefix: from the index for replicas routed on events,
         from the history for the others."""
         if not on_history:
@@ -216,7 +217,7 @@ class Router:
         on_events = [r for r in replica_ids if r not in on_history]
         if not on_events:
             return self.history.match(block_hashes, replica_ids)
-        matches = self.index.match(block_hashes, on_events, confirmed)
+        matches = dict(self.index.match(block_hashes, on_events, confirmed))
         matches.update(self.history.match(
             block_hashes, [r for r in replica_ids if r in on_history]))
         return matches

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from router.core.policies.base import RankingPolicy, ReplicaView, RouteQuery
-from router.core.prefix_match import PrefixMatch
+from router.core.prefix_match import PrefixMatch, PrefixMatches
 
 if TYPE_CHECKING:
     from router.core.config import RouterConfig
@@ -66,9 +66,23 @@ class CacheAwarePolicy(RankingPolicy):
         n = len(ids)
         loads = np.fromiter(map(view.load, ids), np.float64, n)
         prefills = np.full(n, float(query.num_prompt_tokens))
-        if view.matches:
+        matches = view.matches
+        if isinstance(matches, PrefixMatches) and matches:  # the index's: arrays already
+            at = np.fromiter(map(self._positions(ids).get, matches.replica_ids, repeat(-1)),
+                             np.int64, len(matches))
+            listed = at >= 0  # the index answers for candidates only; kept general
+            num_prompt_tokens = query.num_prompt_tokens
+            device_blocks = matches.device_blocks[listed]
+            host_blocks = matches.cached_blocks[listed] - device_blocks
+            # PrefixMatch.hit_tokens and prefill_cost_tokens, on every match at once
+            device_tokens = np.minimum(device_blocks * self.block_size, num_prompt_tokens)
+            host_tokens = np.minimum(host_blocks * self.block_size,
+                                     num_prompt_tokens - device_tokens)
+            prefills[at[listed]] = (num_prompt_tokens - device_tokens - host_tokens
+                                    + self.host_cost_fraction * host_tokens)
+        elif matches:
             positions = self._positions(ids)
-            for rid, match in view.matches.items():
+            for rid, match in matches.items():
                 i = positions.get(rid)
                 if i is not None:
                     prefills[i] = self.prefill_cost_tokens(match, query.num_prompt_tokens)

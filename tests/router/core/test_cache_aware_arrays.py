@@ -4,11 +4,13 @@ equal the documented rule written one candidate at a time, ties and the guard in
 import math
 import random
 
+import numpy as np
 import pytest
 
 from router.core.config import RouterConfig
 from router.core.index import PrefixMatch
 from router.core.policies import ReplicaView, RouteQuery, make_policy
+from router.core.prefix_match import PrefixMatches
 
 
 class _Reference:
@@ -44,8 +46,9 @@ class _Reference:
         return [ids[i] for i in order]
 
 
+@pytest.mark.parametrize("as_arrays", [False, True])
 @pytest.mark.parametrize("threshold", [math.inf, 300.0])
-def test_array_ranking_equals_the_rule_candidate_by_candidate(threshold):
+def test_array_ranking_equals_the_rule_candidate_by_candidate(threshold, as_arrays):
     rng = random.Random(7)
     config = RouterConfig(policy="cache_aware", block_size=16, load_weight=0.5,
                           imbalance_threshold=threshold)
@@ -60,6 +63,10 @@ def test_array_ranking_equals_the_rule_candidate_by_candidate(threshold):
         query = RouteQuery(f"q{step}", [], rng.choice([16, 300, 640]), rng.randint(0, 64), ids)
         view = ReplicaView(matches, loads.__getitem__)
         want = reference.rank(query, view)
+        if as_arrays:  # as the index answers (its own candidates only, here some others too)
+            view = view._replace(matches=PrefixMatches(
+                list(matches), np.array([m.num_device_blocks for m in matches.values()]),
+                np.array([m.num_cached_blocks for m in matches.values()], np.int64)))
         assert policy.rank(query, view) == want
         num_guarded += min(ids, key=lambda r: loads[r]) == want[0] != min(
             ids, key=lambda r: (reference.prefill(matches.get(r), query.num_prompt_tokens)

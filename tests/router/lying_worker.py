@@ -17,6 +17,7 @@ class LyingWorker:
     def __init__(self, model: str = "tiny"):
         self.model = model
         self.metrics_text = ""  # GET /metrics answers this
+        self.model_fields: dict = {}  # more fields of its /v1/models entry
         self.post: Handler | None = None  # POST /v1/* (and /tokenize) answers with this
         self.paths: list[str] = []  # every request's method and path, in order
         self.num_cancelled = 0  # POST handlers cancelled because the client left
@@ -48,7 +49,8 @@ class LyingWorker:
         return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model}]})
+        return web.json_response({"object": "list",
+                                  "data": [{"id": self.model, **self.model_fields}]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics_text, content_type="text/plain")

@@ -19,9 +19,12 @@ the replica answer it).
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from worker.openai.errors import APIError
 from worker.openai.limits import (
@@ -34,6 +37,12 @@ from worker.openai.limits import (
 )
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.schema import DEFAULT_MAX_TOKENS
+
+T = TypeVar("T")
+# A body up to this size is read on the event loop (tokenizing it takes a few ms at most); a
+# larger one in a thread: a prompt at the size limit takes seconds to tokenize, and a
+# router's loop serves every tenant (the tokenizer releases the GIL on long text).
+INLINE_BODY_BYTES = 8 * 1024
 
 
 class OutputTokens(NamedTuple):
@@ -64,6 +73,14 @@ class RoutingRead:
     token_ids: list[int]  # the (first) prompt's ids, as the server will see them
     output: OutputTokens
     stream: bool  # asked for a stream
+
+
+async def off_loop(threads: Executor, num_bytes: int, read: Callable[[], T]) -> T:
+    """`read()` (a read of a body of `num_bytes`): on the loop when the body is small, else
+    in one of `threads`."""
+    if num_bytes <= INLINE_BODY_BYTES:
+        return read()
+    return await asyncio.get_running_loop().run_in_executor(threads, read)
 
 
 def load_json(raw: bytes, limits: RequestLimits) -> dict[str, Any]:

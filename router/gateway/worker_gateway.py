@@ -38,6 +38,7 @@ from router.cluster.worker_spec import WorkerSpec, WorkerSpecError, canonical_ur
 from router.core.router import RouterConfig
 from router.front.admin_key import AdminAuth, load_admin_key
 from router.front.metrics import GatewayMetrics
+from router.front.routing_body import off_loop
 from router.front.tenants import TenantAuth, load_api_keys
 from router.gateway.admin import change_body, spec_from_body, worker_body
 from router.gateway.routed_body import RoutedBody, chat_body, completion_body
@@ -55,11 +56,7 @@ from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
 
-# A body up to this size is read for routing on the loop (tokenizing it takes a few ms at
-# most); a larger one in a thread: a prompt at the size limit takes seconds to tokenize,
-# and this loop serves every tenant (the tokenizer releases the GIL on long text).
-_INLINE_BODY_BYTES = 8 * 1024
-_TOKENIZER_THREADS = 2
+_TOKENIZER_THREADS = 2  # reading large bodies for routing (router/front/routing_body.py)
 _MODELS_TIMEOUT_S = 2.0  # asking a worker's /v1/models for its context length
 
 BodyReader = Callable[[bytes, PromptBuilder, str, str, RequestLimits], RoutedBody]
@@ -69,10 +66,7 @@ async def read_off_loop(threads: Executor, read: BodyReader, raw: bytes,
                         prompts: PromptBuilder, model: str, tenant: str,
                         limits: RequestLimits) -> RoutedBody:
     """`read(raw, ...)`: on the loop when the body is small, else in one of `threads`."""
-    if len(raw) <= _INLINE_BODY_BYTES:
-        return read(raw, prompts, model, tenant, limits)
-    return await asyncio.get_running_loop().run_in_executor(
-        threads, read, raw, prompts, model, tenant, limits)
+    return await off_loop(threads, len(raw), lambda: read(raw, prompts, model, tenant, limits))
 
 
 @dataclass(frozen=True)

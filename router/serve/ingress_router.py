@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from ray import serve
 from ray.serve.exceptions import DeploymentUnavailableError
 
+from router.front.routing_body import off_loop
 from router.front.tenants import TenantAuth, load_api_keys
 from router.serve.request_router import gateway_process_id
 from router.serve.route_calls import RouteCall, RouteCalls
@@ -42,11 +43,7 @@ from worker.tokenizer_files import tokenizer_dir
 
 log = logging.getLogger(__name__)
 
-# A body up to this size is read on the event loop (tokenizing it takes a few ms at most);
-# a larger one in a thread, so one long prompt does not hold up every other request's
-# routing (the tokenizer releases the GIL on long text: worker/openai/prompt.py).
-_INLINE_BODY_BYTES = 8 * 1024
-_TOKENIZER_THREADS = 2
+_TOKENIZER_THREADS = 2  # reading large bodies for routing (router/front/routing_body.py)
 _CONTEXT_RETRY_S = 1.0  # between asks for the replicas' context limit while they start
 
 
@@ -74,10 +71,7 @@ async def call_of(calls: RouteCalls, threads: Executor, body: bytes | None,
     """The body's route call: read on the loop when small, else in one of `threads`."""
     if body is None:
         return None  # over the size limit: the replica answers 413
-    if len(body) <= _INLINE_BODY_BYTES:
-        return calls.of(body, authorization)
-    return await asyncio.get_running_loop().run_in_executor(threads, calls.of, body,
-                                                            authorization)
+    return await off_loop(threads, len(body), lambda: calls.of(body, authorization))
 
 
 async def _read_body(receive, max_bytes: int) -> bytes | None:

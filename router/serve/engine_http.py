@@ -3,10 +3,11 @@
 HAProxy (Ray Serve's HAProxy ingress) sends each POST to the replica the ingress request
 router picked (router/serve/ingress_router.py) and every other request to any replica, on the
 replica's own HTTP port: the whole OpenAI API is answered here, in the engine's process, with
-no Ray hop per request or per token. The generation endpoints are the standalone engine's
-(`OpenAIServing`, worker/openai_server/serving.py) with kvroute's tenants (API key -> cache
-salt); `/ready`, `/metrics` and `/v1/prefixes` answer as the gateway's do (the index actor,
-the metrics hub, pins routed through the engine deployment's own request router).
+no Ray hop per request or per token. The app is the front door's route table
+(worker/openai/routes.py) with kvroute's tenants (API key -> cache salt); the generation
+endpoints are the standalone engine's (`OpenAIServing`, worker/openai_server/serving.py);
+`/ready`, `/metrics` and `/v1/prefixes` are the gateway's (router/front/routes.py: the index
+actor, the metrics hub, pins routed through the engine deployment's own request router).
 
 Each routed request carries a signed route header (set by HAProxy from the router's answer);
 the replica reports its arrival and its end, whatever the path and the outcome, to that

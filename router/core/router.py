@@ -110,7 +110,8 @@ class Router:
         matches = (self._match(block_hashes, replica_ids, on_history, confirmed)
                    if policy.uses_index else {})
         query = RouteQuery(request_id, block_hashes, num_prompt_tokens, max_tokens, replica_ids)
-        ranked_ids = tuple(policy.rank(query, ReplicaView(matches, self.loads.load)))
+        view = ReplicaView(matches, self.loads.load, self.loads.loads)
+        ranked_ids = tuple(policy.rank(query, view))
         if len(ranked_ids) != len(replica_ids) or ranked_ids[0] not in replica_ids:
             raise RuntimeError(f"policy {policy.name} ranked {ranked_ids!r}, not the "
                                f"candidates {list(replica_ids)!r}")

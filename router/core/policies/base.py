@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, NamedTuple, Protocol
 
+import numpy as np
+
 from kv.hashing import BlockHash
 from router.core.prefix_match import PrefixMatch
 
@@ -27,6 +29,8 @@ class ReplicaView(NamedTuple):
 
     matches: Mapping[str, PrefixMatch]
     load: Callable[[str], float]
+    # every candidate's `load` at once, as a float64 array (None: call `load` per replica)
+    loads: Callable[[Sequence[str]], np.ndarray] | None = None
 
 
 class Policy(Protocol):

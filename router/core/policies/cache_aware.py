@@ -64,7 +64,8 @@ class CacheAwarePolicy(RankingPolicy):
         Python key per candidate cost more than the rest of the decision's scoring."""
         ids = query.replica_ids
         n = len(ids)
-        loads = np.fromiter(map(view.load, ids), np.float64, n)
+        loads = (view.loads(ids) if view.loads is not None
+                 else np.fromiter(map(view.load, ids), np.float64, n))
         prefills = np.full(n, float(query.num_prompt_tokens))
         matches = view.matches
         if isinstance(matches, PrefixMatches) and matches:  # the index's: arrays already

@@ -38,7 +38,7 @@ from worker.openai.logprobs import LogprobsFormatter
 from worker.openai.prompt import PromptBuilder
 from worker.openai.responses import ResponseShape
 from worker.openai.routes import OwnRoutes, build_app, route_table
-from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
+from worker.openai.schema import ChatCompletionRequest, CompletionRequest
 from worker.openai.stream_slots import StreamSlot
 from worker.openai.streaming import full_response, sse_events
 from worker.process_settings import ProcessSettings
@@ -107,20 +107,13 @@ class _Gateway:
 
     async def completions(self, request: Request) -> Response:
         tenant = self.door.tenant(request)
-        body = parse_body(await self.door.body(request), CompletionRequest, self.door.limits)
-        self.door.check_model(body.model)
-        prompts = await self.door.encoder.completion(body.prompts(),
-                                                     await self._context_limit())
+        body, prompts = await self.door.completion_request(request, self._context_limit)
         return await self._generate("completion", "cmpl", body, prompts, tenant,
                                     arrival_of(request.scope))
 
     async def chat_completions(self, request: Request) -> Response:
         tenant = self.door.tenant(request)
-        body = parse_body(await self.door.body(request), ChatCompletionRequest,
-                          self.door.limits)
-        self.door.check_model(body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        token_ids = await self.door.encoder.chat(messages, await self._context_limit())
+        body, token_ids = await self.door.chat_request(request, self._context_limit)
         return await self._generate("chat", "chatcmpl", body, [token_ids], tenant,
                                     arrival_of(request.scope))
 

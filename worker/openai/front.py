@@ -29,6 +29,7 @@ from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits, read_body
 from worker.openai.prompt import PromptBuilder
 from worker.openai.prompt_encoder import PromptEncoder
+from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
 from worker.openai.stream_slots import StreamSlots
 from worker.process_settings import ProcessSettings
 
@@ -119,6 +120,25 @@ class FrontDoor:
                                 "server has answered", type_="service_unavailable_error",
                            code="context_unknown")
         return tokens
+
+    async def completion_request(self, request: Request,
+                                 context: Callable[[], Awaitable[int]]
+                                 ) -> tuple[CompletionRequest, list[list[int]]]:
+        """A /v1/completions request, checked (limits, schema, model) and its prompts as
+        token ids; `context` gives the context length (text that cannot fit it is refused
+        before it is tokenized)."""
+        body = parse_body(await self.body(request), CompletionRequest, self.limits)
+        self.check_model(body.model)
+        return body, await self.encoder.completion(body.prompts(), await context())
+
+    async def chat_request(self, request: Request, context: Callable[[], Awaitable[int]]
+                           ) -> tuple[ChatCompletionRequest, list[int]]:
+        """A /v1/chat/completions request, checked, and its messages through the chat
+        template as token ids."""
+        body = parse_body(await self.body(request), ChatCompletionRequest, self.limits)
+        self.check_model(body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        return body, await self.encoder.chat(messages, await context())
 
     async def models_body(self) -> dict[str, Any]:
         """/v1/models: the one model, with its context length as vLLM lists it (left out

@@ -34,7 +34,7 @@ from worker.openai.latency import LatencyMetrics, arrival_of
 from worker.openai.logprobs import LogprobsFormatter
 from worker.openai.prompt_hits import PROMPT_HITS_KEY, PromptHits, recording
 from worker.openai.responses import ResponseShape
-from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse_body
+from worker.openai.schema import ChatCompletionRequest, CompletionRequest
 from worker.openai.stream_slots import StreamSlot
 from worker.openai.streaming import full_response, sse_events
 
@@ -88,19 +88,17 @@ class OpenAIServing:
 
     async def completions(self, request: Request, cache_salt: str = "") -> Response:
         """`cache_salt`: the tenant's hash namespace (a router in front authenticated it)."""
-        body = parse_body(await self.door.body(request), CompletionRequest, self.limits)
-        self.door.check_model(body.model)
-        prompts = await self.encoder.completion(body.prompts(), self.engine.max_model_len)
+        body, prompts = await self.door.completion_request(request, self._context)
         return await self._generate(request, "completion", "cmpl", body, prompts,
                                     cache_salt)
 
     async def chat_completions(self, request: Request, cache_salt: str = "") -> Response:
-        body = parse_body(await self.door.body(request), ChatCompletionRequest, self.limits)
-        self.door.check_model(body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        token_ids = await self.encoder.chat(messages, self.engine.max_model_len)
+        body, token_ids = await self.door.chat_request(request, self._context)
         return await self._generate(request, "chat", "chatcmpl", body, [token_ids],
                                     cache_salt)
+
+    async def _context(self) -> int:
+        return self.engine.max_model_len
 
     async def _generate(self, request: Request, kind: Kind, id_prefix: str,
                         body: CompletionRequest | ChatCompletionRequest,

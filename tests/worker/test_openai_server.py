@@ -119,7 +119,13 @@ def test_models_and_health(oai, worker):
     models = oai.models.list().data
     assert [(m.id, m.owned_by) for m in models] == [("tiny", "kvroute")]
     assert models[0].model_extra["max_model_len"] == 2048
-    assert httpx.get(f"{worker.url}/health", timeout=10).status_code == 200
+    # the front door's body, as every kvroute front answers it
+    assert httpx.get(f"{worker.base_url}/models", timeout=10).json() == {
+        "object": "list", "data": [{"id": "tiny", "object": "model", "created": 0,
+                                    "owned_by": "kvroute", "root": "tiny",
+                                    "max_model_len": 2048}]}
+    assert httpx.get(f"{worker.url}/health", timeout=10).json() == {"status": "ok"}
+    assert httpx.get(f"{worker.url}/ready", timeout=10).json() == {"ready": True}
 
 
 @pytest.mark.parametrize("body, status, param, code", [

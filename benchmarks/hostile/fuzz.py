@@ -10,6 +10,7 @@ for each operation; each case is sent as the hostile tenant. Counted: cases, 5xx
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -33,8 +34,10 @@ def openapi_document() -> dict[str, Any]:
             "paths": paths}
 
 
-def fuzz_front(front: Front, num_cases: int, seed: int = 0) -> dict[str, int]:
-    """About `num_cases` cases spread over the operations, half positive, half negative."""
+def fuzz_front(front: Front, num_cases: int, seed: int = 0,
+               sent: list[tuple[float, float, str]] | None = None) -> dict[str, int]:
+    """About `num_cases` cases spread over the operations, half positive, half negative.
+    Each case's (start, end, what) goes in `sent`, to name the case that hurt a victim."""
     import schemathesis
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hseed
@@ -54,12 +57,17 @@ def fuzz_front(front: Front, num_cases: int, seed: int = 0) -> dict[str, int]:
                 if isinstance(case.body, dict) and case.body.get("stream") is True:
                     case.body["stream"] = False  # read whole below, not left open
                 counts["cases"] += 1
+                start_s = time.monotonic()
                 try:
                     resp = case.call(base_url=front.base_url, headers=front.hostile_headers,
                                      timeout=CASE_TIMEOUT_S)
                 except Exception:  # no answer in time, or the connection broke
                     counts["no_answer"] += 1
                     return
+                finally:
+                    if sent is not None:
+                        sent.append((start_s, time.monotonic(),
+                                     f"{case.path} {str(case.body)[:240]}"))
                 counts["5xx"] += resp.status_code >= 500
                 if 400 <= resp.status_code < 500 and not _openai_error(resp):
                     counts["4xx_without_error_body"] += 1

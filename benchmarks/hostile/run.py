@@ -138,8 +138,9 @@ def run_front(front: Front, config: HostileConfig) -> dict:
             windows.append((t0, time.monotonic(), "liar: lying worker, huge KV batches"))
         attacks_s = time.monotonic() - attack_start
         t0, watch.label = time.monotonic(), "fuzz"
-        fuzz = fuzz_front(front, config.fuzz_cases) if config.fuzz_cases else {"cases": 0,
-                                                                                "5xx": 0}
+        fuzz_sent: list[tuple[float, float, str]] = []
+        fuzz = (fuzz_front(front, config.fuzz_cases, sent=fuzz_sent) if config.fuzz_cases
+                else {"cases": 0, "5xx": 0})
         windows.append((t0, time.monotonic(), "fuzz: schemathesis"))
         fuzz_s = time.monotonic() - t0
         victim.stop()
@@ -165,7 +166,16 @@ def run_front(front: Front, config: HostileConfig) -> dict:
         "logged_tracebacks": front.tracebacks() - tracebacks_before, "routed": front.routed,
         "attack_outcomes": {f: dict(c) for f, c in outcomes.items()},
         "hurt_by": blame(victim, windows, base["ttft_p50_s"]),
+        "off_cache_beside": off_cache_beside(victim, fuzz_sent),
         "fuzz": fuzz, "attacks_s": round(attacks_s, 1), "fuzz_s": round(fuzz_s, 1), **detail}
+
+
+def off_cache_beside(victim: Victim, sent: list[tuple[float, float, str]]
+                     ) -> list[list[str]]:
+    """For each victim request served off its cache, the fuzz cases in flight beside it."""
+    return [[what for t0, t1, what in sent if t0 < r.end_s and r.start_s < t1]
+            for r in victim.of("attack")
+            if r.ok and (r.cached_tokens or 0) < PREFIX_CACHED_TOKENS]
 
 
 def blame(victim: Victim, windows: list[tuple[float, float, str]],

@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from router.core.ledger import RouteRecord
 from router.core.load import LoadTracker, bounded_tokens
-from router.core.router import Router, RouterConfig, _Routed
+from router.core.router import Router, RouterConfig
 from worker.api import EngineStats
 
 _FOLLOWUP_MEAN_ALPHA = 0.05  # weight of the newest follow-up in the mean of their prefills
@@ -117,7 +118,7 @@ class WhatIfRouter(Router):
         # least half their prompt cached); None before the first one
         self._followup_uncached_tokens: float | None = None
 
-    def _add_load(self, request_id: str, routed: _Routed, device_tokens: int,
+    def _add_load(self, request_id: str, routed: RouteRecord, device_tokens: int,
                   host_tokens: int) -> None:
         whatifs = self.whatifs
         prefill_tokens, decode_work = self._work(routed, device_tokens, host_tokens)

@@ -18,12 +18,21 @@ from kv.hashing import BlockHash
 from router.core.config import RouterConfig
 from router.core.history import RoutedHistory
 from router.core.index import PrefixIndex, PrefixMatch
+from router.core.ledger import (
+    Expired,
+    Ledger,
+    LedgerConfig,
+    Release,
+    RouteKind,
+    RouteRecord,
+    RouteState,
+)
 from router.core.load import LoadTracker, bounded_tokens
 from router.core.miss_causes import MissCauses, MissTokens
 from router.core.policies import ReplicaView, RouteQuery, make_policy
 from worker.api import EngineStats
 
-__all__ = ["Router", "RouterConfig", "RoutingDecision"]
+__all__ = ["RouteKind", "Router", "RouterConfig", "RoutingDecision"]
 
 
 class RoutingDecision(NamedTuple):
@@ -36,27 +45,18 @@ class RoutingDecision(NamedTuple):
     ranked_ids: tuple[str, ...] = ()
 
 
-class _Routed(NamedTuple):
-    """An outstanding request as routed: enough to move it to another replica."""
-
-    replica_id: str
-    held: Sequence[BlockHash]  # the blocks it holds pending there ([] on history)
-    block_hashes: Sequence[BlockHash]
-    num_prompt_tokens: int
-    max_tokens: int
-    predicted_hit_tokens: tuple[int, int] = (0, 0)  # device, host
-
-
 class Router:
     """Routes requests to replicas; keeps the prefix index mirror, routed history and load.
 
     Args:
         config: the router's settings.
-        clock: seconds, monotonic; drives pending-mark and history expiry (inject a fake one
-            in tests and in the simulator).
+        clock: seconds, monotonic; drives pending-mark and history expiry and dates the
+            ledger's records (inject a fake one in tests and in the simulator).
+        ledger: when the ledger releases a request whose end never came (`expire`).
     """
 
-    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic,
+                 ledger: LedgerConfig | None = None):
         self.config = config
         self.clock = clock
         self.policy = make_policy(config.policy, config)
@@ -66,9 +66,9 @@ class Router:
         self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock)
         self._fallback = False
         self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
-        # request id -> where it went and the blocks it holds pending there, until
-        # `on_finished`
-        self._held: dict[str, _Routed] = {}
+        # request id -> where it went, how far it got and the blocks it holds pending
+        # there, until it is ended or withdrawn (router.core.ledger)
+        self.ledger = Ledger(ledger)
         # replica -> {request id: its confirmed device run in blocks} for outstanding
         # requests whose cached part is pinned (`mark_whole_prompt`, see `_pin_evicted`)
         self._pins: dict[str, dict[str, int]] = {}
@@ -80,10 +80,13 @@ class Router:
         return self.config.approximate or self._fallback
 
     def route(self, request_id: str, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
-              replica_ids: Sequence[str], max_tokens: int = 0) -> RoutingDecision:
-        """Ranks `replica_ids` and records the decision on the first: the prompt's blocks
-        become pending on it, its outstanding work grows until `on_finished`. If the
-        request then lands on another candidate (the first was full), call `move`.
+              replica_ids: Sequence[str], max_tokens: int = 0,
+              kind: RouteKind = RouteKind.PROXIED) -> RoutingDecision:
+        """Ranks `replica_ids` and records the decision on the first, in the ledger: the
+        prompt's blocks become pending on it, its outstanding work grows until it is ended
+        (`on_finished`) or withdrawn. If the request then lands on another candidate (the
+        first was full), call `move` (`dispatched` for a Serve call). `kind` says how its
+        end comes back (router.core.ledger.RouteKind).
 
         Routing an id that is still outstanding (a retry) first drops its earlier record,
         so its own pending marks and load do not count on its earlier replica.
@@ -95,6 +98,7 @@ class Router:
         """
         if not replica_ids:
             raise ValueError(f"route {request_id}: no replica to choose from")
+        start_s = time.perf_counter()
         block_size = self.config.block_size
         if len(block_hashes) * block_size > num_prompt_tokens:
             raise ValueError(f"route {request_id}: {len(block_hashes)} block hashes for "
@@ -102,7 +106,7 @@ class Router:
         if len(set(replica_ids)) != len(replica_ids):
             replica_ids = list(dict.fromkeys(replica_ids))
         max_tokens = int(bounded_tokens(max_tokens))  # the policy's and the load's input
-        if request_id in self._held:
+        if request_id in self.ledger:
             self._withdraw(request_id)  # a retry: its old marks and load are not a hit
         on_history = self._on_history(replica_ids)
         policy = self.policy
@@ -118,10 +122,13 @@ class Router:
         replica_id = ranked_ids[0]
         if not policy.uses_index:  # every candidate's match too: the miss causes need them
             matches = self._match(block_hashes, replica_ids, on_history, confirmed)
-        device_tokens, host_tokens = self._record(
-            _Routed(replica_id, (), block_hashes, num_prompt_tokens, max_tokens),
-            request_id, matches.get(replica_id), confirmed, on_history)
+        routed = RouteRecord(replica_id, kind, RouteState.ROUTED, self.clock(), block_hashes, (),
+                             num_prompt_tokens, max_tokens)
+        device_tokens, host_tokens = self._record(routed, request_id, matches.get(replica_id),
+                                                  confirmed, on_history)
         self.misses.on_route(request_id, block_hashes, num_prompt_tokens, matches)
+        self.ledger.put(request_id, self.ledger.get(request_id)._replace(
+            decision_s=time.perf_counter() - start_s))
         return RoutingDecision(replica_id, device_tokens, host_tokens,
                                self.is_approximate(replica_id), ranked_ids)
 
@@ -129,7 +136,7 @@ class Router:
         """The request was sent to `replica_id`, not where `route` recorded it (that one
         was full): its marks and load move there. None (nothing recorded) when the request
         is not outstanding; the decision on the new replica otherwise."""
-        entry = self._held.get(request_id)
+        entry = self.ledger.get(request_id)
         if entry is None:
             return None
         if entry.replica_id != replica_id:
@@ -140,10 +147,38 @@ class Router:
             on_history = self._on_history((replica_id,))
             confirmed: dict[str, int] = {}
             matches = self._match(entry.block_hashes, (replica_id,), on_history, confirmed)
-            self._record(entry._replace(replica_id=replica_id), request_id,
-                         matches.get(replica_id), confirmed, on_history)
-        return RoutingDecision(replica_id, *self._held[request_id].predicted_hit_tokens,
+            self._record(entry._replace(replica_id=replica_id, state=RouteState.MOVED),
+                         request_id, matches.get(replica_id), confirmed, on_history)
+        return RoutingDecision(replica_id, *self.ledger.get(request_id).predicted_hit_tokens,
                                self.is_approximate(replica_id), (replica_id,))
+
+    def dispatched(self, request_id: str, replica_id: str) -> RouteRecord | None:
+        """Serve handed the call to `replica_id` (moved there if it was recorded on
+        another): from now on only its completion ends it. Its record then; None when it is
+        not an undispatched Serve call (released already, or a direct route)."""
+        entry = self.ledger.get(request_id)
+        if entry is None or entry.kind is not RouteKind.CALL:
+            return None
+        if entry.replica_id != replica_id:
+            self.move(request_id, replica_id)
+        return self.ledger.dispatch(request_id)
+
+    def claim(self, request_id: str) -> bool:
+        """A direct route's replica reported it arrived: no longer withdrawn for want of a
+        claim (`expire`). False when it is not an unclaimed direct route."""
+        return self.ledger.claim(request_id)
+
+    def expire(self, idle_replica_ids: frozenset[str] | None = None) -> list[Expired]:
+        """Releases the requests whose end will not come, by the ledger's policy
+        (router.core.ledger.Ledger.expire), each ended or withdrawn; returns them.
+        `idle_replica_ids` only from a fresh report of the replicas (None otherwise)."""
+        expired = self.ledger.expire(self.clock(), idle_replica_ids)
+        for request_id, _, release in expired:
+            if release is Release.END:
+                self.on_finished(request_id)
+            else:
+                self._withdraw(request_id)
+        return expired
 
     def _on_history(self, replica_ids: Sequence[str]) -> frozenset[str]:
         on_history = self._history_candidates(replica_ids)
@@ -155,7 +190,7 @@ class Router:
                 on_history = frozenset()
         return on_history
 
-    def _record(self, routed: _Routed, request_id: str, match: PrefixMatch | None,
+    def _record(self, routed: RouteRecord, request_id: str, match: PrefixMatch | None,
                 confirmed: dict[str, int], on_history: frozenset[str]) -> tuple[int, int]:
         """Marks and load of a request sent to `routed.replica_id`; returns the device and
         host tokens it is predicted to find cached there."""
@@ -174,13 +209,13 @@ class Router:
             self.index.mark_pending(replica_id, held, held=True)
             if num_confirmed and self.config.mark_whole_prompt:
                 self._pins.setdefault(replica_id, {})[request_id] = num_confirmed
-        self._held[request_id] = routed._replace(
-            held=held, predicted_hit_tokens=(device_tokens, host_tokens))
+        self.ledger.put(request_id, routed._replace(
+            held=held, predicted_hit_tokens=(device_tokens, host_tokens)))
         self.history.record(replica_id, block_hashes)
         self._add_load(request_id, routed, device_tokens, host_tokens)
         return device_tokens, host_tokens
 
-    def _add_load(self, request_id: str, routed: _Routed, device_tokens: int,
+    def _add_load(self, request_id: str, routed: RouteRecord, device_tokens: int,
                   host_tokens: int) -> None:
         """The request's work joins its replica's load until it finishes (and its recent
         work, decaying). The simulator's what-if routers replace this
@@ -189,7 +224,7 @@ class Router:
         self.loads.add(request_id, routed.replica_id, prefill_tokens + decode_work,
                        routed.max_tokens)
 
-    def _work(self, routed: _Routed, device_tokens: int, host_tokens: int
+    def _work(self, routed: RouteRecord, device_tokens: int, host_tokens: int
               ) -> tuple[float, float]:
         """The request's prefill and decode work, in prefill tokens: its uncached prompt
         tokens, host hits at `host_cost_fraction`, every cached token at
@@ -229,7 +264,7 @@ class Router:
         (unknown ids are ignored). With `delivered_tokens`, the prompt tokens its engine
         served from cache, returns why the others missed (router.core.miss_causes)."""
         causes = None
-        entry = self._held.get(request_id)
+        entry = self.ledger.get(request_id)
         if entry is not None and delivered_tokens is not None:
             causes = self.misses.on_end(request_id, entry.replica_id,
                                         sum(entry.predicted_hit_tokens), delivered_tokens)
@@ -241,12 +276,12 @@ class Router:
         """The request never ran where it was routed (it did not get there, or that replica
         refused it): its load goes at once, its recent work too, and the pending marks only
         it held (unknown ids are ignored)."""
-        if request_id in self._held:
+        if request_id in self.ledger:
             self._withdraw(request_id)
 
     def _release_held(self, request_id: str, withdraw: bool = False) -> None:
         self.misses.forget(request_id)
-        entry = self._held.pop(request_id, None)
+        entry = self.ledger.pop(request_id)
         if entry is None:
             return
         pins = self._pins.get(entry.replica_id)
@@ -266,13 +301,13 @@ class Router:
             return
         on_device = self.index.held_view(replica_id, "device")
         for request_id, n in list(pins.items()):
-            entry = self._held[request_id]
+            entry = self.ledger.get(request_id)
             hashes = entry.block_hashes
             if hashes[n - 1] in on_device:
                 continue
             k = self.index.num_confirmed_device_blocks(replica_id, hashes[:n - 1])
             self.index.mark_pending(replica_id, hashes[k:n], held=True)
-            self._held[request_id] = entry._replace(held=hashes[k:])
+            self.ledger.put(request_id, entry._replace(held=hashes[k:]))
             if k:
                 pins[request_id] = k
             else:
@@ -310,8 +345,8 @@ class Router:
         if replica_id in self._approximate_ids:
             self._approximate_ids.discard(replica_id)
             self._sync_history()
-        for request_id in [r for r, e in self._held.items() if e.replica_id == replica_id]:
-            del self._held[request_id]  # its marks went with the replica, its load too
+        for request_id in self.ledger.on_replica(replica_id):
+            self.ledger.pop(request_id)  # its marks went with the replica, its load too
             self.misses.forget(request_id)
         self._pins.pop(replica_id, None)
 
@@ -320,9 +355,10 @@ class Router:
         routed history and load: its events stopped (route it on history meanwhile, see
         `set_replica_approximate`)."""
         self.index.remove_replica(replica_id)
-        for request_id, entry in self._held.items():
-            if entry.replica_id == replica_id and entry.held:
-                self._held[request_id] = entry._replace(held=())  # its marks are gone
+        for request_id in self.ledger.on_replica(replica_id):
+            entry = self.ledger.get(request_id)
+            if entry.held:
+                self.ledger.put(request_id, entry._replace(held=()))  # its marks are gone
         self._pins.pop(replica_id, None)  # nothing confirmed there any more
 
     def set_fallback(self, active: bool) -> None:
@@ -365,11 +401,12 @@ class Router:
         for replica_id, pins in self._pins.items():
             assert pins, f"empty pins of {replica_id}"
             for request_id, n in pins.items():
-                entry = self._held[request_id]
+                entry = self.ledger.get(request_id)
                 assert entry.replica_id == replica_id, f"{request_id} pinned off its replica"
                 assert 0 < n == len(entry.block_hashes) - len(entry.held), (
                     f"{request_id}: pinned run of {n} blocks, marks from "
                     f"{len(entry.block_hashes) - len(entry.held)}")
+        self.ledger.check_invariants()
         self.index.check_invariants()
         self.history.check_invariants()
         self.loads.check_invariants()

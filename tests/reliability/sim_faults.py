@@ -103,7 +103,7 @@ class FaultySim(ClusterSim):
         """(outstanding requests the router still counts, held pending-mark sets)."""
         loads = self.router.loads
         return (sum(loads.num_outstanding(r.replica_id) for r in self.replicas),
-                len(self.router._held))
+                len(self.router.ledger))
 
 
 def make_faulty(workload, num_replicas: int, seed: int, **faults) -> FaultySim:

@@ -101,7 +101,7 @@ def test_withdrawn_retried_refused_and_removed_requests_count_nothing_and_keep_n
     router.withdraw("q2")
     assert router.on_finished("q3") is None  # no delivered count: counted nowhere
     assert router.misses.num_outstanding() == 1
-    router.remove_replica(router._held["q1"].replica_id)
+    router.remove_replica(router.ledger.get("q1").replica_id)
     assert router.misses.num_outstanding() == 0
     assert router.on_finished("q1", 0) is None
     assert router.misses.totals == MissTokens()

@@ -27,7 +27,7 @@ from router.core.block_table import SLOTS_PER_WORD, BlockTable, key_words
 from router.core.held_rows import HeldRows, HeldView
 from router.core.pending import PendingMarks
 from router.core.prefix_match import PrefixMatch, PrefixMatches
-from router.core.prefix_walk import as_int, prefix_runs
+from router.core.prefix_walk import PrefixWalk, as_int
 
 __all__ = ["PrefixIndex", "PrefixMatch"]
 
@@ -268,13 +268,11 @@ class PrefixIndex:
         # Most prompts' cached prefixes end early (every miss at its first block): look up
         # a first chunk, and the rest only if some run reaches the chunk's end.
         masks = table.masks[table.lookup(keys[:_FIRST_CHUNK_BLOCKS])]
-        slots, device_runs, total_runs, carried = prefix_runs(masks, candidates, block_hashes,
-                                                              pending)
-        n = len(masks)
-        if len(keys) > n and (total_runs == n).any():
-            masks = np.concatenate((masks, table.masks[table.lookup(keys[n:])]))
-            slots, device_runs, total_runs, carried = prefix_runs(
-                masks, candidates, block_hashes, pending)
+        walk = PrefixWalk(candidates, block_hashes, pending)
+        walk.walk(masks)
+        if walk.going and len(keys) > len(masks):
+            walk.walk(np.concatenate((masks, table.masks[table.lookup(keys[len(masks):])])))
+        slots, device_runs, total_runs, carried = walk.runs()
         replica_of_slot = self._replica_of_slot
         if confirmed is not None:
             for slot, num_blocks in carried.items():

@@ -12,8 +12,11 @@ each replica in the host run after it. A run can only end at a block whose bits 
 candidates' only) differ from the block before it, or where a pending mark stops carrying
 it, so one array pass finds the blocks that differ (a few per prompt: replicas holding one
 prefix end together) and the Python walk visits only those. A device run that a mark
-carries on is followed apart, to its end, with one array pass over its column and one C-speed
-pass over the marks; the main walk then takes it up again where it ends.
+carries on is followed apart, to its end, with one array pass over its column and one
+C-speed pass over the marks; the main walk takes it up again where it ends. The walk can
+stop after a first part of the prompt and go on over the rest if a run got that far (the
+index looks up a prompt's first blocks first: most prompts' cached prefixes end there).
+The runs come out as arrays over the slots, not an object per replica.
 """
 
 from __future__ import annotations
@@ -65,97 +68,126 @@ def changed_rows(rows: np.ndarray) -> list[int]:
 
 def _carried_run_end(masks: np.ndarray, bit: int, start: int, block_hashes: Sequence[BlockHash],
                      pending: Mapping[BlockHash, float]) -> int:
-    """Where a device run that a pending mark carries on at row `start` ends: the first
-    row at or after `start` neither on the device (`bit`) nor pending."""
+    """Where a device run that a pending mark carries on from row `start` ends: the first
+    row at or after `start` neither on the device (`bit`) nor pending (len(masks): none)."""
     word, shift = divmod(bit.bit_length() - 1, WORD_BITS)
     column = masks[start:, word] & np.uint64(1 << shift)
-    gaps = (np.flatnonzero(column == 0) + start).tolist()  # gaps[0] == start
+    gaps = (np.flatnonzero(column == 0) + start).tolist()
     k = num_leading_in(pending, map(block_hashes.__getitem__, gaps))
     return gaps[k] if k < len(gaps) else len(masks)
 
 
-def prefix_runs(masks: np.ndarray, candidates: int, block_hashes: Sequence[BlockHash],
-                pending: PendingMarks
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, int]]:
-    """Each candidate's device run and whole cached run of the prompt.
+class PrefixWalk:
+    """Each candidate's device run and whole cached run of a prompt, walked over a first
+    part of its blocks' masks, then on over the rest if some run got to the end of it.
 
     Args:
-        masks: [n, W] uint64, the bitmask row of each of the prompt's n blocks (zero for a
-            block no replica holds), n >= 1.
         candidates: the device bits (bit 2s) of the candidate slots.
-        block_hashes: the prompt's hashes, at least n (pending marks are found by hash).
+        block_hashes: the prompt's hashes (pending marks are found by hash).
         pending: the pending marks, by replica device bit.
-
-    Returns:
-        (the slots of the candidates with a cached block, ascending; their device runs;
-        their device + host runs; slot -> confirmed device run, for the candidates whose
-        device run a pending mark carried on). Arrays, so that a prefix most of a large
-        fleet shares costs no Python work per replica.
     """
-    n, num_words = masks.shape
-    masked = masks & as_words(candidates | candidates << 1, num_words)
-    at = changed_rows(masked)
-    width = 8 * num_words
-    row_bytes = masked[at].tobytes()
-    row_ints = [int.from_bytes(row_bytes[k:k + width], "little")
-                for k in range(0, len(row_bytes), width)]
-    pending_bits, pending_by_bit = pending.bits_mask, pending.by_bit
-    alive = candidates
-    device_ends: list[tuple[int, int]] = []  # (block, device bits whose device run ends there)
-    ends: list[tuple[int, int]] = []  # (block, device bits whose whole run ends there)
-    confirmed: dict[int, int] = {}
-    carried: list[tuple[int, int]] = []  # heap of (block, device bit): carried runs' ends
 
-    def run_ends(i: int, device_ending: int, m: int) -> int:
-        """Device runs end at block i; returns the host bits whose host run starts there."""
-        into_host = (device_ending << 1) & m
-        if i and device_ending:
-            device_ends.append((i, device_ending))
-            if device_ending ^ (into_host >> 1):
-                ends.append((i, device_ending ^ (into_host >> 1)))
-        return into_host
+    def __init__(self, candidates: int, block_hashes: Sequence[BlockHash],
+                 pending: PendingMarks):
+        self.candidates = candidates
+        self.block_hashes = block_hashes
+        self.pending = pending
+        self.alive = candidates  # see the module docstring
+        self.walked = 0  # blocks walked
+        self.confirmed: dict[int, int] = {}  # device bit -> its confirmed run (carried ones)
+        self._last_mask = 0  # the candidates' bits of the last block walked
+        self._num_words = 1  # of the masks walked
+        self._device_ends: list[tuple[int, int]] = []  # (block, device bits whose device
+        self._ends: list[tuple[int, int]] = []  # or whole run ends there)
+        self._carried: list[tuple[int, int]] = []  # heap of (block, device bit): where the
+        # device runs that marks carry on end (`walked`: at least there, not known yet)
 
-    def take_up(last: int, m: int) -> int:
-        """Carried runs ending at blocks <= last (of mask m) end; returns the host bits
-        whose host run starts there."""
-        into_host = 0
-        while carried and carried[0][0] <= last:
-            end, bit = heapq.heappop(carried)
-            into_host |= run_ends(end, bit, m)
-        return into_host
+    @property
+    def going(self) -> bool:
+        """Some run goes on past the blocks walked."""
+        return bool(self.alive or self._carried)
 
-    m = 0
-    for i, m_next in zip(at, row_ints):
-        if carried:  # blocks between changes repeat the last changed one
-            alive |= take_up(i - 1, m) | take_up(i, m_next)
-        m = m_next
-        if alive & m == alive:
-            if not alive and not carried:
-                break
-            continue
-        ending = alive & ~m
-        host_ending = ending & ~candidates
-        device_ending = ending ^ host_ending
-        if device_ending & pending_bits:  # device runs about to end: a mark may carry them on
-            block_hash = block_hashes[i]
-            for bit in _marked(device_ending & pending_bits, pending, block_hash):
-                end = _carried_run_end(masks, bit, i, block_hashes, pending_by_bit[bit])
-                heapq.heappush(carried, (end, bit))
-                confirmed[bit] = i
-                device_ending ^= bit
-        if host_ending:
-            ends.append((i, host_ending >> 1))
-        alive ^= ending | run_ends(i, device_ending, m)
-    alive |= take_up(n - 1, m)
-    whole = (alive & candidates) | sum(bit for _, bit in carried)  # device runs to the end
-    if whole:
-        device_ends.append((n, whole))
-    if whole | (alive >> 1 & candidates):  # and whole runs
-        ends.append((n, whole | (alive >> 1 & candidates)))
-    total = _lengths(ends, num_words)
-    slots = np.flatnonzero(total)
-    return (slots, _lengths(device_ends, num_words)[slots], total[slots],
-            {(bit.bit_length() - 1) >> 1: i for bit, i in confirmed.items()})
+    def walk(self, masks: np.ndarray) -> None:
+        """Walks on over masks[walked:] ([n, W] uint64, the masks of the prompt's first n
+        blocks, zero for a block no replica holds; the walked part as given before)."""
+        start, (n, num_words) = self.walked, masks.shape
+        candidates, block_hashes, pending = self.candidates, self.block_hashes, self.pending
+        carried = self._carried
+        for i, (end, bit) in enumerate(carried):  # the runs that reached the last part's end
+            if end == start:
+                carried[i] = (_carried_run_end(masks, bit, start, block_hashes,
+                                               pending.by_bit[bit]), bit)
+        heapq.heapify(carried)
+        masked = masks[start:] & as_words(candidates | candidates << 1, num_words)
+        at = changed_rows(masked)
+        width = 8 * num_words
+        row_bytes = masked[at].tobytes()
+        row_ints = [int.from_bytes(row_bytes[k:k + width], "little")
+                    for k in range(0, len(row_bytes), width)]
+        pending_bits, pending_by_bit = pending.bits_mask, pending.by_bit
+        alive, m = self.alive, self._last_mask
+        device_ends, ends = self._device_ends, self._ends
+
+        def run_ends(i: int, device_ending: int, m: int) -> int:
+            """Device runs end at block i; returns the host bits whose host run starts
+            there."""
+            into_host = (device_ending << 1) & m
+            if i and device_ending:
+                device_ends.append((i, device_ending))
+                if device_ending ^ (into_host >> 1):
+                    ends.append((i, device_ending ^ (into_host >> 1)))
+            return into_host
+
+        def take_up(last: int, m: int) -> int:
+            """Carried runs ending at blocks <= last (of mask m) end; returns the host bits
+            whose host run starts there."""
+            into_host = 0
+            while carried and carried[0][0] <= last:
+                end, bit = heapq.heappop(carried)
+                into_host |= run_ends(end, bit, m)
+            return into_host
+
+        for i, m_next in zip((start + k for k in at), row_ints):
+            if carried:  # blocks between changes repeat the last changed one
+                alive |= take_up(i - 1, m) | take_up(i, m_next)
+            m = m_next
+            if alive & m == alive:
+                if not alive and not carried:
+                    break
+                continue
+            ending = alive & ~m
+            host_ending = ending & ~candidates
+            device_ending = ending ^ host_ending
+            if device_ending & pending_bits:  # device runs about to end: marks may carry them
+                block_hash = block_hashes[i]
+                for bit in _marked(device_ending & pending_bits, pending, block_hash):
+                    end = _carried_run_end(masks, bit, i, block_hashes, pending_by_bit[bit])
+                    heapq.heappush(carried, (end, bit))
+                    self.confirmed[bit] = i
+                    device_ending ^= bit
+            if host_ending:
+                ends.append((i, host_ending >> 1))
+            alive ^= ending | run_ends(i, device_ending, m)
+        self.alive = alive | take_up(n - 1, m)
+        self._last_mask, self.walked, self._num_words = m, n, num_words
+
+    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, int]]:
+        """(the slots of the candidates with a cached block, ascending; their device runs;
+        their device + host runs; slot -> confirmed device run, for the candidates whose
+        device run a pending mark carried on), over the blocks walked. Arrays, so that a
+        prefix most of a large fleet shares costs no Python work per replica."""
+        n, alive, candidates = self.walked, self.alive, self.candidates
+        device_ends, ends = list(self._device_ends), list(self._ends)
+        whole = (alive & candidates) | sum(bit for _, bit in self._carried)  # device runs
+        if whole:  # to the end
+            device_ends.append((n, whole))
+        if whole | (alive >> 1 & candidates):  # and whole runs
+            ends.append((n, whole | (alive >> 1 & candidates)))
+        num_words = self._num_words
+        total = _lengths(ends, num_words)
+        slots = np.flatnonzero(total)
+        return (slots, _lengths(device_ends, num_words)[slots], total[slots],
+                {(bit.bit_length() - 1) >> 1: i for bit, i in self.confirmed.items()})
 
 
 def _lengths(ends: list[tuple[int, int]], num_words: int) -> np.ndarray:

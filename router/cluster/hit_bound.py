@@ -36,7 +36,6 @@ from router.cluster.actors import KVROUTE_NAMESPACE, get_or_create_actor
 from router.cluster.metrics_hub import MetricsPusher
 from router.core.access_sampler import AccessBatch, AccessSampler, SamplerConfig
 from router.core.hit_curve import WINDOWS, HitCurveConfig, PooledHitCurve
-from router.core.shards import ladder_rate
 
 log = logging.getLogger(__name__)
 
@@ -143,20 +142,19 @@ def find_hit_bound() -> ray.actor.ActorHandle:
 class HitBoundLink:
     """A process's sampler and the loop that sends its batches to the actor.
 
-    A router (`config` given: the serve settings') creates the actor with its config, and
-    samples at the config's starting rate until the actor answers. An engine replica
-    (`config` None) only finds it, and asks its rate first: a replica up before any router
-    creates nothing, and its held sequences wait (up to the sampler's cap) until the actor
-    is found. Either then samples at the rate each `record` answers with.
+    A router (`config` given: the serve settings') creates the actor with its config. An
+    engine replica (`config` None) only finds it: a replica up before any router creates
+    nothing, and its held sequences wait (up to the sampler's cap) until the actor is found.
+    Either asks the actor's rate before its first batch (a router started after the actor
+    lowered it would otherwise send one batch at the starting rate), then samples at the
+    rate each `record` answers with.
     """
 
     def __init__(self, source_id: str, block_size: int, config: HitCurveConfig | None = None,
                  send_interval_s: float = 0.5):
         self.config = config
-        self.sampler = AccessSampler(source_id, block_size, SamplerConfig(
-            sample_rate=1.0 if config is None
-            else ladder_rate(config.sample_rate, config.start_level)))
-        self._rate_known = config is not None
+        self.sampler = AccessSampler(source_id, block_size, SamplerConfig(sample_rate=1.0))
+        self._rate_known = False
         self.capacity_blocks: int | None = None  # the router sets it from replica stats
         self._interval_s = send_interval_s
         self._task: asyncio.Task | None = None

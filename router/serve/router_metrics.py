@@ -7,8 +7,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kv.events import MEDIA
+from router.core.ledger import RouteRecord
 from router.core.miss_causes import CAUSES, MissTokens
-from router.core.router import RoutingDecision
 
 DECISION_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01,
                       0.025, 0.1)
@@ -101,16 +101,16 @@ class RouterMetrics:
             del self._down_since_s[replica_id]
             _remove(self.replica_up, (self._gateway, replica_id))
 
-    def observe_decision(self, decision: RoutingDecision, num_prompt_tokens: int,
-                         seconds: float) -> None:
-        labels = (self._model, self._gateway, self._policy, decision.replica_id)
+    def observe_routed(self, record: RouteRecord) -> None:
+        """A request sent where its ledger record says (counted once it is on its way)."""
+        labels = (self._model, self._gateway, self._policy, record.replica_id)
+        device_tokens, host_tokens = record.predicted_hit_tokens
         self.requests.labels(*labels).inc()
-        self.prompt_tokens.labels(*labels).inc(num_prompt_tokens)
-        self.predicted_hit_tokens.labels(*labels, "device").inc(
-            decision.predicted_device_hit_tokens)
-        self.predicted_hit_tokens.labels(*labels, "host").inc(
-            decision.predicted_host_hit_tokens)
-        self.decision_seconds.labels(self._model, self._gateway, self._policy).observe(seconds)
+        self.prompt_tokens.labels(*labels).inc(record.num_prompt_tokens)
+        self.predicted_hit_tokens.labels(*labels, "device").inc(device_tokens)
+        self.predicted_hit_tokens.labels(*labels, "host").inc(host_tokens)
+        self.decision_seconds.labels(self._model, self._gateway, self._policy).observe(
+            record.decision_s)
 
     def observe_misses(self, causes: MissTokens) -> None:
         for cause, tokens in zip(CAUSES, causes):

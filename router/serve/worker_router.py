@@ -6,7 +6,9 @@ actor of router/cluster/worker_set.py) long-polled for the routable workers and 
 scraped queue gauges. Each worker is routed on its events while the index actor says its
 mode is `events` (it follows the worker's KV events and its view is exact), and on this
 router's routed history otherwise (no events, or they stopped or lost a gap), one worker at
-a time (`Router.set_replica_approximate`).
+a time (`Router.set_replica_approximate`). The gateway proxies each request and releases it
+itself (`release`): its record lives in the core's ledger (router/core/ledger.py) as a
+`RouteKind.PROXIED` route, which no timeout releases.
 
 Everything runs on the gateway's event loop; the lock guards the Router against the index
 mirror, which shares it.
@@ -17,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ import ray
 from kv.hashing import BlockHash
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.cluster.worker_spec import WorkerSetView, WorkerSpec
+from router.core.ledger import RouteKind
 from router.core.router import Router, RouterConfig, RoutingDecision
 from router.serve.index_mirror import IndexMirror, MirrorConfig
 from router.serve.router_metrics import RouterMetrics
@@ -64,7 +66,6 @@ class WorkerRouter:
         self.view = WorkerSetView(-1, ())  # -1: not polled yet
         self._routable: dict[str, WorkerSpec] = {}  # up, and not drained by this gateway
         self._approximate: dict[str, bool] = {}  # worker id -> its mode, as last set
-        self._routed: dict[str, str] = {}  # request id -> worker id, until released
         self._first_view = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -83,18 +84,16 @@ class WorkerRouter:
         candidates = [w for w in self._routable if w not in exclude]
         if not candidates:
             raise NoWorkerAvailable(self._why_none(exclude))
-        start_s = time.perf_counter()
         with self._lock:
             reason = self.mirror.check_stale()
             self._refresh_modes()
             decision = self.router.route(request_id, block_hashes, num_prompt_tokens,
-                                         candidates, max_tokens)
+                                         candidates, max_tokens, RouteKind.PROXIED)
+            record = self.router.ledger.get(request_id)
         self.mirror.share_marks(decision.replica_id, block_hashes)  # for the other gateways
-        self.metrics.observe_decision(decision, num_prompt_tokens,
-                                      time.perf_counter() - start_s)
+        self.metrics.observe_routed(record)
         if reason is not None and not self.router.config.approximate:
             self.metrics.observe_fallback(reason)
-        self._routed[request_id] = decision.replica_id
         self._set_outstanding(decision.replica_id)
         return self._routable[decision.replica_id], decision
 
@@ -104,10 +103,11 @@ class WorkerRouter:
         drains the worker here at once and has the worker set check it (`violation`: its
         answer broke the protocol, and the set keeps it down a while). `refused`: the worker
         answered a 4xx and ran nothing, so everything the request charged is withdrawn."""
-        worker_id = self._routed.pop(request_id, None)
-        if worker_id is None:
-            return
         with self._lock:
+            record = self.router.ledger.get(request_id)
+            if record is None:  # released already, or its worker was drained
+                return
+            worker_id = record.replica_id
             if refused:
                 self.router.withdraw(request_id)
             else:
@@ -151,12 +151,10 @@ class WorkerRouter:
         log.warning("not routing to worker %s any more", worker_id)
         del self._routable[worker_id]
         self._approximate.pop(worker_id, None)
-        with self._lock:
+        with self._lock:  # its records leave the ledger: their release finds nothing to do
             self.router.remove_replica(worker_id)
         self.metrics.remove_replica(worker_id)
         self.modes.remove(worker_id)
-        for request_id in [r for r, w in self._routed.items() if w == worker_id]:
-            del self._routed[request_id]  # their release finds nothing to do
 
     async def _report(self, worker_id: str, error: str, violation: bool) -> None:
         """Has the worker set check the worker; if it passes, it is routable again here

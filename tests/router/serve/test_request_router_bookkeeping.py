@@ -8,15 +8,18 @@ from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
 
 from kv.hashing import block_hashes, namespace_root
+from router.core.ledger import RouteKind, RouteState
 from router.serve.request_router import KVRouteRequestRouter
 from worker.api import EngineRequest, SamplingParams
 
 DEPLOYMENT = DeploymentID(name="Engine", app_name="kvroute")
 
 
-def make_router() -> KVRouteRequestRouter:
+def make_router(now: list[float] | None = None) -> KVRouteRequestRouter:
+    """`now`: the router's clock (monotonic seconds), moved by the test."""
     router = KVRouteRequestRouter.__new__(KVRouteRequestRouter)
-    router.initialize_state(model="tiny", router={"block_size": 16})
+    clock = {"clock": lambda: now[0]} if now is not None else {}
+    router.initialize_state(model="tiny", router={"block_size": 16}, **clock)
     router._started = True  # no index actor here: polls and pushes stay off
     router.mirror.num_polls = 1  # and decisions do not wait for a first poll
     return router
@@ -35,7 +38,7 @@ def pending(request_id: str) -> PendingRequest:
 
 def held_and_outstanding(router: KVRouteRequestRouter) -> tuple[int, int]:
     core = router.router
-    return len(core._held), sum(core.loads.num_outstanding(r) for r in ("a", "b"))
+    return len(core.ledger), sum(core.loads.num_outstanding(r) for r in ("a", "b"))
 
 
 async def test_a_rejected_attempt_then_its_retry_leaves_nothing_behind():
@@ -53,7 +56,8 @@ async def test_a_rejected_attempt_then_its_retry_leaves_nothing_behind():
 
 
 async def test_an_abandoned_decision_is_released_by_its_completion_or_the_sweep():
-    router = make_router()
+    now = [1000.0]
+    router = make_router(now)
     candidates = [replica("a"), replica("b")]
     [chosen], [_] = await router.choose_replicas(candidates, pending("gone"))
     assert held_and_outstanding(router) == (1, 1)
@@ -61,12 +65,33 @@ async def test_an_abandoned_decision_is_released_by_its_completion_or_the_sweep(
     assert held_and_outstanding(router) == (0, 0)
 
     await router.choose_replicas(candidates, pending("silent"))
-    entry = router._decisions["silent"]
-    router._decisions["silent"] = entry[:3] + (entry[3] - 3600.0,)  # decided an hour ago
-    router._next_sweep_s = 0.0  # a quiet router: far below the 1,024-decision trigger
+    await router.choose_replicas(candidates, pending("sent"))
+    router.on_request_routed(pending("sent"), replica("a").replica_id, None)
+    now[0] += 59.0  # a quiet router: far below the 1,024-decision trigger
     await router.choose_replicas(candidates, pending("next"))
-    assert "silent" not in router._decisions and router.router.loads._requests.keys() == {
-        "next"}
+    assert set(router.router.ledger) == {"silent", "sent", "next"}  # no sweep due yet
+    now[0] += 2.0  # the first sweep is due, and "silent" was decided over 60 s ago
+    await router.choose_replicas(candidates, pending("last"))
+    # the dispatched call waits for its completion, however long it runs
+    assert set(router.router.ledger) == {"sent", "next", "last"}
+    assert router.router.loads._requests.keys() == {"sent", "next", "last"}
+
+
+async def test_a_serve_call_is_recorded_as_a_call_and_dispatched_where_serve_sent_it():
+    router = make_router()
+    candidates = [replica("a"), replica("b")]
+    await router.choose_replicas(candidates, pending("r1"))
+    ledger = router.router.ledger
+    assert (ledger.get("r1").kind, ledger.get("r1").state) == (RouteKind.CALL,
+                                                                RouteState.ROUTED)
+    router.on_request_routed(pending("r1"), replica("a").replica_id, None)
+    assert ledger.get("r1").state is RouteState.DISPATCHED
+    # a second dispatch hook (none comes from Serve) counts nothing twice
+    router.on_request_routed(pending("r1"), replica("a").replica_id, None)
+    requests = {s.labels["replica"]: s.value for m in router.metrics.registry.collect()
+                if m.name == "kvroute_router_requests" for s in m.samples
+                if s.name == "kvroute_router_requests_total"}
+    assert requests == {"a": 1.0}
 
 
 async def test_every_candidate_is_a_rank_and_a_spilled_request_moves_its_record():

@@ -34,7 +34,6 @@ from router.core.hash_loops import num_leading_in
 from router.core.pending import PendingMarks
 
 WORD_BITS = 64
-_FEW_BITS = 16  # replicas whose marks are asked one by one rather than all at once
 _BOOL_ROWS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # W bools as one int
 
 assert sys.byteorder == "little", "mask words are read as little-endian ints"
@@ -204,9 +203,10 @@ def _lengths(ends: list[tuple[int, int]], num_words: int) -> np.ndarray:
 
 def _marked(bits: int, pending: PendingMarks, block_hash: BlockHash) -> list[int]:
     """The device bits among `bits` (each with marks) whose replica has `block_hash`
-    pending. Many bits (a prompt's first block, where most runs end): every replica with
-    marks is asked in one C-speed pass; a few: only theirs."""
-    if bits.bit_count() > _FEW_BITS:
+    pending. When they are at least half the replicas with marks (a prompt's first block,
+    where most runs end), every replica with marks is asked in one C-speed pass; else only
+    theirs, one by one (a probe of a replica's marks costs about half a step of the loop)."""
+    if 2 * bits.bit_count() >= len(pending.by_bit):
         marked_bits, marks = pending.listed()
         return [bit for bit in compress(marked_bits, map(contains, marks, repeat(block_hash)))
                 if bit & bits]

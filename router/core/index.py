@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
+from itertools import chain
 
 import numpy as np
 
 from kv.events import MEDIA, EventBatch, Medium, ReplicaEventTracker, Snapshot
 from kv.hashing import BlockHash
-from router.core.block_table import SLOTS_PER_WORD, BlockTable, key_words
+from router.core.block_table import SLOTS_PER_WORD, BlockTable, key_words, rows_nonzero
 from router.core.held_rows import HeldRows, HeldView
 from router.core.pending import PendingMarks
 from router.core.prefix_match import PrefixMatch, PrefixMatches
@@ -149,7 +150,7 @@ class PrefixIndex:
 
     def _flush(self, rep: _Replica, medium: Medium) -> None:
         op, runs = rep.queued.pop(medium)
-        hashes = runs[0] if len(runs) == 1 else [h for run in runs for h in run]
+        hashes = runs[0] if len(runs) == 1 else list(chain.from_iterable(runs))
         (self._add if op == "add" else self._remove)(rep, medium, hashes)
 
     def _flush_all(self, rep: _Replica) -> None:
@@ -176,7 +177,7 @@ class PrefixIndex:
     def _none_on(self, medium: Medium, masks: np.ndarray) -> np.ndarray:
         """Per mask row ([n, W] uint64), True when no replica holds it on the medium."""
         medium_word = _DEVICE_WORD if medium == "device" else _DEVICE_WORD << np.uint64(1)
-        return ~(masks & medium_word).any(axis=1)
+        return ~rows_nonzero(masks & medium_word)
 
     def _add(self, rep: _Replica, medium: Medium, block_hashes: Sequence[BlockHash]) -> None:
         if not block_hashes:
@@ -208,7 +209,7 @@ class PrefixIndex:
         left = table.masks[rows]
         self._num_blocks[medium] -= int(np.count_nonzero(self._none_on(medium, left)))
         held.count -= len(rows)
-        table.free(rows[~left.any(axis=1)])
+        table.free(rows[~rows_nonzero(left)])
         held.compact(table)
 
     def _clear(self, rep: _Replica) -> None:

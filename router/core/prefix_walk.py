@@ -30,11 +30,11 @@ from operator import contains
 import numpy as np
 
 from kv.hashing import BlockHash
+from router.core.block_table import rows_nonzero
 from router.core.hash_loops import num_leading_in
 from router.core.pending import PendingMarks
 
 WORD_BITS = 64
-_BOOL_ROWS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # W bools as one int
 
 assert sys.byteorder == "little", "mask words are read as little-endian ints"
 
@@ -59,10 +59,7 @@ def set_bits(bits: int) -> Iterator[int]:
 
 def changed_rows(rows: np.ndarray) -> list[int]:
     """Row 0 and every row that differs from the row before it ([n, W] uint64)."""
-    differs = rows[1:] != rows[:-1]
-    as_one = _BOOL_ROWS.get(rows.shape[1])
-    differs = differs.view(as_one) if as_one else differs.any(axis=1)
-    return [0, *(np.flatnonzero(differs) + 1).tolist()]
+    return [0, *(np.flatnonzero(rows_nonzero(rows[1:] ^ rows[:-1])) + 1).tolist()]
 
 
 def _carried_run_end(masks: np.ndarray, bit: int, start: int, block_hashes: Sequence[BlockHash],

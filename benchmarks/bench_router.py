@@ -18,7 +18,9 @@ Prints a table, then as the last line one JSON object. Memory is what a first, t
 leaves allocated (tracemalloc: every Python object and numpy array the router keeps), and
 `index_bytes_per_holding` that divided by the replica holdings (a block held by k replicas,
 on one medium each, is k holdings); `build_s` is the time of a second, untraced build
-(`build_cpu_s` its process CPU time, which a busy box inflates less). Each
+(`build_cpu_s` its process CPU time, which a busy box inflates less). `decisions_sha256`
+digests every decision (replica, ranking, predicted hits): two versions of the router that
+decide alike print the same digest. Each
 replica's snapshot and events carry their own hash objects, as deserialized ones do.
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import random
@@ -221,6 +224,7 @@ def main() -> None:
                 gc_pauses_ns.append(perf() - gc_start[0])
 
     gc.callbacks.append(on_gc)
+    digest = hashlib.sha256()  # every decision, ranking and predicted hits: same code, same digest
     for i, (kind, hashes) in enumerate(prompts):
         sim_now[0] += 0.005
         rid = f"q{i}"
@@ -229,6 +233,7 @@ def main() -> None:
         decision = router.route(rid, hashes, PROMPT_BLOCKS * BLOCK_SIZE, replica_ids, 256)
         elapsed = perf() - start
         cpu_elapsed = cpu() - cpu_start
+        digest.update(repr(decision).encode())
         in_flight.append(rid)
         if len(in_flight) > 256:  # ~256 requests outstanding at any time
             router.on_finished(in_flight.pop(0))
@@ -318,6 +323,7 @@ def main() -> None:
         "fallback_decision_cpu_p50_us": round(pct(fallback_cpu, .5), 1),
         "fallback_decision_cpu_p99_us": round(pct(fallback_cpu, .99), 1),
         "load_average_1m": round(load_after, 2),
+        "decisions_sha256": digest.hexdigest()[:16],
     }))
 
 

@@ -157,7 +157,8 @@ class Router:
         another): from now on only its completion ends it. Its record then; None when it is
         not an undispatched Serve call (released already, or a direct route)."""
         entry = self.ledger.get(request_id)
-        if entry is None or entry.kind is not RouteKind.CALL:
+        if entry is None or entry.kind is not RouteKind.CALL or (
+                entry.state is RouteState.DISPATCHED):
             return None
         if entry.replica_id != replica_id:
             self.move(request_id, replica_id)

@@ -3,6 +3,9 @@ timeout of its policy, a retry under the same id, a replica dropped with records
 a spill. Each step checks what the release did to the load and the pending marks."""
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from router.core.ledger import Expired, Ledger, LedgerConfig, Release, RouteKind, RouteState
 from router.core.router import Router, RouterConfig
@@ -183,3 +186,72 @@ def test_the_ledger_counts_what_a_sweep_could_release():
 def test_a_bad_policy_is_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
         LedgerConfig(**{field: value})
+
+
+REPLICAS = ("a", "b", "c")
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Any sequence of decisions, Serve hooks, replica reports, timeouts and removals: the
+    ledger's records and the load tracker's outstanding requests stay one set, replica by
+    replica (nothing recorded without its load, no load left without its record)."""
+
+    def __init__(self):
+        super().__init__()
+        self.clock = FakeClock(100.0)
+        self.router = Router(RouterConfig(block_size=BLOCK_SIZE), self.clock, CONFIG)
+
+    @rule(i=st.integers(0, 7), kind=st.sampled_from(list(RouteKind)),
+          replicas=st.lists(st.sampled_from(REPLICAS), min_size=1, max_size=3, unique=True),
+          prompt=st.integers(0, 3))
+    def route(self, i, kind, replicas, prompt):
+        self.router.route(f"q{i}", chain(list(range(8 * prompt, 8 * prompt + 8))), TOKENS,
+                          replicas, 4, kind)
+
+    @rule(i=st.integers(0, 7), replica_id=st.sampled_from(REPLICAS))
+    def move(self, i, replica_id):
+        self.router.move(f"q{i}", replica_id)
+
+    @rule(i=st.integers(0, 7), replica_id=st.sampled_from(REPLICAS))
+    def dispatched(self, i, replica_id):
+        before = self.router.ledger.get(f"q{i}")
+        record = self.router.dispatched(f"q{i}", replica_id)
+        assert (record is not None) == (before is not None and before.kind is RouteKind.CALL
+                                        and before.state is not RouteState.DISPATCHED)
+        if record is not None:
+            assert record.replica_id == replica_id
+
+    @rule(i=st.integers(0, 7))
+    def claim(self, i):
+        self.router.claim(f"q{i}")
+
+    @rule(i=st.integers(0, 7), ran=st.booleans())
+    def release(self, i, ran):
+        if ran:
+            self.router.on_finished(f"q{i}")
+        else:
+            self.router.withdraw(f"q{i}")
+        assert f"q{i}" not in self.router.ledger
+
+    @rule(seconds=st.sampled_from([0.5, 4.0, 30.0, 700.0]),
+          idle=st.none() | st.frozensets(st.sampled_from(REPLICAS)))
+    def expire(self, seconds, idle):
+        self.clock.advance(seconds)
+        for request_id, _, _ in self.router.expire(idle):
+            assert request_id not in self.router.ledger
+
+    @rule(replica_id=st.sampled_from(REPLICAS))
+    def remove_replica(self, replica_id):
+        self.router.remove_replica(replica_id)
+
+    @invariant()
+    def records_and_loads_are_one_set(self):
+        self.router.check_invariants()
+        for replica_id in REPLICAS:
+            assert self.router.loads.num_outstanding(replica_id) == len(
+                self.router.ledger.on_replica(replica_id)), replica_id
+
+
+LedgerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
+                                           deadline=None)
+TestLedgerMachine = LedgerMachine.TestCase

@@ -68,6 +68,9 @@ class PrefixIndex:
         self._replicas: dict[str, _Replica] = {}
         self._replica_of_slot: dict[int, str] = {}
         self._free_slots: list[int] = []  # freed by remove_replica, reused lowest first
+        # the last candidate list matched and its replicas' device bits (a router passes the
+        # same list decision after decision); dropped when a replica comes or goes
+        self._candidates: tuple[tuple[str, ...], int] = ((), 0)
 
     # -- replicas --------------------------------------------------------------------------
 
@@ -121,6 +124,7 @@ class PrefixIndex:
         self._replicas[replica_id] = rep
         self._replica_of_slot[slot] = replica_id
         self._device_bits |= rep.device_bit
+        self._candidates = ((), 0)
         return rep
 
     def remove_replica(self, replica_id: str) -> None:
@@ -132,6 +136,7 @@ class PrefixIndex:
         self.pending.forget(rep.device_bit)
         del self._replica_of_slot[rep.slot]
         self._free_slots.append(rep.slot)
+        self._candidates = ((), 0)
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -256,12 +261,7 @@ class PrefixIndex:
         number is their `num_device_blocks`.
         """
         self.pending.expire(self.clock())
-        replicas = self._replicas
-        candidates = 0  # device bits of the candidates the index knows
-        for rid in replica_ids:
-            rep = replicas.get(rid)
-            if rep is not None:
-                candidates |= rep.device_bit
+        candidates = self._candidate_bits(replica_ids)
         if not candidates or not block_hashes:
             return PrefixMatches([], _NO_RUNS, _NO_RUNS)
         table, pending = self._table, self.pending
@@ -280,6 +280,19 @@ class PrefixIndex:
                 confirmed[replica_of_slot[slot]] = num_blocks
         return PrefixMatches(list(map(replica_of_slot.__getitem__, slots.tolist())),
                              device_runs, total_runs)
+
+    def _candidate_bits(self, replica_ids: Iterable[str]) -> int:
+        """The device bits of the candidates the index knows."""
+        key = tuple(replica_ids)
+        listed, bits = self._candidates
+        if key != listed:
+            replicas, bits = self._replicas, 0
+            for rid in key:
+                rep = replicas.get(rid)
+                if rep is not None:
+                    bits |= rep.device_bit
+            self._candidates = (key, bits)
+        return bits
 
     def num_confirmed_device_blocks(self, replica_id: str,
                                     block_hashes: Sequence[BlockHash]) -> int:

@@ -105,6 +105,7 @@ class WorkerGateway:
         self._tokenizer_threads = ThreadPoolExecutor(_TOKENIZER_THREADS,
                                                      thread_name_prefix="tokenize")
         self._context: tuple[int, int | None] | None = None  # (worker set version, tokens)
+        self._context_lock = asyncio.Lock()
         self.metrics = GatewayMetrics(self.model)
         self._pusher = MetricsPusher(f"gateway/{gateway_id}", self.metrics.registry,
                                      config.metrics)
@@ -149,19 +150,21 @@ class WorkerGateway:
 
     async def _workers_context(self) -> int | None:
         """The context length an up worker lists in its /v1/models (vLLM and kvroute engine
-        do), asked again when the worker set changes; None without one."""
-        version = self.router.view.version if self.router is not None else -1
-        if self._context is None or self._context[0] != version:
-            up = self.router.view.up() if self.router is not None else ()
-            tokens = None
-            async with httpx.AsyncClient(trust_env=False) as client:
-                for status in up:
-                    tokens = await listed_context(client, status.spec, self.model,
-                                                  _MODELS_TIMEOUT_S)
-                    if tokens is not None:
-                        break
-            self._context = (version, tokens)
-        return self._context[1]
+        do), asked again when the worker set changes (by one caller: a burst of /v1/models
+        asks the workers once); None without one."""
+        async with self._context_lock:
+            version = self.router.view.version if self.router is not None else -1
+            if self._context is None or self._context[0] != version:
+                up = self.router.view.up() if self.router is not None else ()
+                tokens = None
+                async with httpx.AsyncClient(trust_env=False) as client:
+                    for status in up:
+                        tokens = await listed_context(client, status.spec, self.model,
+                                                      _MODELS_TIMEOUT_S)
+                        if tokens is not None:
+                            break
+                self._context = (version, tokens)
+            return self._context[1]
 
     async def tokenizer_call(self, request: Request) -> Response:
         """/tokenize and /detokenize, answered by a worker that is up (it knows its own

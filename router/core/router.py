@@ -125,10 +125,8 @@ class Router:
         routed = RouteRecord(replica_id, kind, RouteState.ROUTED, self.clock(), block_hashes, (),
                              num_prompt_tokens, max_tokens)
         device_tokens, host_tokens = self._record(routed, request_id, matches.get(replica_id),
-                                                  confirmed, on_history)
+                                                  confirmed, on_history, start_s)
         self.misses.on_route(request_id, block_hashes, num_prompt_tokens, matches)
-        self.ledger.put(request_id, self.ledger.get(request_id)._replace(
-            decision_s=time.perf_counter() - start_s))
         return RoutingDecision(replica_id, device_tokens, host_tokens,
                                self.is_approximate(replica_id), ranked_ids)
 
@@ -192,9 +190,12 @@ class Router:
         return on_history
 
     def _record(self, routed: RouteRecord, request_id: str, match: PrefixMatch | None,
-                confirmed: dict[str, int], on_history: frozenset[str]) -> tuple[int, int]:
-        """Marks and load of a request sent to `routed.replica_id`; returns the device and
-        host tokens it is predicted to find cached there."""
+                confirmed: dict[str, int], on_history: frozenset[str],
+                started_s: float | None = None) -> tuple[int, int]:
+        """Marks and load of a request sent to `routed.replica_id`, and its record in the
+        ledger (`started_s`: when the decision began, perf counter seconds; a move keeps
+        the decision's time); returns the device and host tokens it is predicted to find
+        cached there."""
         replica_id, block_hashes = routed.replica_id, routed.block_hashes
         device_tokens, host_tokens = (
             match.hit_tokens(self.config.block_size, routed.num_prompt_tokens)
@@ -211,7 +212,9 @@ class Router:
             if num_confirmed and self.config.mark_whole_prompt:
                 self._pins.setdefault(replica_id, {})[request_id] = num_confirmed
         self.ledger.put(request_id, routed._replace(
-            held=held, predicted_hit_tokens=(device_tokens, host_tokens)))
+            held=held, predicted_hit_tokens=(device_tokens, host_tokens),
+            decision_s=(routed.decision_s if started_s is None
+                        else time.perf_counter() - started_s)))
         self.history.record(replica_id, block_hashes)
         self._add_load(request_id, routed, device_tokens, host_tokens)
         return device_tokens, host_tokens

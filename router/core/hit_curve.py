@@ -71,8 +71,8 @@ class HitCurveConfig:
     def __post_init__(self):
         if not 0 < self.sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate}")
-        if not 0 <= self.max_rate_doublings <= 30:
-            raise ValueError(f"max_rate_doublings must be in [0, 30], got "
+        if not 0 <= self.max_rate_doublings <= 20:  # weights 2^level stay in int64
+            raise ValueError(f"max_rate_doublings must be in [0, 20], got "
                              f"{self.max_rate_doublings}")
         if self.capacity_sampled_blocks < 1:
             raise ValueError(f"capacity_sampled_blocks must be >= 1, got "

@@ -65,3 +65,18 @@ async def test_the_openapi_document_declares_bodies_and_path_parameters(door):
     assert doc["paths"]["/v1/things/{name}"]["delete"]["parameters"] == [
         {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
     assert "parameters" not in doc["paths"]["/v1/completions"]["post"]  # no query "request"
+
+
+async def test_an_unknown_context_is_left_out_of_the_list_and_refuses_what_needs_it():
+    async def unknown() -> int | None:
+        return None
+
+    door = FrontDoor("tiny", PromptBuilder(tokenizer_dir("tiny"), "tiny", 16),
+                     RequestLimits(), Anonymous(), None, unknown)
+    assert await door.models_body() == {"object": "list", "data": [{
+        "id": "tiny", "object": "model", "created": 0, "owned_by": "kvroute", "root": "tiny"}]}
+    app = build_app(route_table(door, OwnRoutes(echo, echo, echo, echo)), title="t")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as client:
+        refused = await client.post("/tokenize", json={"prompt": "ab"})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (503, "context_unknown")

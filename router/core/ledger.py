@@ -144,12 +144,13 @@ class Ledger:
 
     def put(self, request_id: str, record: RouteRecord) -> None:
         """Records the request, or replaces its record (a move, marks it holds now)."""
-        old = self._records.get(request_id)
-        if old is not None and _sweepable(old):
+        records = self._records
+        old = records.get(request_id)
+        if old is not None and old.kind is not RouteKind.PROXIED and _sweepable(old):
             self._num_sweepable -= 1
-        if _sweepable(record):
+        if record.kind is not RouteKind.PROXIED and _sweepable(record):
             self._num_sweepable += 1
-        self._records[request_id] = record
+        records[request_id] = record
 
     def dispatch(self, request_id: str) -> RouteRecord | None:
         """A Serve call its replica took (its completion callback will end it); None when
@@ -174,7 +175,7 @@ class Ledger:
 
     def pop(self, request_id: str) -> RouteRecord | None:
         record = self._records.pop(request_id, None)
-        if record is not None and _sweepable(record):
+        if record is not None and record.kind is not RouteKind.PROXIED and _sweepable(record):
             self._num_sweepable -= 1
         return record
 

@@ -211,10 +211,11 @@ class Router:
             self.index.mark_pending(replica_id, held, held=True)
             if num_confirmed and self.config.mark_whole_prompt:
                 self._pins.setdefault(replica_id, {})[request_id] = num_confirmed
-        self.ledger.put(request_id, routed._replace(
-            held=held, predicted_hit_tokens=(device_tokens, host_tokens),
-            decision_s=(routed.decision_s if started_s is None
-                        else time.perf_counter() - started_s)))
+        decision_s = routed.decision_s if started_s is None else time.perf_counter() - started_s
+        self.ledger.put(request_id, RouteRecord(  # positional: a decision pays no _replace
+            replica_id, routed.kind, routed.state, routed.routed_at_s, block_hashes, held,
+            routed.num_prompt_tokens, routed.max_tokens, (device_tokens, host_tokens),
+            decision_s))
         self.history.record(replica_id, block_hashes)
         self._add_load(request_id, routed, device_tokens, host_tokens)
         return device_tokens, host_tokens

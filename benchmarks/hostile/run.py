@@ -51,6 +51,7 @@ class LoadWatch:
         self.peak_tokens = 0.0
         self.label = ""  # what runs now: the peak per label shows which attack raised it
         self.peak_by_label: dict[str, float] = {}
+        self.known: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -59,10 +60,15 @@ class LoadWatch:
             self.sample()
 
     def sample(self) -> dict[tuple[str, str], float]:
+        """Every series seen so far at its latest value: one missing from a scrape (the
+        hub drops a process that has not pushed for 3 s, as a crowded box delays it) keeps
+        the value it had, not none (its settling would be judged from no reference)."""
         try:
             loads = self.front.loads()
         except Exception:  # a scrape that failed is not a load value
-            return {}
+            return dict(self.known)
+        self.known.update(loads)
+        loads = dict(self.known)
         self.nonfinite += nonfinite(loads)
         finite = [v for v in loads.values() if v == v and abs(v) != float("inf")]
         self.peak_tokens = max([self.peak_tokens, *finite])
@@ -101,7 +107,10 @@ def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float
         if not any(outstanding.values()) and loads and not above:
             return round(time.monotonic() - start, 2), {}
         left = {"outstanding": {"/".join(k): v for k, v in outstanding.items() if v},
-                "load_above_bound": {"/".join(k): round(v, 1) for k, v in above.items()}}
+                "load_above_bound": {"/".join(k): round(v, 1) for k, v in above.items()},
+                "their_idle_and_end": {"/".join(k): (round(idle.get(k, 0.0), 1),
+                                                     round(at_end.get(k, 0.0), 1))
+                                       for k in above}}
         time.sleep(0.25)  # polling a series that converges asynchronously
     return None, left
 

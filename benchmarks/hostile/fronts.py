@@ -62,6 +62,15 @@ class Front:
         return {(ls.get("gateway", ""), ls.get("replica", "")): v
                 for n, ls, v in self.samples() if n == "kvroute_router_load_tokens"}
 
+    def miss_tokens(self) -> dict[str, float]:
+        """Uncached prompt tokens the routers counted, by cause (router/core/miss_causes.py),
+        summed over router processes."""
+        out: dict[str, float] = {}
+        for n, ls, v in self.samples():
+            if n == "kvroute_miss_tokens_total":
+                out[ls.get("cause", "")] = out.get(ls.get("cause", ""), 0.0) + v
+        return out
+
     def outstanding_by_router(self) -> dict[tuple[str, str], float]:
         """The requests each router process counts outstanding per replica."""
         return {(ls.get("gateway", ""), ls.get("replica", "")): v

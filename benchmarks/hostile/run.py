@@ -125,6 +125,7 @@ def run_front(front: Front, config: HostileConfig) -> dict:
     time.sleep(config.baseline_s)  # the victim alone, for its baseline
     victim.stop()
     idle = front.loads() if front.routed else {}
+    misses_before = front.miss_tokens() if front.routed else {}
     windows: list[tuple[float, float, str]] = []
     outcomes: dict[str, Counter] = defaultdict(Counter)
     detail: dict = {}
@@ -153,6 +154,7 @@ def run_front(front: Front, config: HostileConfig) -> dict:
         windows.append((t0, time.monotonic(), "fuzz: schemathesis"))
         fuzz_s = time.monotonic() - t0
         victim.stop()
+        misses = front.miss_tokens() if front.routed else {}
         watch.label = "settle"
         leaked, left = (_settle_s(front, watch, idle, config.settle_timeout_s)
                         if front.routed else (None, {}))
@@ -176,6 +178,11 @@ def run_front(front: Front, config: HostileConfig) -> dict:
         "attack_outcomes": {f: dict(c) for f, c in outcomes.items()},
         "hurt_by": blame(victim, windows, base["ttft_p50_s"]),
         "off_cache_beside": off_cache_beside(victim, fuzz_sent),
+        # under attack, why prompt tokens missed: the hostile prompts are new ("cold"), so
+        # "placement" (held elsewhere) and "race" (gone from where it was held) are the
+        # victim's: a routing choice, or its blocks evicted under it
+        "miss_tokens_under_attack": {c: round(v - misses_before.get(c, 0.0))
+                                     for c, v in misses.items()},
         "fuzz": fuzz, "attacks_s": round(attacks_s, 1), "fuzz_s": round(fuzz_s, 1), **detail}
 
 

@@ -162,6 +162,17 @@ class Router:
             self.move(request_id, replica_id)
         return self.ledger.dispatch(request_id)
 
+    def abandon(self, request_id: str) -> str | None:
+        """A Serve call its caller gave up on while Serve was routing it: withdrawn (it
+        never ran) unless it was dispatched already (its completion ends it then). Its
+        replica when withdrawn; None otherwise."""
+        entry = self.ledger.get(request_id)
+        if entry is None or entry.kind is not RouteKind.CALL or (
+                entry.state is RouteState.DISPATCHED):
+            return None
+        self._withdraw(request_id)
+        return entry.replica_id
+
     def claim(self, request_id: str) -> bool:
         """A direct route's replica reported it arrived: no longer withdrawn for want of a
         claim (`expire`). False when it is not an unclaimed direct route."""

@@ -22,11 +22,13 @@ guards the `Router` against completion callbacks from other threads.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
@@ -132,6 +134,13 @@ class KVRouteRequestRouter(RequestRouter):
         if kind is RouteKind.DIRECT:  # no dispatch hook comes for it
             self.metrics.observe_routed(record)
             self._update_outstanding([decision.replica_id])
+        else:
+            # Serve fires no hook for a call whose caller gives up while it is being routed
+            # (no completion without a replica): its pending request's future, cancelled,
+            # is the only word of it. One callback per request, however often it is chosen.
+            on_cancel = _WithdrawIfCancelled(self, request_id)
+            pending_request.future.remove_done_callback(on_cancel)
+            pending_request.future.add_done_callback(on_cancel)
         self._update_outstanding(e.replica_id for e in expired)
         self._bound.sampler.on_routed(block_hashes, len(token_ids))
         # A direct route is sent where HAProxy is told, which is the replica Serve picked:
@@ -155,6 +164,14 @@ class KVRouteRequestRouter(RequestRouter):
                                     getattr(call, "block_hashes", None) or [])
         self.metrics.observe_routed(record)
         self._update_outstanding([record.replica_id])
+
+    def abandoned(self, request_id: str) -> None:
+        """The caller gave up on the call before Serve dispatched it: withdrawn now, not at
+        the ledger's abandoned timeout."""
+        with self._lock:
+            replica_id = self.router.abandon(request_id)
+        if replica_id is not None:
+            self._update_outstanding([replica_id])
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """The request ended, or an attempt at it did (a replica rejected it, the caller
@@ -253,3 +270,16 @@ class KVRouteRequestRouter(RequestRouter):
         self.metrics.set_index_blocks(blocks)
         for replica_id, tokens in loads.items():
             self.metrics.set_load_tokens(replica_id, tokens)
+
+
+@dataclass(frozen=True)
+class _WithdrawIfCancelled:
+    """Done callback of a Serve call's pending request (equal by router and id, so a
+    request chosen again replaces its callback rather than add one)."""
+
+    router: KVRouteRequestRouter
+    request_id: str
+
+    def __call__(self, future: asyncio.Future) -> None:
+        if future.cancelled():
+            self.router.abandoned(self.request_id)

@@ -222,6 +222,15 @@ class LedgerMachine(RuleBasedStateMachine):
             assert record.replica_id == replica_id
 
     @rule(i=st.integers(0, 7))
+    def abandon(self, i):
+        before = self.router.ledger.get(f"q{i}")
+        replica_id = self.router.abandon(f"q{i}")
+        undispatched = (before is not None and before.kind is RouteKind.CALL
+                        and before.state is not RouteState.DISPATCHED)
+        assert replica_id == (before.replica_id if undispatched else None)
+        assert (f"q{i}" in self.router.ledger) == (before is not None and not undispatched)
+
+    @rule(i=st.integers(0, 7))
     def claim(self, i):
         self.router.claim(f"q{i}")
 

@@ -2,6 +2,7 @@
 abandons must not leave outstanding load or held pending marks behind. Real Serve types,
 no Ray cluster: the hooks are driven in the order Serve calls them."""
 
+import asyncio
 import types
 
 from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
@@ -110,4 +111,24 @@ async def test_every_candidate_is_a_rank_and_a_spilled_request_moves_its_record(
     assert core.index.pending_blocks("b") == frozenset(pending("r2").args[0].block_hashes)
     router.on_request_completed(ranks[1][0].replica_id, "r2")
     router.on_request_completed(ranks[0][0].replica_id, "r1")
+    assert held_and_outstanding(router) == (0, 0)
+
+
+async def test_a_call_its_caller_gives_up_on_while_serve_routes_it_is_withdrawn_at_once():
+    """Serve cancels the pending request's future and fires no hook (no completion without
+    a replica): the decision's load and marks go then, not at the 60 s sweep."""
+    router = make_router()
+    candidates = [replica("a"), replica("b")]
+    gone, served, sent = pending("gone"), pending("served"), pending("sent")
+    for req in (gone, gone, served, sent):  # "gone" chosen twice: Serve backed off once
+        await router.choose_replicas(candidates, req)
+    router.on_request_routed(sent, replica("a").replica_id, None)
+    served.future.set_result(candidates[0])  # fulfilled: its hooks will end it
+    gone.future.cancel()
+    sent.future.cancel()  # after its dispatch: its completion callback ends it
+    await asyncio.sleep(0)
+    assert set(router.router.ledger) == {"served", "sent"}
+    assert router.router.loads._requests.keys() == {"served", "sent"}
+    router.on_request_completed(replica("a").replica_id, "sent")
+    router.on_request_completed(replica("a").replica_id, "served")
     assert held_and_outstanding(router) == (0, 0)

@@ -93,10 +93,12 @@ class PrefixWalk:
         self.confirmed: dict[int, int] = {}  # device bit -> its confirmed run (carried ones)
         self._last_mask = 0  # the candidates' bits of the last block walked
         self._num_words = 1  # of the masks walked
-        self._device_ends: list[tuple[int, int]] = []  # (block, device bits whose device
-        self._ends: list[tuple[int, int]] = []  # or whole run ends there)
-        self._carried: list[tuple[int, int]] = []  # heap of (block, device bit): where the
-        # device runs that marks carry on end (`walked`: at least there, not known yet)
+        # (block, device bits): where device runs end, and where whole runs end
+        self._device_ends: list[tuple[int, int]] = []
+        self._ends: list[tuple[int, int]] = []
+        # heap of (block, device bit): where each device run that marks carry on ends
+        # (`walked` for one that reached the end of the blocks walked: it may go on)
+        self._carried: list[tuple[int, int]] = []
 
     @property
     def going(self) -> bool:

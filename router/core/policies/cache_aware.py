@@ -35,6 +35,11 @@ if TYPE_CHECKING:
     from router.core.config import RouterConfig
 
 
+# Matches priced as arrays from this many on (~16 numpy calls, against ~0.5 us a match
+# one by one)
+_ARRAY_PRICING_FROM = 32
+
+
 class CacheAwarePolicy(RankingPolicy):
     name = "cache_aware"
     uses_index = True
@@ -68,7 +73,7 @@ class CacheAwarePolicy(RankingPolicy):
                  else np.fromiter(map(view.load, ids), np.float64, n))
         prefills = np.full(n, float(query.num_prompt_tokens))
         matches = view.matches
-        if isinstance(matches, PrefixMatches) and matches:  # the index's: arrays already
+        if isinstance(matches, PrefixMatches) and len(matches) >= _ARRAY_PRICING_FROM:
             at = np.fromiter(map(self._positions(ids).get, matches.replica_ids, repeat(-1)),
                              np.int64, len(matches))
             listed = at >= 0  # the index answers for candidates only; kept general
@@ -81,7 +86,7 @@ class CacheAwarePolicy(RankingPolicy):
                                      num_prompt_tokens - device_tokens)
             prefills[at[listed]] = (num_prompt_tokens - device_tokens - host_tokens
                                     + self.host_cost_fraction * host_tokens)
-        elif matches:
+        elif matches:  # a few: one by one costs less than the array calls
             positions = self._positions(ids)
             for rid, match in matches.items():
                 i = positions.get(rid)

@@ -9,7 +9,7 @@ import pytest
 
 from router.core.config import RouterConfig
 from router.core.index import PrefixMatch
-from router.core.policies import ReplicaView, RouteQuery, make_policy
+from router.core.policies import ReplicaView, RouteQuery, cache_aware, make_policy
 from router.core.prefix_match import PrefixMatches
 
 
@@ -48,7 +48,10 @@ class _Reference:
 
 @pytest.mark.parametrize("as_arrays", [False, True])
 @pytest.mark.parametrize("threshold", [math.inf, 300.0])
-def test_array_ranking_equals_the_rule_candidate_by_candidate(threshold, as_arrays):
+def test_array_ranking_equals_the_rule_candidate_by_candidate(threshold, as_arrays,
+                                                              monkeypatch):
+    if as_arrays:  # price every PrefixMatches as arrays, however few
+        monkeypatch.setattr(cache_aware, "_ARRAY_PRICING_FROM", 1)
     rng = random.Random(7)
     config = RouterConfig(policy="cache_aware", block_size=16, load_weight=0.5,
                           imbalance_threshold=threshold)

@@ -20,7 +20,9 @@ leaves allocated (tracemalloc: every Python object and numpy array the router ke
 on one medium each, is k holdings); `build_s` is the time of a second, untraced build
 (`build_cpu_s` its process CPU time, which a busy box inflates less). `decisions_sha256`
 digests every decision (replica, ranking, predicted hits): two versions of the router that
-decide alike print the same digest. Each
+decide alike print the same digest. `gc_in_decisions*` count the cyclic collector's runs
+(any generation) that started inside a timed decision, and their CPU: the decision CPU
+percentiles include them (benchmarks/router_cpu_parts.py --no-gc shows the difference). Each
 replica's snapshot and events carry their own hash objects, as deserialized ones do.
 """
 
@@ -214,25 +216,33 @@ def main() -> None:
     perf, cpu = time.perf_counter_ns, time.thread_time_ns
     load_before = os.getloadavg()[0]
     gc_pauses_ns: list[int] = []  # full (generation 2) collections during the timed loop
-    gc_start = [0]
+    gc_start = [0, 0]  # wall, CPU
+    # every collection (any generation) inside a timed decision: its CPU, which that
+    # decision's CPU time includes
+    gc_in_decisions_ns: list[int] = []
+    in_decision = [False]
 
     def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_start[:] = perf(), cpu()
+            return
+        if in_decision[0]:
+            gc_in_decisions_ns.append(cpu() - gc_start[1])
         if info["generation"] == 2:
-            if phase == "start":
-                gc_start[0] = perf()
-            else:
-                gc_pauses_ns.append(perf() - gc_start[0])
+            gc_pauses_ns.append(perf() - gc_start[0])
 
     gc.callbacks.append(on_gc)
     digest = hashlib.sha256()  # every decision, ranking and predicted hits: same code, same digest
     for i, (kind, hashes) in enumerate(prompts):
         sim_now[0] += 0.005
         rid = f"q{i}"
+        in_decision[0] = i >= 500  # warm-up excluded
         cpu_start = cpu()
         start = perf()
         decision = router.route(rid, hashes, PROMPT_BLOCKS * BLOCK_SIZE, replica_ids, 256)
         elapsed = perf() - start
         cpu_elapsed = cpu() - cpu_start
+        in_decision[0] = False
         digest.update(repr(decision).encode())
         in_flight.append(rid)
         if len(in_flight) > 256:  # ~256 requests outstanding at any time
@@ -287,7 +297,10 @@ def main() -> None:
     for kind in KINDS:
         row(kind, wall_ns[kind], cpu_ns[kind], f"{hit_tokens[kind] / len(wall_ns[kind]):.0f}")
     row("all", all_wall, all_cpu, "")
-    print(f"full GC collections during the loop: {len(gc_pauses_ns)}, longest {max_gc_us:.0f} us")
+    print(f"full GC collections during the loop: {len(gc_pauses_ns)}, longest {max_gc_us:.0f} us; "
+          f"collections of any generation inside the timed decisions: "
+          f"{len(gc_in_decisions_ns)}, {sum(gc_in_decisions_ns) / 1e6:.1f} ms of CPU in all, "
+          f"longest {max(gc_in_decisions_ns, default=0) / 1000:.0f} us")
     print(f"fallback: set_fallback {fallback_activation_ms:.2f} ms; {len(warmup_cpu)} warm-up "
           f"decisions (replaying {history_blocks:,} blocks) cpu mean "
           f"{sum(warmup_cpu) / max(1, len(warmup_cpu)) / 1000:.1f} us, max "
@@ -311,6 +324,9 @@ def main() -> None:
         "decision_cpu_max_us": round(all_cpu[-1] / 1000, 1),
         "full_gc_count": len(gc_pauses_ns),
         "full_gc_max_us": round(max_gc_us, 1),
+        "gc_in_decisions": len(gc_in_decisions_ns),
+        "gc_in_decisions_cpu_ms": round(sum(gc_in_decisions_ns) / 1e6, 1),
+        "gc_in_decisions_max_us": round(max(gc_in_decisions_ns, default=0) / 1000, 1),
         "p99_target_us": 1000,
         "build_s": round(build_s, 2),
         "build_cpu_s": round(build_cpu_s, 2),

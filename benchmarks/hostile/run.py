@@ -188,8 +188,10 @@ def run_front(front: Front, config: HostileConfig) -> dict:
 
 def off_cache_beside(victim: Victim, sent: list[tuple[float, float, str]]
                      ) -> list[list[str]]:
-    """For each victim request served off its cache, the fuzz cases in flight beside it."""
-    return [[what for t0, t1, what in sent if t0 < r.end_s and r.start_s < t1]
+    """For each victim request served off its cache, its cached tokens and the fuzz cases
+    in flight beside it."""
+    return [[f"cached {r.cached_tokens} of {PREFIX_CACHED_TOKENS}"]
+            + [what for t0, t1, what in sent if t0 < r.end_s and r.start_s < t1]
             for r in victim.of("attack")
             if r.ok and (r.cached_tokens or 0) < PREFIX_CACHED_TOKENS]
 

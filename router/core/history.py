@@ -28,9 +28,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import islice
 from typing import NamedTuple
 
+import numpy as np
+
 from kv.hashing import BlockHash
+from router.core.block_table import HASH_BYTES
 from router.core.hash_loops import delete_keys, keys_stamped
 from router.core.index import PrefixIndex, PrefixMatch
+
+_HASH_DTYPE = np.dtype(f"V{HASH_BYTES}")  # one hash: .tolist() gives bytes objects
 
 
 class _RoutedPrompt(NamedTuple):
@@ -38,12 +43,24 @@ class _RoutedPrompt(NamedTuple):
 
     serial: int  # the replica's count of routed prompts before this one
     expires_at_s: float  # on the history's clock
-    hashes_tail_first: tuple[BlockHash, ...]  # the prompt's block hashes, last block first
-    num_evicted: int  # leading entries of hashes_tail_first evicted already (tail first)
+    # The prompt's block hashes joined in prompt order: one bytes object, not a container of
+    # 512 hashes that every young-generation collection of the cyclic GC would walk while
+    # the prompt is remembered (the cost of a collection landed in one decision).
+    joined_hashes: bytes
+    num_evicted: int  # trailing blocks evicted already (tail first)
 
     @property
-    def live_hashes(self) -> tuple[BlockHash, ...]:
-        return self.hashes_tail_first[self.num_evicted:]
+    def num_live(self) -> int:
+        return len(self.joined_hashes) // HASH_BYTES - self.num_evicted
+
+    def hashes_tail_first(self) -> list[BlockHash]:
+        """Every block hash of the prompt, last block first (evicted ones included)."""
+        return np.frombuffer(self.joined_hashes, _HASH_DTYPE)[::-1].tolist()
+
+    @property
+    def live_hashes(self) -> list[BlockHash]:
+        """The hashes not evicted yet, last block first."""
+        return np.frombuffer(self.joined_hashes, _HASH_DTYPE)[:self.num_live][::-1].tolist()
 
 
 class _Routed:
@@ -141,10 +158,12 @@ class RoutedHistory:
         self._expire(replica_id, routed, now)
         if not block_hashes:
             return
+        joined = b"".join(block_hashes)
+        if len(joined) != HASH_BYTES * len(block_hashes):
+            raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
         serial = routed.next_serial
         routed.next_serial += 1
-        routed.queue.append(_RoutedPrompt(serial, now + self.ttl_s,
-                                          tuple(reversed(block_hashes)), 0))
+        routed.queue.append(_RoutedPrompt(serial, now + self.ttl_s, joined, 0))
         routed.num_queued += len(block_hashes)
         if routed.warm:
             seen = routed.last_serial
@@ -154,7 +173,7 @@ class RoutedHistory:
             if len(seen) > self.capacity_blocks:
                 self._evict(replica_id, routed, len(seen) - self.capacity_blocks)
         queue = routed.queue
-        while routed.num_queued - len(queue[0].live_hashes) >= 2 * self.capacity_blocks:
+        while routed.num_queued - queue[0].num_live >= 2 * self.capacity_blocks:
             self._pop_oldest(replica_id, routed)  # what is left still spans 2 x capacity
 
     def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str],
@@ -177,13 +196,12 @@ class RoutedHistory:
     def _pop_oldest(self, replica_id: str, routed: _Routed) -> None:
         """Forgets the oldest routed prompt's blocks that no later prompt refreshed."""
         prompt = routed.queue.popleft()
-        live = prompt.live_hashes
-        routed.num_queued -= len(live)
+        routed.num_queued -= prompt.num_live
         if routed.replaying and routed.num_replayed:
             routed.num_replayed -= 1
         elif not routed.warm:
             return  # not in the LRU yet
-        gone = keys_stamped(routed.last_serial, live, prompt.serial)
+        gone = keys_stamped(routed.last_serial, prompt.live_hashes, prompt.serial)
         delete_keys(routed.last_serial, gone)
         self.index.remove_blocks(replica_id, "device", gone)
 
@@ -193,7 +211,7 @@ class RoutedHistory:
         gone: list[BlockHash] = []
         while len(gone) < num_blocks:
             prompt = queue[0]
-            hashes, pos = prompt.hashes_tail_first, prompt.num_evicted
+            hashes, pos = prompt.hashes_tail_first(), prompt.num_evicted
             live = keys_stamped(seen, hashes[pos:], prompt.serial)  # not refreshed since
             need = num_blocks - len(gone)
             if len(live) <= need:
@@ -261,6 +279,8 @@ class RoutedHistory:
                 assert not seen, f"{rid}: a cold replica keeps no LRU"
             if self._active and not routed.warm:
                 assert rid in self._cold, f"{rid} cold but not queued for warming"
+            assert all(len(e.joined_hashes) % HASH_BYTES == 0 and 0 <= e.num_evicted
+                       and e.num_live > 0 for e in routed.queue), f"{rid}: a prompt's hashes"
             assert routed.num_queued == sum(len(e.live_hashes) for e in routed.queue)
             serials = [e.serial for e in routed.queue]
             assert serials == sorted(serials), f"{rid} history out of order"

@@ -48,6 +48,7 @@ class PendingMarks:
         self.bits_mask = 0  # bits of the replicas with at least one mark
         # replica bit -> {hash: holders of a held mark beyond the first (>= 1)}
         self._more_holders: dict[int, dict[BlockHash, int]] = {}
+        # (expires at, replica bit, hashes): the hashes include every mark stamped then
         self._queue: deque[tuple[float, int, tuple[BlockHash, ...]]] = deque()
         # (the bits of `by_bit`, their dicts), built when asked and kept until a replica
         # gains its first mark or loses its last: a walk asks every replica's dict at once
@@ -112,8 +113,15 @@ class PendingMarks:
             delete_keys(mine, held)
             if not mine:
                 self._drop(bit)
-        else:
-            self._stamp(bit, held, now + self.ttl_s)
+        elif held:
+            # The queue keeps the caller's sequence (the request's held hashes, a superset
+            # of those stamped now: expiry deletes only marks stamped with its time), not a
+            # copy: one container of hundreds of hashes less for the cyclic collector to
+            # walk per decision.
+            expires_at = now + self.ttl_s
+            mine.update(dict.fromkeys(held, expires_at))
+            self._queue.append((expires_at, bit, block_hashes if isinstance(block_hashes, tuple)
+                                else tuple(held)))
 
     def _mine(self, bit: int) -> dict[BlockHash, float]:
         mine = self.by_bit.get(bit)

@@ -218,7 +218,9 @@ class Router:
             # `mark_whole_prompt` the run is pinned too: marked if evicted before the request
             # finishes (`_pin_evicted`), not marked now, so a decision costs no more.
             num_confirmed = confirmed.get(replica_id, match.num_device_blocks if match else 0)
-            held = block_hashes[num_confirmed:]
+            # a tuple of hashes: the collector untracks it at its first pass (a list slice
+            # would be walked by every collection while the request is outstanding)
+            held = tuple(block_hashes[num_confirmed:])
             self.index.mark_pending(replica_id, held, held=True)
             if num_confirmed and self.config.mark_whole_prompt:
                 self._pins.setdefault(replica_id, {})[request_id] = num_confirmed

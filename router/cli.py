@@ -12,6 +12,7 @@ import time
 
 from router.serve.settings import LaunchSettings, ServeSettings
 from worker.openai_server.main import add_engine_arguments, run_engine
+from worker.process_settings import ProcessSettings
 from worker.settings import SettingsError, add_flags, flag_name, given_flags, load_settings
 
 APP_NAME = "kvroute"
@@ -111,6 +112,7 @@ def run_serve(ns: argparse.Namespace) -> int:
                                  flag_name)
         launch = load_settings(LaunchSettings, given_flags(ns, LaunchSettings), os.environ,
                                flag_name)
+        ProcessSettings.from_environ(os.environ)  # the replicas' own: bad ones fail here
     except SettingsError as err:
         print(f"kvroute serve: {err}", file=sys.stderr)
         return 2

@@ -101,6 +101,13 @@ def test_cli_rejects_a_bad_flag_before_starting_anything(capsys):
     assert "replicas = '0' (from --replicas)" in err
 
 
+def test_cli_rejects_a_bad_process_setting_before_starting_anything(capsys, monkeypatch):
+    # read by every replica from its environment: checked before Ray starts, not in each
+    monkeypatch.setenv("KVROUTE_MAX_BODY_BYTES", "zero")
+    assert main(["serve", "--engine", "sim", "--model", "tiny"]) == 2
+    assert "max_body_bytes = 'zero' (from $KVROUTE_MAX_BODY_BYTES)" in capsys.readouterr().err
+
+
 def test_cli_shares_local_cpus_unless_set():
     settings = ServeSettings(replicas=2, tp=2)
     assert local_cpus_per_rank(settings, num_cpus=2).cpus_per_rank == 0.5

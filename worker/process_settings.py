@@ -4,10 +4,11 @@ and pin quotas, API and admin keys, the cache directory.
 They are `KVROUTE_<NAME>` variables only (no flags, no Serve config args): key values must
 never travel in a Serve config or a runtime_env (Ray logs both), and on a joined cluster a
 replica runs in its node's environment. Each process that answers the API loads them once,
-at its start (`ProcessSettings.from_environ`), and passes them down; no other module reads
-them. `kvroute serve` validates them where it builds the app and hands every one but the
-keys to its replicas (router/serve/serve_env.py `replica_env`); the Helm chart sets them on
-every Ray container (its `limits`, `apiKeys` and `adminKey` values).
+at its start (`ProcessSettings.from_environ`), and passes them down; only the cache
+directory is loaded where it is used (`default_cache_root`, through the same loader).
+`kvroute serve` validates them before Ray starts, and the app builder hands every one but
+the keys to its replicas (router/serve/serve_env.py `replica_env`); the Helm chart sets
+them on every Ray container (its `limits`, `apiKeys` and `adminKey` values).
 """
 
 from __future__ import annotations

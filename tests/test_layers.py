@@ -46,10 +46,6 @@ SERVE_GATEWAY_LEFT = {
     ("router/serve/app.py", "router.gateway.app"),
     ("router/serve/workers_app.py", "router.gateway.worker_app"),
     ("router/serve/workers_app.py", "router.gateway.worker_gateway"),
-    # pins, shared by the two fronts of kvroute's engine: to router/front/ once the pin
-    # path's open fix lands
-    ("router/serve/engine_http.py", "router.gateway.engine_client"),
-    ("router/serve/engine_http.py", "router.gateway.prefixes"),
     # the router adapter over external workers and the index mirror it shares with the
     # Serve request router: to one router adapter in a shared layer
     ("router/gateway/worker_gateway.py", "router.serve.worker_router"),

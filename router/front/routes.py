@@ -22,7 +22,7 @@ from worker.openai.routes import Handler, Route
 
 
 class Pins(Protocol):
-    """The pinned-prefix service (router/gateway/prefixes.py's PrefixService)."""
+    """The pinned-prefix service (router/front/prefixes.py's PrefixService)."""
 
     async def register(self, raw_body: bytes, tenant: str,
                        check_model: Callable[[str | None], None]) -> dict[str, Any]: ...

@@ -22,13 +22,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from router.cluster.index_actor import get_index_actor
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher, get_metrics_hub
+from router.front.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
 from router.front.metrics import CountRequests, GatewayMetrics
 from router.front.pin_admin import PinAdmin
+from router.front.prefixes import PrefixRegisterRequest, PrefixService
 from router.front.process import process_id
 from router.front.routes import cluster_metrics, cluster_ready, pin_routes
 from router.front.tenants import TenantAuth, load_api_keys
-from router.gateway.engine_client import EngineClient, ReplicaLost, RetryConfig, unavailable
-from router.gateway.prefixes import PrefixRegisterRequest, PrefixService
 from worker.openai.choices import Choices, collect, replay
 from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError

@@ -32,12 +32,12 @@ from starlette.responses import Response
 
 from router.cluster.index_actor import get_index_actor
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher, get_metrics_hub
+from router.front.engine_client import EngineClient, RetryConfig
 from router.front.metrics import CountRequests, GatewayMetrics
 from router.front.pin_admin import PinAdmin
+from router.front.prefixes import PrefixRegisterRequest, PrefixService
 from router.front.routes import cluster_metrics, cluster_ready, pin_routes
 from router.front.tenants import TenantAuth, load_api_keys
-from router.gateway.engine_client import EngineClient, RetryConfig
-from router.gateway.prefixes import PrefixRegisterRequest, PrefixService
 from router.serve.engine_replica import EngineReplicaBody
 from router.serve.route_header import RouteSigner
 from router.serve.route_tracking import RouteReports, RouteTracking

@@ -7,8 +7,8 @@ import pytest
 
 from router.cluster.prefix_registry import PrefixRegistry
 from router.front.pin_admin import PinAdmin, PinQuota
+from router.front.prefixes import PrefixService
 from router.front.tenants import TenantAuth
-from router.gateway.prefixes import PrefixService
 from worker.api import PinResult
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder

@@ -11,7 +11,7 @@ import pytest
 
 from router.cluster.index_actor import KVIndex
 from router.front.pin_admin import PinQuota
-from router.gateway.prefixes import PrefixService
+from router.front.prefixes import PrefixService
 from worker.api import PinResult
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder

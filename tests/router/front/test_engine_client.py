@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from ray.serve import context as serve_context
 
-from router.gateway.engine_client import EngineClient, RetryConfig
+from router.front.engine_client import EngineClient, RetryConfig
 from worker.api import (
     EngineInputError,
     EngineRequest,

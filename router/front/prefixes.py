@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_v
 
 from router.cluster.pin_quota import PinQuota
 from router.cluster.prefix_registry import PrefixRecord, engine_pin_name
-from router.gateway.engine_client import EngineClient
+from router.front.engine_client import EngineClient
 from worker.api import PinRequest, PinResult, UnpinRequest
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder, PromptError

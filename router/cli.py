@@ -120,7 +120,7 @@ def run_serve(ns: argparse.Namespace) -> int:
                           routers_per_node=settings.gateways)
     from ray import serve
 
-    from router.serve.app import serve_application
+    from router.apps.build import serve_application
 
     phases.done("imports")
     num_cpus = None if launch.address else (launch.num_cpus or os.cpu_count() or 1)
@@ -140,9 +140,9 @@ def run_serve(ns: argparse.Namespace) -> int:
     # A joined cluster's Serve controller takes the env from here (its proxies and our
     # replicas inherit the controller's and the job's); on a local instance it is there.
     controller = {"runtime_env": {"env_vars": env}}
-    if settings.workers:  # its gateways serve HTTP themselves (router/serve/workers_app.py)
+    if settings.workers:  # its gateways serve HTTP themselves (router/apps/external.py)
+        from router.apps.external import workers_application
         from router.front.http_server import HttpConfig
-        from router.serve.workers_app import workers_application
 
         serve.start(proxy_location="Disabled", controller_options=controller)
         phases.done("serve")
@@ -191,8 +191,8 @@ def _model_usable(settings: ServeSettings, local: bool) -> bool:
 
 def _workers_usable(settings: ServeSettings) -> bool:
     """Checks the tokenizer and every worker before anything starts; prints what is wrong."""
+    from router.apps.external import check_workers, worker_gateway_config
     from router.cluster.worker_spec import parse_workers
-    from router.serve.workers_app import check_workers, worker_gateway_config
     from worker.tokenizer_files import load_tokenizer_files, tokenizer_dir
 
     config = worker_gateway_config(settings)

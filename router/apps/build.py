@@ -1,11 +1,11 @@
 """The kvroute Serve application: gateway ingress -> engine replicas, one builder for all.
 
-`build_app(args)` is the import path `router.serve.app:build_app` of a Serve config (the Helm
-chart's RayService `serveConfigV2`, `serve run router.serve.app:build_app replicas=2`). Its
+`build_app(args)` is the import path `router.apps.build:build_app` of a Serve config (the Helm
+chart's RayService `serveConfigV2`, `serve run router.apps.build:build_app replicas=2`). Its
 args are the fields of `ServeSettings` (router/serve/settings.py), over the `KVROUTE_<NAME>`
 variables of the process that builds the app. `kvroute serve` deploys
 `serve_application(settings)`. With `workers`, the app is the gateway in front of those
-external servers instead (router/serve/workers_app.py): no engine replica is deployed.
+external servers instead (router/apps/external.py): no engine replica is deployed.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def build_app(args: dict[str, Any]) -> Application:
     """Serve's application builder; raises SettingsError (a ValueError) on a bad arg."""
     settings = load_settings(ServeSettings, dict(args or {}), os.environ)
     if settings.workers:
-        from router.serve.workers_app import workers_application
+        from router.apps.external import workers_application
 
         # Its gateways listen themselves, on LaunchSettings' host ($KVROUTE_HOST) and port
         # (never read from the environment: its default, the chart's gateway port). The

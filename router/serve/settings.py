@@ -2,7 +2,7 @@
 extends the engine's (worker/engine_config.py `EngineSettings`, also `kvroute engine`'s).
 
 From `ServeSettings` derive: the `kvroute serve` flags, the `args` of
-`router.serve.app:build_app` (`serve run router.serve.app:build_app replicas=2`, a Serve
+`router.apps.build:build_app` (`serve run router.apps.build:build_app replicas=2`, a Serve
 config, the Helm chart's RayService), the `KVROUTE_<NAME>` environment variables (read by
 the process that builds the application), and the chart's values schema for the settings it
 sets (router/serve/chart_values.py). How they are loaded, and which wins: worker/settings.py.

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
+from router.apps.external import WorkerGatewayReplica
 from router.core.policies import POLICY_NAMES
 from router.gateway.app import Gateway
 from router.serve.engine_replica import EngineReplica
 from router.serve.ingress_router import IngressRouter
 from router.serve.serve_env import serve_env
 from router.serve.settings import ServeSettings
-from router.serve.workers_app import WorkerGatewayReplica
 from worker.settings import load_settings
 
 from .helm_chart import CHART, VALUE_SETS, notes, render, serve_config

@@ -2,7 +2,7 @@
 restart fails no POST; they share their pending marks (router/cluster/shared_marks.py);
 `gateways` asks for another number. Built, not deployed."""
 
-from router.serve.app import build_app
+from router.apps.build import build_app
 from router.serve.serve_env import serve_env
 from router.serve.settings import ServeSettings
 

@@ -65,7 +65,7 @@ def test_default_values(helm_bin):
         "applications": [{
             "name": "kvroute",
             "route_prefix": "/",
-            "import_path": "router.serve.app:build_app",
+            "import_path": "router.apps.build:build_app",
             "args": {
                 "model": "tiny", "engine": "real", "replicas": 2, "tp": 1, "block_size": 16,
                 "num_blocks": 1024, "num_host_blocks": 0, "cpus_per_rank": 1,

@@ -1,7 +1,7 @@
 """The chart in front of external workers: no engine pods, the worker gateway on the head
 listening on the gateway port itself (no Serve proxy), the admin key from a Secret."""
 
-from router.serve.app import build_app
+from router.apps.build import build_app
 from router.serve.settings import LaunchSettings, ServeSettings
 from worker.settings import load_settings
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from router.apps.build import build_app
 from router.front.admin_key import load_admin_key
 from router.front.tenants import load_api_keys
-from router.serve.app import build_app
 from worker.process_settings import ProcessSettings
 from worker.settings import env_name
 

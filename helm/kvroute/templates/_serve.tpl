@@ -65,7 +65,7 @@ ServeSettings (router/serve/settings.py). A Serve proxy runs on every node (Ever
 every pod answers the API and the head is no single point of failure; the Gateway
 deployment (router/gateway/app.py) runs wherever Serve places it, and with autoscaling
 Serve scales EngineReplica (router/serve/engine_replica.py). With `workers`, the app is the
-worker gateway (router/serve/workers_app.py): its replicas, pinned to the head, listen on
+worker gateway (router/apps/external.py): its replicas, pinned to the head, listen on
 the gateway port themselves, so no Serve proxy runs.
 */}}
 {{- define "kvroute.serveConfig" -}}
@@ -121,7 +121,7 @@ the gateway port themselves, so no Serve proxy runs.
 {{- end }}
 {{- $app := dict
   "name" "kvroute"
-  "import_path" "router.serve.app:build_app"
+  "import_path" "router.apps.build:build_app"
   "args" $args
   "deployments" $deployments }}
 {{- $httpOptions := dict "host" "0.0.0.0" "port" (int (include "kvroute.gatewayPort" .)) }}

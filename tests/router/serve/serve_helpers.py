@@ -14,8 +14,8 @@ import ray
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
+from router.apps.build import build_app
 from router.cli import APP_NAME
-from router.serve.app import build_app
 
 
 def free_port() -> int:

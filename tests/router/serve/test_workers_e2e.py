@@ -20,10 +20,10 @@ from openai.types.chat import ChatCompletion
 from ray import serve
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker, stop_all
+from router.apps.external import workers_application
 from router.cli import APP_NAME
 from router.front.http_server import HttpConfig
 from router.serve.settings import ServeSettings
-from router.serve.workers_app import workers_application
 from tests.router.serve.serve_helpers import Server, free_port, latency_counts, wait_until
 from worker.openai.tokenize import kvroute_version
 

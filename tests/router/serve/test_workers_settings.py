@@ -5,8 +5,8 @@ import pytest
 from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 from ray.serve.scripts import convert_args_to_dict
 
+from router.apps.build import build_app
 from router.cli import main
-from router.serve.app import build_app
 from router.serve.settings import ServeSettings
 from worker.settings import SettingsError, load_settings
 

@@ -47,17 +47,23 @@ def test_the_victims_ttft_stays_within_a_bound_of_its_baseline(result):
     assert result["victim_ttft_p50_over_baseline"] <= TTFT_RATIO_BOUND, result["hurt_by"]
 
 
-# A known open bug, seen in clean-clone runs about one in two: on the default path, during
-# the concurrent pin-register race, the victim was once served off its cache and some
-# routed load stayed charged until the routers' 60 s sweep of abandoned decisions. Other
-# fronts are held to the rule; this one reports the failure as expected until it is fixed.
-PIN_RACE_LEAK = ("direct front: load charged during the pin-register race can stay until "
-                 "the 60 s abandoned sweep, and the victim was once moved off its cache")
+# A known open limit, seen on the default path in about one run in two: a valid request of
+# the hostile tenant with a large max_tokens is charged as that many tokens of decode work
+# on its replica until it ends, and a victim request meanwhile is placed on the other
+# replica, off its cache (the routers count it as a "placement" miss). The cost model
+# weighs a decode token like a prefill token (decode_weight 1.0); with continuous batching
+# another request's decode does not queue ahead of the victim's prefill. Other fronts are
+# held to the rule; this one reports the miss as expected until the charge is fixed.
+PLACED_OFF_CACHE = ("direct front: a valid max_tokens charged as decode work moved a victim "
+                    "request off its cache (a placement miss)")
 
 
 def _known_on_direct(result, holds: bool) -> None:
-    if not holds and result["front"] == "direct":
-        pytest.xfail(PIN_RACE_LEAK + f" (hurt_by: {result['hurt_by']})")
+    placed = (result.get("miss_tokens_under_attack") or {}).get("placement", 0)
+    if not holds and result["front"] == "direct" and placed > 0:
+        pytest.xfail(PLACED_OFF_CACHE + f" (misses under attack: "
+                     f"{result.get('miss_tokens_under_attack')}, beside: "
+                     f"{result.get('off_cache_beside')})")
 
 
 def test_the_victims_prefix_stays_where_it_is_cached(result):
@@ -72,8 +78,7 @@ def test_the_victims_prefix_stays_where_it_is_cached(result):
 def test_the_routers_load_stays_finite_and_comes_back(result):
     assert result["load_nonfinite"] == 0
     if result["routed"]:  # a router in front: its load settles back
-        _known_on_direct(result, result["load_leaked_after_s"] is not None)
-        assert result["load_leaked_after_s"] is not None
+        assert result["load_leaked_after_s"] is not None, result["load_left_unsettled"]
 
 
 def test_no_engine_step_fails(result):

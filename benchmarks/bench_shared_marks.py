@@ -7,7 +7,7 @@ Two routers built from the same index (bench_router.py's forest of prefixes: 64 
 the same prompts, alternately: one alone, the other also receiving, after each decision,
 one poll reply with the marks `--peers` other routers set meanwhile (each a prompt of the
 same mix on a random replica), applied as the index mirror applies them
-(router/serve/mark_sharing.py `apply_shared_marks`, under the lock decisions take). The
+(router/cluster/mark_sharing.py `apply_shared_marks`, under the lock decisions take). The
 second also queues each decision's marks for sending (`MarkSender.share`, the routing
 path's only added work; the send itself runs after, on the event loop).
 
@@ -39,9 +39,9 @@ from benchmarks.bench_router import (  # noqa: E402
     prepare,
 )
 from router.cluster.actor_link import ActorLink  # noqa: E402
+from router.cluster.mark_sharing import MarkSender, MarkSharingConfig, apply_shared_marks  # noqa
 from router.cluster.shared_marks import SharedMark  # noqa: E402
 from router.core.router import Router, RouterConfig  # noqa: E402
-from router.serve.mark_sharing import MarkSender, MarkSharingConfig, apply_shared_marks  # noqa
 
 
 def main(argv: list[str] | None = None) -> dict:

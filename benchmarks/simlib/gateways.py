@@ -15,7 +15,7 @@ relays it in their next long-poll reply):
     pending marks  a decision's replica and prompt block hashes (the first
                    `MAX_SHARED_MARK_BLOCKS`); a receiver marks the blocks past the run its
                    own index confirms there, as timed marks (`pending_ttl_s`), as
-                   router/serve/mark_sharing.py does live
+                   router/cluster/mark_sharing.py does live
     routed work    a decision's work tokens on its replica, then its end: the receivers
                    count it in their load as their own until it ends (no live counterpart)
 """
@@ -33,7 +33,7 @@ from kv.hashing import BlockHash
 from router.core.router import Router, RouterConfig, RoutingDecision
 
 SPREADS = ("random", "round_robin", "session")
-MAX_SHARED_MARK_BLOCKS = 4096  # router/serve/mark_sharing.py's max_mark_blocks
+MAX_SHARED_MARK_BLOCKS = 4096  # router/cluster/mark_sharing.py's max_mark_blocks
 
 
 class SharedRoute(NamedTuple):

@@ -23,8 +23,8 @@ import ray
 from benchmarks.simlib.event_shapes import BatchShape, ReplicaFeed, hash_ring
 from kv.events import Cursor, EventBatch
 from router.cluster.index_actor import PollReply, PollRequest
+from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.core.router import Router, RouterConfig
-from router.serve.index_mirror import IndexMirror, MirrorConfig
 
 SLOTS_PER_INTERVAL = 10  # replicas publish at 10 phases of the interval
 

@@ -7,7 +7,7 @@ only from the replica's events, one publish interval and a poll later: two reque
 the same new prefix that reach two routers in that window prefill it twice, on two
 replicas. So each router also sends the marks it sets to the index actor (batched, off its
 decision path), and the actor hands them to the other routers in their next poll reply,
-waking their long polls; they apply them as timed marks (router/serve/mark_sharing.py).
+waking their long polls; they apply them as timed marks (router/cluster/mark_sharing.py).
 
 Everything is bounded: a mark carries at most `max_mark_blocks` hashes (a prompt's first
 ones: the prefix others may share), the actor keeps at most `max_kept_blocks` of them and

@@ -1,7 +1,7 @@
 """The OpenAI-compatible gateway in front of external workers.
 
 Per request: authenticate (API key -> tenant -> cache salt), read the prompt, tokenize and
-hash it once (Protocol 1), let the Router core pick a worker (router/serve/worker_router.py)
+hash it once (Protocol 1), let the Router core pick a worker (router/gateway/external_router.py)
 and forward the body there over HTTP, relaying the worker's answer byte for byte
 (router/gateway/worker_proxy.py). Only OpenAI's fields and kvroute's documented extensions
 reach a worker (router/gateway/worker_fields.py), and a client that leaves cancels its
@@ -41,10 +41,10 @@ from router.front.metrics import GatewayMetrics
 from router.front.routing_body import off_loop
 from router.front.tenants import TenantAuth, load_api_keys
 from router.gateway.admin import change_body, spec_from_body, worker_body
+from router.gateway.external_router import ExternalWorkerRouter, NoWorkerAvailable
 from router.gateway.routed_body import RoutedBody, chat_body, completion_body
 from router.gateway.worker_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
 from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
-from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
 from worker.openai.errors import APIError
 from worker.openai.front import FrontDoor, ready_body
 from worker.openai.latency import arrival_of, relayed
@@ -110,14 +110,14 @@ class WorkerGateway:
         self._pusher = MetricsPusher(f"gateway/{gateway_id}", self.metrics.registry,
                                      config.metrics)
         self.workers = None  # the worker-set actor, once started
-        self.router: WorkerRouter | None = None
+        self.router: ExternalWorkerRouter | None = None
         self.hub = None
 
     async def start(self) -> None:
         """Finds (or creates) the cluster actors and reads the worker set once."""
         self.workers = await asyncio.to_thread(get_worker_set_actor, self.config.worker_set)
         self.hub = await asyncio.to_thread(get_metrics_hub, self.config.metrics)
-        self.router = WorkerRouter(self.config.router, self.model, self.gateway_id,
+        self.router = ExternalWorkerRouter(self.config.router, self.model, self.gateway_id,
                                    self.workers, metrics_config=self.config.metrics)
         await self.router.start()
         self._pusher.start()

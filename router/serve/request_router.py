@@ -40,14 +40,14 @@ from ray.serve.request_router import (
 )
 
 from router.cluster.hit_bound import HitBoundLink
+from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.cluster.route_ends import split_reports
 from router.core.hit_curve import HitCurveConfig
 from router.core.ledger import LedgerConfig, RouteKind
 from router.core.router import Router, RouterConfig
-from router.serve.index_mirror import IndexMirror, MirrorConfig
+from router.front.router_metrics import RouterMetrics
 from router.serve.route_calls import RouteCall
-from router.serve.router_metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The workers path against a lying worker beside an honest one (real HTTP servers in the
-test's loop, the worker set's plain class, a gateway's WorkerRouter and proxy, no Ray): a
+test's loop, the worker set's plain class, a gateway's ExternalWorkerRouter and proxy, no Ray): a
 worker whose answer breaks the protocol is drained for a back-off and the request that met
 it is served elsewhere; a worker that refuses a request (4xx) keeps none of its charge."""
 
@@ -12,8 +12,8 @@ from aiohttp import web
 from router.cluster.worker_set import WorkerSet, WorkerSetConfig
 from router.cluster.worker_spec import WorkerSpec
 from router.core.router import RouterConfig
+from router.gateway.external_router import ExternalWorkerRouter, NoWorkerAvailable
 from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
-from router.serve.worker_router import NoWorkerAvailable, WorkerRouter
 from tests.router.cluster.test_worker_set import Followed
 from tests.router.lying_worker import LyingWorker
 from worker.openai.errors import APIError
@@ -53,7 +53,7 @@ async def cluster():
     workers = WorkerSet(WorkerSetConfig(model="tiny", workers=specs, health_period_s=3600.0,
                                         load_period_s=0.0), index=Followed())
     handle = SetHandle(workers)
-    router = WorkerRouter(RouterConfig(), "tiny", "gw-test", handle)
+    router = ExternalWorkerRouter(RouterConfig(), "tiny", "gw-test", handle)
     router._apply(await workers.poll(-1))  # what the poll loop does (it needs Ray)
     proxy = WorkerProxy(SMALL)
     yield liar, honest, router, handle, proxy
@@ -63,7 +63,7 @@ async def cluster():
     await honest.stop()
 
 
-async def send(router: WorkerRouter, proxy: WorkerProxy, name: str, num_prompt_tokens: int,
+async def send(router: ExternalWorkerRouter, proxy: WorkerProxy, name: str, num_prompt_tokens: int,
                prefer: str | None = None):
     """One request as the gateway forwards it; `prefer`: its first pick goes there."""
     routed: dict[str, str] = {}

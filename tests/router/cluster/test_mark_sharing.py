@@ -9,11 +9,11 @@ import pytest
 
 from kv.events import EventLog
 from router.cluster.index_actor import KVIndex
+from router.cluster.index_mirror import IndexMirror, MirrorConfig
+from router.cluster.mark_sharing import MarkOutbox, apply_shared_marks
 from router.cluster.shared_marks import SharedMark
 from router.core.config import RouterConfig
 from router.core.router import Router
-from router.serve.index_mirror import IndexMirror, MirrorConfig
-from router.serve.mark_sharing import MarkOutbox, apply_shared_marks
 
 BLOCK_SIZE = 16
 PREFIX = [os.urandom(16) for _ in range(8)]

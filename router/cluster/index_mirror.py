@@ -24,8 +24,8 @@ from kv.events import ContentsDigest, Cursor, contents_digest
 from kv.hashing import BlockHash
 from router.cluster.actor_link import ActorLink
 from router.cluster.index_actor import PollReply, PollRequest, get_index_actor
+from router.cluster.mark_sharing import MarkSender, MarkSharingConfig, apply_shared_marks
 from router.core.router import Router
-from router.serve.mark_sharing import MarkSender, MarkSharingConfig, apply_shared_marks
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from typing import Any
 import ray
 
 from kv.hashing import BlockHash
+from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.cluster.worker_spec import WorkerSetView, WorkerSpec
 from router.core.ledger import RouteKind
 from router.core.router import Router, RouterConfig, RoutingDecision
-from router.serve.index_mirror import IndexMirror, MirrorConfig
-from router.serve.router_metrics import RouterMetrics
-from router.serve.worker_metrics import WorkerModeMetrics
+from router.front.router_metrics import RouterMetrics
+from router.gateway.external_metrics import WorkerModeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class NoWorkerAvailable(Exception):
     """No routable worker is left for the request (the gateway answers 503)."""
 
 
-class WorkerRouter:
+class ExternalWorkerRouter:
     """Args:
         router_config: the Router core's settings (block size = the gateway's hashing).
         model: served model name (metric label).

@@ -5,10 +5,10 @@ import os
 import threading
 
 from kv.events import Cursor, EventLog, contents_digest
+from router.cluster.index_mirror import IndexMirror
 from router.core.config import RouterConfig
 from router.core.index import PrefixIndex
 from router.core.router import Router
-from router.serve.index_mirror import IndexMirror
 
 
 def test_digest_is_order_independent_and_matches_the_replica_side():
@@ -70,7 +70,7 @@ def test_a_replica_seen_dead_does_not_reappear_from_a_poll_that_crossed_its_deat
 def test_index_actor_restart_keeps_router_state_through_grace_then_resyncs():
     """A restarted actor lists every cursor as removed; the router held on."""
     from router.cluster.index_actor import PollReply
-    from router.serve.index_mirror import MirrorConfig
+    from router.cluster.index_mirror import MirrorConfig
 
     router = Router(RouterConfig(block_size=16))
     mirror = IndexMirror(router, "router-a", threading.Lock(), index=object(),

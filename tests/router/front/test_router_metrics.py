@@ -3,7 +3,7 @@ leaves after its TTL; a replica that comes back reads 1."""
 
 from prometheus_client import generate_latest
 
-from router.serve.router_metrics import RouterMetrics
+from router.front.router_metrics import RouterMetrics
 
 
 def up(metrics: RouterMetrics, replica_id: str) -> float | None:

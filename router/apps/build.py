@@ -21,14 +21,14 @@ from router.front.http_server import HttpConfig
 from router.gateway.app import Gateway, GatewayConfig
 from router.serve.engine_http import DirectEngineReplica, EngineHTTPConfig
 from router.serve.engine_replica import EngineReplica, ReplicaResources, engine_deployment_options
-from router.serve.ingress_router import IngressRouter, IngressRouterConfig
+from router.serve.ingress_endpoint import IngressRouteEndpoint, IngressRouteEndpointConfig
 from router.serve.route_header import new_route_key
 from router.serve.serve_env import key_paths, replica_env, with_env
 from router.serve.settings import LaunchSettings, ServeSettings
 from worker.engine_config import EngineConfig
 from worker.settings import SettingsError, load_settings
 
-REQUEST_ROUTER_CLASS = "router.serve.request_router:KVRouteRequestRouter"
+REQUEST_ROUTER_CLASS = "router.serve.request_router:ServeRequestRouter"
 
 
 def _gpus_per_rank(settings: ServeSettings) -> float:
@@ -98,10 +98,10 @@ def _direct_application(serve_args: ServeSettings, engine_config: EngineConfig,
         engine_config, EngineHTTPConfig(model=serve_args.model,
                                         block_size=serve_args.block_size,
                                         **key_paths(serve_args), route_key=route_key))
-    router = IngressRouter.options(
+    router = IngressRouteEndpoint.options(
         num_replicas=serve_args.gateways,
-        ray_actor_options=with_env(IngressRouter.ray_actor_options, env)).bind(
-        engine, IngressRouterConfig(model=serve_args.model,
+        ray_actor_options=with_env(IngressRouteEndpoint.ray_actor_options, env)).bind(
+        engine, IngressRouteEndpointConfig(model=serve_args.model,
                                     served_model_name=engine_config.served_model_name,
                                     block_size=serve_args.block_size,
                                     max_model_len=min(engine_config.max_model_len

@@ -1,7 +1,7 @@
 """The Serve application in front of external workers: gateway replicas only.
 
 `kvroute serve --workers URL,...` (or a Serve config's `workers` arg) deploys `gateways`
-replicas of the worker gateway (router/gateway/worker_gateway.py); the workers run
+replicas of the worker gateway (router/gateway/external_gateway.py); the workers run
 elsewhere. Each replica serves HTTP itself on the configured host and port (shared by the
 replicas of a node), so Serve's proxy is not used: deploy with `proxy_location` Disabled.
 `check_workers` is what `kvroute serve` runs before it starts anything: every listed worker
@@ -23,19 +23,19 @@ from router.cluster.worker_set import WorkerSetConfig
 from router.cluster.worker_spec import WorkerSpec, parse_workers
 from router.core.router import RouterConfig
 from router.front.http_server import HttpConfig, HttpServer
-from router.gateway.worker_app import create_app
-from router.gateway.worker_gateway import WorkerGateway, WorkerGatewayConfig
+from router.gateway.external_app import create_app
+from router.gateway.external_gateway import ExternalGateway, ExternalGatewayConfig
 from router.serve.request_router import gateway_process_id
 from router.serve.serve_env import key_paths, replica_env, with_env
 from router.serve.settings import ServeSettings
 
 
 @serve.deployment(name="WorkerGateway")
-class WorkerGatewayReplica:
+class ExternalGatewayReplica:
     """One gateway process: the gateway's handlers behind its own HTTP server."""
 
-    async def __init__(self, config: WorkerGatewayConfig, http: HttpConfig):
-        self.gateway = WorkerGateway(config, gateway_process_id())
+    async def __init__(self, config: ExternalGatewayConfig, http: HttpConfig):
+        self.gateway = ExternalGateway(config, gateway_process_id())
         await self.gateway.start()
         self.server = HttpServer(create_app(self.gateway), http)
         await self.server.start()
@@ -51,23 +51,23 @@ class WorkerGatewayReplica:
         await self.gateway.aclose()
 
 
-def worker_gateway_config(args: ServeSettings) -> WorkerGatewayConfig:
+def external_gateway_config(args: ServeSettings) -> ExternalGatewayConfig:
     """Raises ValueError (WorkerSpecError) naming a bad worker or setting."""
     # The model name is the workers' (what they list in /v1/models), taken verbatim.
     worker_set = WorkerSetConfig(model=args.model, block_size=args.block_size,
                                  workers=parse_workers(args.workers),
                                  health_period_s=args.worker_health_period_s)
-    return WorkerGatewayConfig(model=args.model, tokenizer=args.tokenizer or args.model,
+    return ExternalGatewayConfig(model=args.model, tokenizer=args.tokenizer or args.model,
                                router=RouterConfig(**args.router_args()),
                                worker_set=worker_set, **key_paths(args))
 
 
 def workers_application(args: ServeSettings, http: HttpConfig) -> Application:
-    return WorkerGatewayReplica.options(
+    return ExternalGatewayReplica.options(
         num_replicas=args.gateways,
         ray_actor_options=with_env({"num_cpus": 0}, replica_env(args, os.environ)),
         graceful_shutdown_timeout_s=http.graceful_shutdown_timeout_s + 10.0,
-    ).bind(worker_gateway_config(args), http)
+    ).bind(external_gateway_config(args), http)
 
 
 def check_workers(specs: Sequence[WorkerSpec], model: str, timeout_s: float = 5.0

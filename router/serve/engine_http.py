@@ -1,7 +1,7 @@
 """The engine replica as its own HTTP server: kvroute's `ingress direct` (direct streaming).
 
 HAProxy (Ray Serve's HAProxy ingress) sends each POST to the replica the ingress request
-router picked (router/serve/ingress_router.py) and every other request to any replica, on the
+router picked (router/serve/ingress_endpoint.py) and every other request to any replica, on the
 replica's own HTTP port: the whole OpenAI API is answered here, in the engine's process, with
 no Ray hop per request or per token. The app is the front door's route table
 (worker/openai/routes.py) with kvroute's tenants (API key -> cache salt); the generation

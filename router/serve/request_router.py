@@ -69,7 +69,7 @@ def gateway_process_id() -> str:
         return f"pid-{os.getpid()}"
 
 
-class KVRouteRequestRouter(RequestRouter):
+class ServeRequestRouter(RequestRouter):
     """Routes engine calls with kvroute's policies (cache_aware, round_robin, ...)."""
 
     def initialize_state(self, model: str = "", router: dict | None = None,
@@ -112,7 +112,7 @@ class KVRouteRequestRouter(RequestRouter):
         if pending_request is None or token_ids is None:
             return [candidate_replicas]  # not a prompt (an admin call): Serve's least queue
         await self.mirror.wait_first_poll()
-        # A direct-streaming route (router/serve/ingress_router.py) goes out over HTTP, not
+        # A direct-streaming route (router/serve/ingress_endpoint.py) goes out over HTTP, not
         # through Serve: it is routed now, and its arrival and end come back from the engine
         # replica through the index actor (`routes_finished`).
         if isinstance(call, RouteCall):
@@ -277,7 +277,7 @@ class _WithdrawIfCancelled:
     """Done callback of a Serve call's pending request (equal by router and id, so a
     request chosen again replaces its callback rather than add one)."""
 
-    router: KVRouteRequestRouter
+    router: ServeRequestRouter
     request_id: str
 
     def __call__(self, future: asyncio.Future) -> None:

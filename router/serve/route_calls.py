@@ -25,7 +25,7 @@ from worker.openai.schema import ChatCompletionRequest, parse_body
 
 @dataclass(frozen=True)
 class RouteCall:
-    """What `KVRouteRequestRouter.choose_replicas` reads to route a direct request (the
+    """What `ServeRequestRouter.choose_replicas` reads to route a direct request (the
     same fields as an `EngineRequest`, plus the id its end is reported under)."""
 
     route_id: str

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from router.apps.external import WorkerGatewayReplica
+from router.apps.external import ExternalGatewayReplica
 from router.core.policies import POLICY_NAMES
 from router.gateway.app import Gateway
 from router.serve.engine_replica import EngineReplica
-from router.serve.ingress_router import IngressRouter
+from router.serve.ingress_endpoint import IngressRouteEndpoint
 from router.serve.serve_env import serve_env
 from router.serve.settings import ServeSettings
 from worker.settings import load_settings
@@ -29,8 +29,8 @@ def test_serve_args_are_accepted_by_the_app(helm_bin, value_set):
 def test_overridden_deployments_exist(helm_bin, value_set):
     (app,) = serve_config(render(helm_bin, VALUE_SETS[value_set]))["applications"]
     assert {d["name"] for d in app["deployments"]} <= {Gateway.name, EngineReplica.name,
-                                                       IngressRouter.name,
-                                                       WorkerGatewayReplica.name}
+                                                       IngressRouteEndpoint.name,
+                                                       ExternalGatewayReplica.name}
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)

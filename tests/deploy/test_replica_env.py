@@ -137,7 +137,7 @@ def test_the_chart_tells_every_ray_container_that_keys_are_required(helm_bin):
 
 def _key_config(deployment):
     """The config a deployment's replicas load their keys with (GatewayConfig,
-    EngineHTTPConfig, IngressRouterConfig), or None for one that checks no key."""
+    EngineHTTPConfig, IngressRouteEndpointConfig), or None for one that checks no key."""
     found = [arg for arg in deployment.init_args if hasattr(arg, "api_keys_file")]
     return found[0] if found else None
 

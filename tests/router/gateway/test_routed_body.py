@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from router.gateway.external_gateway import read_off_loop
 from router.gateway.routed_body import chat_body, completion_body
-from router.gateway.worker_gateway import read_off_loop
 from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder

@@ -11,7 +11,7 @@ from ray.serve._private.request_router.common import PendingRequest
 from kv.hashing import block_hashes, namespace_root
 from router.cluster.route_ends import claim_of, end_of, refusal_of
 from router.core.ledger import LedgerConfig, RouteKind, RouteState
-from router.serve.request_router import KVRouteRequestRouter
+from router.serve.request_router import ServeRequestRouter
 from router.serve.route_calls import RouteCall
 from worker.api import EngineStats
 
@@ -27,15 +27,15 @@ IDLE_GRACE_S = LedgerConfig().idle_grace_s
 CLAIM_WINDOW_S = LedgerConfig().claim_window_s
 
 
-def _router(now: list[float] | None = None) -> KVRouteRequestRouter:
-    router = KVRouteRequestRouter.__new__(KVRouteRequestRouter)  # Serve's part unused here
+def _router(now: list[float] | None = None) -> ServeRequestRouter:
+    router = ServeRequestRouter.__new__(ServeRequestRouter)  # Serve's part unused here
     clock = {"clock": lambda: now[0]} if now is not None else {}
     router.initialize_state(model="tiny", router={"policy": "cache_aware", "block_size": 4},
                             **clock)
     return router
 
 
-def _route(router: KVRouteRequestRouter, route_id: str, replica_id: str) -> None:
+def _route(router: ServeRequestRouter, route_id: str, replica_id: str) -> None:
     router.router.route(route_id, [], 8, [replica_id], kind=RouteKind.DIRECT)
     router.routes_finished([claim_of(route_id)])  # it reached its replica
     assert router.router.ledger.get(route_id).state is RouteState.CLAIMED
@@ -70,7 +70,7 @@ CANDIDATES = [SimpleNamespace(replica_id=ReplicaID(name, DEPLOYMENT)) for name i
 BUSY = SimpleNamespace(stats={"a": _stats(3, 1), "b": _stats(3, 1)})
 
 
-async def _route_direct(router: KVRouteRequestRouter, route_id: str, max_tokens: int) -> str:
+async def _route_direct(router: ServeRequestRouter, route_id: str, max_tokens: int) -> str:
     tokens = list(range(3, 67))
     call = RouteCall(route_id, tokens, block_hashes(tokens, 4, namespace_root("tiny")),
                      max_tokens)
@@ -79,7 +79,7 @@ async def _route_direct(router: KVRouteRequestRouter, route_id: str, max_tokens:
     return ranks[0][0].replica_id.unique_id
 
 
-def _load(router: KVRouteRequestRouter) -> float:
+def _load(router: ServeRequestRouter) -> float:
     return sum(router.router.loads.load(r) for r in ("a", "b"))
 
 
@@ -125,7 +125,7 @@ async def test_an_end_reported_for_a_serve_calls_id_releases_nothing():
     assert router.router.loads.num_outstanding("a") == 1
 
 
-def _miss_tokens(router: KVRouteRequestRouter) -> dict[str, float]:
+def _miss_tokens(router: ServeRequestRouter) -> dict[str, float]:
     return {s.labels["cause"]: s.value for m in router.metrics.registry.collect()
             if m.name == "kvroute_miss_tokens" for s in m.samples
             if s.name == "kvroute_miss_tokens_total"}

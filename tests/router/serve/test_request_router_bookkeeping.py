@@ -10,15 +10,15 @@ from ray.serve._private.request_router.common import PendingRequest
 
 from kv.hashing import block_hashes, namespace_root
 from router.core.ledger import RouteKind, RouteState
-from router.serve.request_router import KVRouteRequestRouter
+from router.serve.request_router import ServeRequestRouter
 from worker.api import EngineRequest, SamplingParams
 
 DEPLOYMENT = DeploymentID(name="Engine", app_name="kvroute")
 
 
-def make_router(now: list[float] | None = None) -> KVRouteRequestRouter:
+def make_router(now: list[float] | None = None) -> ServeRequestRouter:
     """`now`: the router's clock (monotonic seconds), moved by the test."""
-    router = KVRouteRequestRouter.__new__(KVRouteRequestRouter)
+    router = ServeRequestRouter.__new__(ServeRequestRouter)
     clock = {"clock": lambda: now[0]} if now is not None else {}
     router.initialize_state(model="tiny", router={"block_size": 16}, **clock)
     router._started = True  # no index actor here: polls and pushes stay off
@@ -37,7 +37,7 @@ def pending(request_id: str) -> PendingRequest:
     return PendingRequest([call], {}, RequestMetadata(request_id, request_id))
 
 
-def held_and_outstanding(router: KVRouteRequestRouter) -> tuple[int, int]:
+def held_and_outstanding(router: ServeRequestRouter) -> tuple[int, int]:
     core = router.router
     return len(core.ledger), sum(core.loads.num_outstanding(r) for r in ("a", "b"))
 

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from router.cluster.worker_spec import WorkerSpec
-from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
+from router.gateway.external_proxy import ExternalProxy, ProxyConfig
 from tests.router.lying_worker import LyingWorker
 from worker.openai.errors import APIError
 
@@ -41,7 +41,7 @@ class Picks:
 
 async def forward(liar: LyingWorker, config: ProxyConfig = SMALL, *more: WorkerSpec):
     picks = Picks(WorkerSpec(liar.url), *more)
-    proxy = WorkerProxy(config)
+    proxy = ExternalProxy(config)
     try:
         response = await proxy.forward("/v1/completions", BODY.encode(), picks.pick,
                                        picks.release)
@@ -72,7 +72,7 @@ async def test_a_redirect_is_a_502_and_is_not_followed(workers, status):
 
 async def forward_released(liar):
     picks = Picks(WorkerSpec(liar.url))
-    proxy = WorkerProxy(SMALL)
+    proxy = ExternalProxy(SMALL)
     try:
         with pytest.raises(APIError):
             await proxy.forward("/v1/completions", BODY.encode(), picks.pick, picks.release)
@@ -177,7 +177,7 @@ async def test_a_retried_failure_tells_the_client_no_worker_text(workers):
     liar.post = lambda request: _async(web.Response(
         status=503, text=f"backend db at 10.0.0.7:5432 is down; {request.path}"))
     picks = Picks(WorkerSpec(liar.url))
-    proxy = WorkerProxy(ProxyConfig(max_attempts=1))
+    proxy = ExternalProxy(ProxyConfig(max_attempts=1))
     try:
         with pytest.raises(APIError) as info:
             await proxy.forward("/v1/completions", BODY.encode(), picks.pick, picks.release)
@@ -195,7 +195,7 @@ async def test_a_worker_failure_is_a_502_quoting_none_of_its_text(workers):
         {"error": "Traceback: /opt/secret/config.py line 3 db_password"}, status=500))
     response_error, released = None, None
     picks = Picks(WorkerSpec(liar.url))
-    proxy = WorkerProxy(SMALL)
+    proxy = ExternalProxy(SMALL)
     try:
         with pytest.raises(APIError) as info:
             await proxy.forward("/v1/completions", BODY.encode(), picks.pick, picks.release)

@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from router.cluster.worker_spec import WorkerSpec
-from router.gateway.worker_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
-from router.gateway.worker_gateway import CLIENT_GONE, until_disconnected
-from router.gateway.worker_proxy import WorkerProxy
+from router.gateway.external_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
+from router.gateway.external_gateway import CLIENT_GONE, until_disconnected
+from router.gateway.external_proxy import ExternalProxy
 from tests.router.lying_worker import LyingWorker
 from worker.openai.errors import APIError
 
@@ -30,7 +30,7 @@ async def test_a_client_leaving_a_non_streamed_request_cancels_it_on_the_worker(
         await asyncio.Event().wait()
 
     worker.post = never_answers
-    proxy = WorkerProxy()
+    proxy = ExternalProxy()
     released: list[tuple[str, str | None]] = []
     statuses: list[int] = []
 
@@ -106,7 +106,7 @@ async def test_what_the_worker_receives_has_no_extension_field():
 
     worker.post = echo
     spec = WorkerSpec(worker.url)
-    proxy = WorkerProxy()
+    proxy = ExternalProxy()
     body = allowed_body(json.dumps({"model": "tiny", "prompt": "p", "kv_transfer_params": {
         "do_remote_decode": True}}).encode(), COMPLETION_FIELDS, "")
     try:

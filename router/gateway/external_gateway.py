@@ -3,13 +3,13 @@
 Per request: authenticate (API key -> tenant -> cache salt), read the prompt, tokenize and
 hash it once (Protocol 1), let the Router core pick a worker (router/gateway/external_router.py)
 and forward the body there over HTTP, relaying the worker's answer byte for byte
-(router/gateway/worker_proxy.py). Only OpenAI's fields and kvroute's documented extensions
-reach a worker (router/gateway/worker_fields.py), and a client that leaves cancels its
+(router/gateway/external_proxy.py). Only OpenAI's fields and kvroute's documented extensions
+reach a worker (router/gateway/external_fields.py), and a client that leaves cancels its
 request on the worker, streamed or not. Besides the OpenAI routes (and vLLM's /tokenize and
 /detokenize, which a worker answers, and /version): `/v1/workers` (the admin API
 of the worker set), `/health`, `/ready` (503 while no worker is up; the workers' URLs,
 event sockets and errors only with the admin key) and `/metrics` (the cluster's series).
-router/gateway/worker_app.py makes it an HTTP app, which the gateway process serves
+router/gateway/external_app.py makes it an HTTP app, which the gateway process serves
 itself: one HTTP hop, no Ray call in the token path.
 """
 
@@ -41,10 +41,10 @@ from router.front.metrics import GatewayMetrics
 from router.front.routing_body import off_loop
 from router.front.tenants import TenantAuth, load_api_keys
 from router.gateway.admin import change_body, spec_from_body, worker_body
+from router.gateway.external_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
+from router.gateway.external_proxy import ExternalProxy, ProxyConfig
 from router.gateway.external_router import ExternalWorkerRouter, NoWorkerAvailable
 from router.gateway.routed_body import RoutedBody, chat_body, completion_body
-from router.gateway.worker_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
-from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from worker.openai.errors import APIError
 from worker.openai.front import FrontDoor, ready_body
 from worker.openai.latency import arrival_of, relayed
@@ -70,7 +70,7 @@ async def read_off_loop(threads: Executor, read: BodyReader, raw: bytes,
 
 
 @dataclass(frozen=True)
-class WorkerGatewayConfig:
+class ExternalGatewayConfig:
     model: str  # the API's model name (what the workers serve) and the hash namespace
     tokenizer: str  # "tiny" or a directory with the model's tokenizer.json
     router: RouterConfig
@@ -82,14 +82,14 @@ class WorkerGatewayConfig:
 
     def __post_init__(self):
         if self.worker_set.model != self.model:
-            raise ValueError(f"WorkerGatewayConfig: the worker set checks model "
+            raise ValueError(f"ExternalGatewayConfig: the worker set checks model "
                              f"{self.worker_set.model!r}, the gateway serves {self.model!r}")
 
 
-class WorkerGateway:
+class ExternalGateway:
     """One gateway process's handlers; `start` connects it to the cluster."""
 
-    def __init__(self, config: WorkerGatewayConfig, gateway_id: str):
+    def __init__(self, config: ExternalGatewayConfig, gateway_id: str):
         self.config = config
         self.model = config.model
         self.gateway_id = gateway_id
@@ -100,7 +100,7 @@ class WorkerGateway:
             config.model, self.prompts, process,
             TenantAuth(load_api_keys(config.api_keys_file, process)), self._workers_context)
         self.admin = AdminAuth(load_admin_key(config.admin_key_file, process))
-        self.proxy = WorkerProxy(config.proxy)
+        self.proxy = ExternalProxy(config.proxy)
         self.limits = self.door.limits
         self._tokenizer_threads = ThreadPoolExecutor(_TOKENIZER_THREADS,
                                                      thread_name_prefix="tokenize")

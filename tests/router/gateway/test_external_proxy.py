@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker
 from router.cluster.worker_spec import WorkerSpec
-from router.gateway.worker_proxy import WorkerProxy
+from router.gateway.external_proxy import ExternalProxy
 from worker.openai.errors import APIError
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ async def test_a_worker_that_cannot_be_reached_is_released_failed_and_the_next_a
         worker):
     live = WorkerSpec.parse(worker.url)
     picks = Picks(DEAD[0], live)
-    proxy = WorkerProxy()
+    proxy = ExternalProxy()
     try:
         response = await proxy.forward("/v1/completions", body(max_tokens=2), picks.pick,
                                        picks.release)
@@ -65,7 +65,7 @@ async def test_a_worker_that_cannot_be_reached_is_released_failed_and_the_next_a
 
 async def test_when_every_attempt_fails_the_client_gets_a_503_naming_the_last_failure():
     picks = Picks(*DEAD)
-    proxy = WorkerProxy()
+    proxy = ExternalProxy()
     try:
         with pytest.raises(APIError) as info:
             await proxy.forward("/v1/completions", body(), picks.pick, picks.release)
@@ -79,7 +79,7 @@ async def test_when_every_attempt_fails_the_client_gets_a_503_naming_the_last_fa
 async def test_the_workers_own_error_is_the_answer_and_is_not_retried(worker):
     live = WorkerSpec.parse(worker.url)
     picks = Picks(live)
-    proxy = WorkerProxy()
+    proxy = ExternalProxy()
     try:
         response = await proxy.forward("/v1/completions", body(max_tokens=0), picks.pick,
                                        picks.release)
@@ -94,7 +94,7 @@ async def test_the_workers_own_error_is_the_answer_and_is_not_retried(worker):
 async def test_a_stream_is_relayed_byte_for_byte_with_its_usage(worker):
     live = WorkerSpec.parse(worker.url)
     picks = Picks(live)
-    proxy = WorkerProxy()
+    proxy = ExternalProxy()
     try:
         response = await proxy.forward(
             "/v1/completions", body(max_tokens=5, stream=True, ignore_eos=True,
@@ -116,7 +116,7 @@ async def test_a_worker_dying_mid_stream_ends_it_with_an_error_event():
     victim = EngineWorker.start((*SIM_TINY_ARGS[:2], "--sim-preset", "h100-llama3-8b"))
     spec = WorkerSpec.parse(victim.url)
     picks = Picks(spec)
-    proxy = WorkerProxy()
+    proxy = ExternalProxy()
     try:
         response = await proxy.forward(
             "/v1/completions", body(max_tokens=400, stream=True, ignore_eos=True),

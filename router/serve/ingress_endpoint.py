@@ -8,7 +8,7 @@ app. This deployment does the gateway's routing work once: the tenant from the A
 sets to `authorization` in this mode), the prompt's token ids (chat template included) and
 their Protocol 1 block hashes (router/serve/route_calls.py; a large body in a thread, off
 the loop that routes everyone); then the engine deployment's own request router
-(`KVRouteRequestRouter`, through `handle.choose_replica`) picks the replica. The answer names
+(`ServeRequestRouter`, through `handle.choose_replica`) picks the replica. The answer names
 the replica and adds a header (HAProxy strips client values of the `x-serve-router-`
 prefix; its value is signed, router/serve/route_header.py) that tells the engine replica
 which router to report the request's start and end to, so the router's outstanding load
@@ -48,7 +48,7 @@ _CONTEXT_RETRY_S = 1.0  # between asks for the replicas' context limit while the
 
 
 @dataclass(frozen=True)
-class IngressRouterConfig:
+class IngressRouteEndpointConfig:
     model: str  # "tiny" or a checkpoint directory (tokenizer and chat template)
     served_model_name: str  # the hash namespace
     block_size: int
@@ -60,9 +60,9 @@ class IngressRouterConfig:
 
     def __post_init__(self):
         if self.block_size < 1:
-            raise ValueError("IngressRouterConfig: block_size >= 1 required")
+            raise ValueError("IngressRouteEndpointConfig: block_size >= 1 required")
         if self.max_model_len < 1:
-            raise ValueError("IngressRouterConfig: max_model_len >= 1 required")
+            raise ValueError("IngressRouteEndpointConfig: max_model_len >= 1 required")
         RouteSigner(self.route_key)  # raises on a short key
 
 
@@ -115,12 +115,12 @@ async def _lifespan(receive, send) -> None:
                   ray_actor_options={"num_cpus": 0},
                   logging_config={"log_level": "WARNING", "enable_access_log": False})
 @serve.ingress()
-class IngressRouter:
+class IngressRouteEndpoint:
     """HAProxy's routing endpoint, as a bare ASGI app: one small JSON call per client
     request, where FastAPI's routing, validation and response classes cost more than the
     routing itself (benchmarks/NOTEBOOK.md, "Where the time goes")."""
 
-    async def __init__(self, engine_handle, config: IngressRouterConfig):
+    async def __init__(self, engine_handle, config: IngressRouteEndpointConfig):
         self.router_id = gateway_process_id()
         prompts = PromptBuilder(tokenizer_dir(config.model), config.served_model_name,
                                 config.block_size)
@@ -181,7 +181,7 @@ class _RouterApp:
     """The ASGI app (a class with an async __call__: uvicorn, under Serve, tells ASGI 3 from
     ASGI 2 by that)."""
 
-    def __init__(self, router: IngressRouter):
+    def __init__(self, router: IngressRouteEndpoint):
         self.router = router
 
     async def __call__(self, scope, receive, send) -> None:

@@ -12,8 +12,8 @@ from aiohttp import web
 from router.cluster.worker_set import WorkerSet, WorkerSetConfig
 from router.cluster.worker_spec import WorkerSpec
 from router.core.router import RouterConfig
+from router.gateway.external_proxy import ExternalProxy, ProxyConfig
 from router.gateway.external_router import ExternalWorkerRouter, NoWorkerAvailable
-from router.gateway.worker_proxy import ProxyConfig, WorkerProxy
 from tests.router.cluster.test_worker_set import Followed
 from tests.router.lying_worker import LyingWorker
 from worker.openai.errors import APIError
@@ -55,7 +55,7 @@ async def cluster():
     handle = SetHandle(workers)
     router = ExternalWorkerRouter(RouterConfig(), "tiny", "gw-test", handle)
     router._apply(await workers.poll(-1))  # what the poll loop does (it needs Ray)
-    proxy = WorkerProxy(SMALL)
+    proxy = ExternalProxy(SMALL)
     yield liar, honest, router, handle, proxy
     await proxy.aclose()
     await workers.aclose()
@@ -63,7 +63,7 @@ async def cluster():
     await honest.stop()
 
 
-async def send(router: ExternalWorkerRouter, proxy: WorkerProxy, name: str, num_prompt_tokens: int,
+async def send(router: ExternalWorkerRouter, proxy: ExternalProxy, name: str, num_prompt_tokens: int,
                prefer: str | None = None):
     """One request as the gateway forwards it; `prefer`: its first pick goes there."""
     routed: dict[str, str] = {}

@@ -112,7 +112,7 @@ STREAM_TOO_LARGE = bad_worker("the worker's stream was cut: an event or the whol
                               "was larger than the gateway relays", "worker_response_too_large")
 
 
-class WorkerProxy:
+class ExternalProxy:
     """One aiohttp session (keep-alive pool) to every worker. aiohttp, not httpx: a bare
     relay measured 1.6-1.9 ms over the direct path with it against 3.6-3.9 ms with httpx
     on the shared box (benchmarks/NOTEBOOK.md, "External workers")."""

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from router.front.tenants import TenantAuth
-from router.serve.ingress_router import _read_body, call_of
+from router.serve.ingress_endpoint import _read_body, call_of
 from router.serve.route_calls import RouteCalls as _RouteCalls
 from worker.openai.prompt import PromptBuilder
 from worker.openai.schema import DEFAULT_MAX_TOKENS

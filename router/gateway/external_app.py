@@ -12,11 +12,11 @@ from starlette.applications import Starlette
 
 from router.front.metrics import CountRequests
 from router.front.routes import cluster_metrics
-from router.gateway.worker_gateway import WorkerGateway
+from router.gateway.external_gateway import ExternalGateway
 from worker.openai.routes import OwnRoutes, Route, build_app, route_table
 
 
-def create_app(gateway: WorkerGateway) -> CountRequests:
+def create_app(gateway: ExternalGateway) -> CountRequests:
     """The gateway's routes (once it is started), wrapped in its request counter."""
     g = gateway
     workers = (Route("GET", "/v1/workers", g.list_workers),

@@ -63,8 +63,8 @@ async def cluster():
     await honest.stop()
 
 
-async def send(router: ExternalWorkerRouter, proxy: ExternalProxy, name: str, num_prompt_tokens: int,
-               prefer: str | None = None):
+async def send(router: ExternalWorkerRouter, proxy: ExternalProxy, name: str,
+               num_prompt_tokens: int, prefer: str | None = None):
     """One request as the gateway forwards it; `prefer`: its first pick goes there."""
     routed: dict[str, str] = {}
 

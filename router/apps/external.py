@@ -1,7 +1,7 @@
 """The Serve application in front of external workers: gateway replicas only.
 
 `kvroute serve --workers URL,...` (or a Serve config's `workers` arg) deploys `gateways`
-replicas of the worker gateway (router/gateway/external_gateway.py); the workers run
+replicas of the external gateway (router/gateway/external_gateway.py); the workers run
 elsewhere. Each replica serves HTTP itself on the configured host and port (shared by the
 replicas of a node), so Serve's proxy is not used: deploy with `proxy_location` Disabled.
 `check_workers` is what `kvroute serve` runs before it starts anything: every listed worker

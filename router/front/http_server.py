@@ -1,6 +1,6 @@
 """An ASGI app served by uvicorn inside the current process, on a shared port.
 
-The external-worker gateway answers HTTP itself rather than behind Ray Serve's proxy, so a
+The external gateway answers HTTP itself rather than behind Ray Serve's proxy, so a
 token crosses one HTTP hop (client -> gateway -> worker, both HTTP) and no Ray call. Each
 gateway process binds the same host:port with SO_REUSEPORT: the kernel spreads new
 connections over the gateway processes of a node.

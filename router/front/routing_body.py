@@ -13,7 +13,7 @@
   longest piece) and prompt + output over it.
 
 A body that breaks a rule raises APIError (4xx); each caller decides what that means (the
-worker gateway answers it; the ingress router routes such a body by load alone and lets
+external gateway answers it; the ingress router routes such a body by load alone and lets
 the replica answer it).
 """
 

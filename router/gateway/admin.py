@@ -1,4 +1,4 @@
-"""The admin API of the external-worker gateway: `/v1/workers`, with the admin key only
+"""The admin API of the external gateway: `/v1/workers`, with the admin key only
 (router/front/admin_key.py): the bodies it reads and answers.
 """
 

@@ -1,4 +1,4 @@
-"""The worker gateway's HTTP app: the front door's route table (worker/openai/routes.py)
+"""The external gateway's HTTP app: the front door's route table (worker/openai/routes.py)
 with the gateway's handlers behind it, plus the worker set's admin API, counted by the
 routers' request counter.
 

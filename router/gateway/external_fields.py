@@ -1,4 +1,4 @@
-"""What of a client's body the worker gateway forwards to a worker: an allowlist.
+"""What of a client's body the external gateway forwards to a worker: an allowlist.
 
 A worker (vLLM, SGLang) honours many extensions of its own that one tenant must not reach
 through kvroute: `kv_transfer_params` (KV transfer to or from any address), `chat_template`

@@ -77,7 +77,7 @@ class ServeSettings(EngineSettings):
         _BOUND_DEFAULTS.recent_window_s, gt=0, allow_inf_nan=False,
         description="the online pooled bound's recent window (window=\"recent\"), seconds")
     gateways: PositiveInt = Field(
-        2, description="gateway processes: the HTTP ingress (ingress gateway), the worker "
+        2, description="gateway processes: the HTTP ingress (ingress gateway), the external "
                        "gateways, or with ingress direct the ingress request routers on each "
                        "node with a Serve proxy. Two by default, so every POST is served "
                        "while one restarts; they share their pending marks through the KV "
@@ -128,7 +128,7 @@ class ServeSettings(EngineSettings):
     @model_validator(mode="before")
     @classmethod
     def _workers_take_the_gateway(cls, data: Any) -> Any:
-        # With workers, the worker gateway is the ingress: the default ingress is not theirs.
+        # With workers, the external gateway is the ingress: the default ingress is not theirs.
         if isinstance(data, dict) and data.get("workers") and "ingress" not in data:
             return {**data, "ingress": "gateway"}
         return data
@@ -139,7 +139,7 @@ class ServeSettings(EngineSettings):
         # combination fails here, before Ray starts, not inside a replica.
         if self.workers and self.ingress == "direct":
             raise ValueError("ingress direct makes kvroute's engine replicas the ingress; "
-                             "with workers the worker gateway is the ingress (drop one)")
+                             "with workers the external gateway is the ingress (drop one)")
         RouterConfig(**self.router_args())
         self.engine_config()
         if self.workers and self.served_model_name is not None:

@@ -1,4 +1,4 @@
-"""Two gateway processes by default (ingress routers, gateways, worker gateways), so one's
+"""Two gateway processes by default (ingress routers, gateways, external gateways), so one's
 restart fails no POST; they share their pending marks (router/cluster/shared_marks.py);
 `gateways` asks for another number. Built, not deployed."""
 

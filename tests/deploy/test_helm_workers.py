@@ -1,4 +1,4 @@
-"""The chart in front of external workers: no engine pods, the worker gateway on the head
+"""The chart in front of external workers: no engine pods, the external gateway on the head
 listening on the gateway port itself (no Serve proxy), the admin key from a Secret."""
 
 from router.apps.build import build_app

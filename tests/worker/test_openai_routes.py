@@ -1,5 +1,5 @@
 """The front door's route table: the same answers from a FastAPI app and a plain Starlette
-app (the worker gateway's), OpenAI error bodies for a bad route or method, and an OpenAPI
+app (the external gateway's), OpenAI error bodies for a bad route or method, and an OpenAPI
 document that declares the bodies and path parameters the handlers read themselves."""
 
 import httpx

@@ -30,7 +30,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
-{{/* Labels that pick the head pod (with `workers`, where the worker gateways listen). */}}
+{{/* Labels that pick the head pod (with `workers`, where the external gateways listen). */}}
 {{- define "kvroute.gatewaySelectorLabels" -}}
 {{ include "kvroute.selectorLabels" . }}
 app.kubernetes.io/component: gateway

@@ -1,4 +1,4 @@
-{{/* How requests enter: gateway.ingress, or with workers the worker gateway ("gateway"). */}}
+{{/* How requests enter: gateway.ingress, or with workers the external gateway ("gateway"). */}}
 {{- define "kvroute.ingress" -}}
 {{- if .Values.workers }}gateway{{ else }}{{ .Values.gateway.ingress }}{{ end }}
 {{- end }}
@@ -6,11 +6,11 @@
 {{/* The port the Ray Serve proxy (the gateway) listens on: the OpenAI API and /metrics. */}}
 {{- define "kvroute.gatewayPort" -}}8000{{- end }}
 
-{{/* A Ray custom resource only the head offers, so worker gateway replicas run there. */}}
+{{/* A Ray custom resource only the head offers, so external gateway replicas run there. */}}
 {{- define "kvroute.gatewayResource" -}}kvroute_gateway{{- end }}
 
 {{/*
-"true" when the gateway processes are pinned to the head: the worker gateways (they listen
+"true" when the gateway processes are pinned to the head: the external gateways (they listen
 on the head's port themselves). The Gateway deployment runs wherever Serve places it; with
 ingress direct, Ray Serve itself pins `gateway.replicas` ingress request routers to every
 pod with a proxy (RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE), so a head-only resource
@@ -65,7 +65,7 @@ ServeSettings (router/serve/settings.py). A Serve proxy runs on every node (Ever
 every pod answers the API and the head is no single point of failure; the Gateway
 deployment (router/gateway/app.py) runs wherever Serve places it, and with autoscaling
 Serve scales EngineReplica (router/serve/engine_replica.py). With `workers`, the app is the
-worker gateway (router/apps/external.py): its replicas, pinned to the head, listen on
+external gateway (router/apps/external.py): its replicas, pinned to the head, listen on
 the gateway port themselves, so no Serve proxy runs.
 */}}
 {{- define "kvroute.serveConfig" -}}
@@ -126,7 +126,7 @@ the gateway port themselves, so no Serve proxy runs.
   "deployments" $deployments }}
 {{- $httpOptions := dict "host" "0.0.0.0" "port" (int (include "kvroute.gatewayPort" .)) }}
 {{- if $workers }}
-{{- /* The worker gateways listen on the gateway port themselves (no Serve proxy): the
+{{- /* The external gateways listen on the gateway port themselves (no Serve proxy): the
 port setting's default, as the port is never read from the environment (Kubernetes puts
 KVROUTE_PORT=tcp://... into the pods of a namespace with a Service named kvroute). */}}
 {{- $env := dict "KVROUTE_HOST" "0.0.0.0" }}

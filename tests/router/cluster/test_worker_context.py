@@ -1,4 +1,4 @@
-"""The context length a worker lists in /v1/models, which the worker gateway's /v1/models
+"""The context length a worker lists in /v1/models, which the external gateway's /v1/models
 repeats: taken only when it can be one (a lying worker's number reaches no client)."""
 
 import httpx

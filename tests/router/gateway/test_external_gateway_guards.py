@@ -1,4 +1,4 @@
-"""The worker gateway's guards, against real servers: a client that leaves a non-streamed
+"""The external gateway's guards, against real servers: a client that leaves a non-streamed
 request cancels it on the worker (uvicorn in front, a real worker behind), and only
 OpenAI's fields and kvroute's documented extensions are forwarded."""
 

@@ -134,7 +134,7 @@ def test_max_completion_tokens_wins_and_the_output_is_bounded(prompts):
 
 
 async def test_a_long_prompt_is_read_off_the_loop_that_serves_everyone(prompts):
-    """Tokenizing a prompt at the size limit takes seconds: the worker gateway reads a large
+    """Tokenizing a prompt at the size limit takes seconds: the external gateway reads a large
     body in a thread, so its loop keeps serving other tenants meanwhile (here: the loop
     itself must release the read, which it could not do if the read ran on it)."""
     release, threads_seen = threading.Event(), []

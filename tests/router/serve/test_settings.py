@@ -138,7 +138,7 @@ def test_ingress_is_direct_by_default_and_the_worker_gateway_with_workers():
     assert load_settings(ServeSettings, {}, env={}).ingress == "direct"
     workers = load_settings(ServeSettings, {"model": "m", "workers": "http://w0:8000"}, env={})
     assert workers.ingress == "gateway"
-    with pytest.raises(SettingsError, match="with workers the worker gateway is the ingress"):
+    with pytest.raises(SettingsError, match="with workers the external gateway is the ingress"):
         load_settings(ServeSettings, {"model": "m", "workers": "http://w0:8000",
                                       "ingress": "direct"}, env={})
 

@@ -27,6 +27,9 @@ SLOW_OVER_BASELINE = 2.0  # a victim TTFT this many times its baseline p50 is "s
 # recent_work_half_life_s): the load is back when nothing is outstanding and what is left
 # decays at least that fast from the attack's end.
 RECENT_HALF_LIFE_S = 30.0
+# The routers push their series to the metrics hub every second and the hub serves a
+# process's last push for up to 3 s: a load read now may be that old.
+SERIES_AGE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,8 @@ def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float
               ) -> tuple[float | None, dict]:
     """Seconds from the attack's end until no request is outstanding and every replica's
     load is finite and at most its idle value plus its load at the attack's end decayed by
-    the recent-work half-life (a load that stays up is a leak); None past the timeout, with
+    the recent-work half-life, with 10% and the series' age to spare (a load that stays up
+    is a leak); None past the timeout, with
     what was left then: the outstanding requests and the loads above their bound, by router
     process and replica."""
     start = time.monotonic()
@@ -100,8 +104,9 @@ def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float
     left: dict = {}
     while time.monotonic() - start < timeout_s:
         loads = watch.sample()
-        decay = 0.5 ** ((time.monotonic() - start) / RECENT_HALF_LIFE_S)
-        bound = {k: idle.get(k, 0.0) + 1.05 * decay * at_end.get(k, 0.0) + 1.0 for k in loads}
+        # a series read through the hub was computed up to SERIES_AGE_S before the read
+        decay = 0.5 ** (max(0.0, time.monotonic() - start - SERIES_AGE_S) / RECENT_HALF_LIFE_S)
+        bound = {k: idle.get(k, 0.0) + 1.1 * decay * at_end.get(k, 0.0) + 1.0 for k in loads}
         outstanding = front.outstanding_by_router()
         above = {k: v for k, v in loads.items() if not v <= bound[k]}
         if not any(outstanding.values()) and loads and not above:

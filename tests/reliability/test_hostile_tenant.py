@@ -59,11 +59,11 @@ PLACED_OFF_CACHE = ("direct front: a valid max_tokens charged as decode work mov
 
 
 # A known open limit, seen in about one run in four on the default path: after the attacks,
-# with no request outstanding in any router, one replica's load stays a few hundred tokens
-# above the recent-work decay for the whole settle window (flat, not decaying: the size of
-# a replica's published running request times the mean decode length). A replica appears
-# to keep running a request the routers saw end (one whose client left); the routers hold
-# nothing. A router-held leak (anything outstanding) still fails.
+# with no request outstanding in any router, a replica's load stays a few percent to a few
+# hundred tokens above the bound for the whole settle window (547 tokens against 529 in one
+# run). Not yet told apart: a replica still publishing a running request the routers saw
+# end (its client left), or load read later than the bound assumes. A router-held leak
+# (anything outstanding) still fails.
 LOAD_LEFT_WITHOUT_REQUEST = ("direct front: a replica's load stayed above the decay with no "
                              "request outstanding in any router")
 

@@ -41,6 +41,7 @@ from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator, summarize_h
 from benchmarks.simlib.prompts import TokenSource  # noqa: E402
 from benchmarks.simlib.results import save_result  # noqa: E402
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
+from worker.ports import free_port  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,12 +84,6 @@ def model_config(args: argparse.Namespace) -> dict:
             "tie_word_embeddings": False, "bos_token_id": 256, "eos_token_id": 257}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,8 @@ from typing import TypeVar
 import httpx
 import yaml
 
+from worker.ports import free_port
+
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,11 +28,6 @@ RULE_FILES = (REPO / "dashboards" / "rules" / "kvroute.rules.yaml",)
 POLL_INTERVAL_S = 0.2
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(probe: Callable[[], T | None], timeout_s: float, what: str,

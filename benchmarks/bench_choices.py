@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 from worker.api import EngineRequest, SamplingParams  # noqa: E402
-from worker.engine_config import EngineConfig  # noqa: E402
-from worker.engine_factory import build_engine  # noqa: E402
+from worker.engine.config import EngineConfig  # noqa: E402
+from worker.engine.factory import build_engine  # noqa: E402
 from worker.openai.choices import Choices, collect  # noqa: E402
 
 

@@ -19,8 +19,8 @@ from tokenizers import Tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from worker.detokenizer import IncrementalDetokenizer  # noqa: E402
-from worker.tokenizer_files import load_tokenizer_files, tokenizer_dir  # noqa: E402
+from worker.tokenizer.detokenizer import IncrementalDetokenizer  # noqa: E402
+from worker.tokenizer.files import load_tokenizer_files, tokenizer_dir  # noqa: E402
 
 
 def per_token_us(step, ids: list[int]) -> float:

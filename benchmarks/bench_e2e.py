@@ -7,7 +7,7 @@ The workload is SGLang's generated-shared-prefix, scaled down: 16 groups x 8 pro
 1,024-token system prompt per group, a 64-token question, 32 output tokens, in a shuffled
 order, streamed, 16 in flight (all at once would need more KV than the pools hold for the
 running requests alone, and both policies would mostly measure eviction). The model is a
-random-weight Llama sized so that prefill dominates (worker/random_checkpoint.py). Each
+random-weight Llama sized so that prefill dominates (worker/model/random_checkpoint.py). Each
 replica's KV pool holds half of the system prompts plus working space: all of them fit
 across the two replicas, not in one. Each policy gets a fresh server (cold caches), started
 with the `kvroute` CLI.
@@ -179,7 +179,7 @@ def run_policy(model_dir: Path, policy: str, num_blocks: int, args, workdir: Pat
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    from worker.random_checkpoint import write_random_checkpoint
+    from worker.model.random_checkpoint import write_random_checkpoint
 
     blocks_per_system = args.system_len // args.block_size
     num_blocks = args.num_blocks or args.groups * blocks_per_system // 2 + 128

@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
 from worker.api import EngineRequest, SamplingParams  # noqa: E402
-from worker.engine_config import EngineConfig  # noqa: E402
-from worker.engine_factory import build_engine  # noqa: E402
-from worker.random_checkpoint import write_random_checkpoint  # noqa: E402
+from worker.engine.config import EngineConfig  # noqa: E402
+from worker.engine.factory import build_engine  # noqa: E402
+from worker.model.random_checkpoint import write_random_checkpoint  # noqa: E402
 
 # Llama 3 proportions at a CPU-sized scale: MLP 3.5x hidden, GQA 4:1 (8B: 14336/4096, 32/8).
 MODEL = dict(model_type="llama", vocab_size=4096, hidden_size=512, intermediate_size=1792,

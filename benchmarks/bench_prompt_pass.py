@@ -29,7 +29,7 @@ from router.front.tenants import TenantAuth  # noqa: E402
 from router.serve.route_calls import RouteCalls  # noqa: E402
 from worker.openai.limits import RequestLimits  # noqa: E402
 from worker.openai.prompt import PromptBuilder  # noqa: E402
-from worker.tokenizer_files import tokenizer_dir  # noqa: E402
+from worker.tokenizer.files import tokenizer_dir  # noqa: E402
 
 WORDS = ("the cache of a prefix is kept on one replica so that every request sharing it "
          "finds its blocks there and computes only what is new model router token").split()

@@ -12,7 +12,7 @@
   Serve alone with kvroute's settings and a trivial 2-replica app (floor_*,
   benchmarks/serve_floor.py). `--skip first` times only the later starts (the cache
   converted first, untimed).
-- greedy_match: the fraction of the test prompts (tests/worker/gguf/smollm2_oracle.py, 27 to
+- greedy_match: the fraction of the test prompts (tests/worker/model/gguf/smollm2_oracle.py, 27 to
   1,180 tokens) whose greedy tokens through the engine equal transformers' reading of the
   same GGUF file (fp32).
 - ttft_cached_over_cold: the engine's time to first token on a ~2,000-token chat prompt
@@ -141,7 +141,7 @@ def measure_starts(workdir: Path, args: argparse.Namespace) -> dict:
     and the last run's phases."""
     if not (workdir / "kvroute-cache").is_dir():  # no first start: convert here, untimed
         os.environ["KVROUTE_CACHE_DIR"] = str(workdir / "kvroute-cache")
-        from worker.tokenizer_files import checkpoint_dir
+        from worker.tokenizer.files import checkpoint_dir
 
         checkpoint_dir("smollm2")
         checkpoint_dir("smollm2", weights=False)
@@ -223,9 +223,9 @@ def hf_decode_tok_s(hf, token_ids: list[int], num_tokens: int) -> float:
 def measure_engine(args: argparse.Namespace) -> dict:
     import torch
 
-    from tests.worker.gguf import smollm2_oracle as oracle
-    from worker.engine_config import EngineConfig
-    from worker.engine_factory import build_engine
+    from tests.worker.model.gguf import smollm2_oracle as oracle
+    from worker.engine.config import EngineConfig
+    from worker.engine.factory import build_engine
 
     engine = build_engine(EngineConfig(model="smollm2", num_blocks=1024))
     hf = oracle.load_hf_model()  # eager attention, as the tests compare

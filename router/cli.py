@@ -177,7 +177,7 @@ def run_serve(ns: argparse.Namespace) -> int:
 def _model_usable(settings: ServeSettings, local: bool) -> bool:
     """Finds the model before anything starts, converting a GGUF file (or the built-in
     smollm2) here once rather than in every replica; prints what is wrong."""
-    from worker.tokenizer_files import TINY_NAME, checkpoint_dir
+    from worker.tokenizer.files import TINY_NAME, checkpoint_dir
 
     if settings.model == TINY_NAME:
         return True
@@ -193,7 +193,7 @@ def _workers_usable(settings: ServeSettings) -> bool:
     """Checks the tokenizer and every worker before anything starts; prints what is wrong."""
     from router.apps.external import check_workers, external_gateway_config
     from router.cluster.worker_spec import parse_workers
-    from worker.tokenizer_files import load_tokenizer_files, tokenizer_dir
+    from worker.tokenizer.files import load_tokenizer_files, tokenizer_dir
 
     config = external_gateway_config(settings)
     try:

@@ -2,7 +2,7 @@
 `KVROUTE_<NAME>` environment variables and explicit values (a Serve config's args).
 
 One model is the single source of a component's settings: `kvroute serve`
-(router/serve/settings.py) and `kvroute engine` (worker/engine_config.py `EngineSettings`,
+(router/serve/settings.py) and `kvroute engine` (worker/engine/config.py `EngineSettings`,
 which the serve settings extend) derive their flags, their variables, their validation and
 their help from it.
 

@@ -33,7 +33,7 @@ PIN_QUOTA_ENV = {"KVROUTE_PIN_MAX_NAMES_PER_TENANT": "2",
 PIN_QUOTA_NAMES, PIN_QUOTA_BLOCKS = 2, 64
 NUM_BLOCKS = 256  # per engine: a 4,096-token context
 ENGINE_ARGS = (*SIM_TINY_ARGS, "--num-blocks", str(NUM_BLOCKS))
-STEP_FAILED = "step failed"  # worker/engine.py logs it for every engine step that raised
+STEP_FAILED = "step failed"  # worker/engine/engine.py logs it for every engine step that raised
 
 
 def bearer(key: str | None) -> dict[str, str]:

@@ -19,7 +19,7 @@ _TOPICS = ("harbour tolls", "grain stores", "river ferries", "wool markets", "sa
 
 def system_prompt(group: int, num_sections: int) -> str:
     """A distinct long system prompt per group (its first words already differ)."""
-    from tests.worker.gguf.smollm2_oracle import long_document
+    from tests.worker.model.gguf.smollm2_oracle import long_document
 
     topic = _TOPICS[group % len(_TOPICS)]
     return (f"Archive {group}: you are the clerk of the {topic} records of district {group}. "

@@ -7,7 +7,7 @@ Events, in time order (ties in the order they were scheduled, so a seed fixes th
     step done  the replica applies its step; finished requests end (Router.on_finished);
                a finished multi-turn round releases the next one
     publish    every publish_interval_s a replica with news drains its event log and stats
-               (worker/publisher.py does the same), which reach the router after
+               (worker/vllm_events/publisher.py does the same), which reach the router after
                event_delay_s: Router.apply_batch (a snapshot when it asks), update_stats
     share      with several gateways sharing, what one router shares of a decision (its
                marks; its routed work, then its end) reaches the others after
@@ -36,7 +36,7 @@ from benchmarks.simlib.workloads import WorkItem, Workload
 from kv.hashing import block_hashes, namespace_root
 from router.core.router import RouterConfig
 from worker.api import SamplingParams
-from worker.request import Request
+from worker.engine.request import Request
 
 _ARRIVAL, _STEP_DONE, _PUBLISH, _DELIVER, _SHARE = range(5)
 

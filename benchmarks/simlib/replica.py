@@ -1,9 +1,9 @@
-"""One simulated engine replica: the engine's own core (worker/engine_core.py: scheduler, KV
-manager, event log, host tier) with `worker.sim.SimExecutor` (modelled step time,
+"""One simulated engine replica: the engine's own core (worker/engine/core.py: scheduler, KV
+manager, event log, host tier) with `worker.executor.sim.SimExecutor` (modelled step time,
 deterministic tokens) in place of the forward pass. The discrete-event cluster
 (benchmarks/simlib/cluster.py) drives it: `start_step` plans and costs a step,
 `finish_step` applies it when the virtual clock reaches its end, as the live engine loop
-(worker/engine.py) does around its worker thread.
+(worker/engine/engine.py) does around its worker thread.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from kv.events import EventLog
 from kv.hashing import DEFAULT_BLOCK_SIZE
 from kv.manager import KVCacheConfig
 from worker.api import SampledToken
-from worker.engine_core import EngineCore, StepPlan
-from worker.request import Request
-from worker.scheduler import SchedulerConfig
-from worker.sim import SimExecutor, get_preset
+from worker.engine.core import EngineCore, StepPlan
+from worker.engine.request import Request
+from worker.engine.scheduler import SchedulerConfig
+from worker.executor.sim import SimExecutor, get_preset
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ReplicaConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    preset: str = "h100-llama3-8b"  # worker.sim.PRESETS
+    preset: str = "h100-llama3-8b"  # worker.executor.sim.PRESETS
     vocab_size: int = 32000
     # Every modelled step takes this many times the preset's time (a live engine on a busy
     # CPU runs slower than the hardware it models; sim_vs_live.py fits it to a live run).

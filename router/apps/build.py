@@ -25,7 +25,7 @@ from router.serve.ingress_endpoint import IngressRouteEndpoint, IngressRouteEndp
 from router.serve.route_header import new_route_key
 from router.serve.serve_env import key_paths, replica_env, with_env
 from router.serve.settings import LaunchSettings, ServeSettings
-from worker.engine_config import EngineConfig
+from worker.engine.config import EngineConfig
 from worker.settings import SettingsError, load_settings
 
 REQUEST_ROUTER_CLASS = "router.serve.request_router:ServeRequestRouter"

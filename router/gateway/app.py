@@ -42,7 +42,7 @@ from worker.openai.schema import ChatCompletionRequest, CompletionRequest
 from worker.openai.stream_slots import StreamSlot
 from worker.openai.streaming import full_response, sse_events
 from worker.process_settings import ProcessSettings
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlot
 from worker.process_settings import ProcessSettings
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from worker.openai.prompt import PromptBuilder
 from worker.openai.routes import OwnRoutes, build_app, route_table
 from worker.openai_server.serving import OpenAIServing
 from worker.process_settings import ProcessSettings
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 log = logging.getLogger(__name__)
 

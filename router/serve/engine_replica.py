@@ -27,8 +27,8 @@ from router.cluster.index_actor import get_index_actor
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.serve.publisher import PublisherConfig, ReplicaPublisher
 from worker.api import EngineRequest, PinRequest, PinResult, ReplicaQuery, TokenDelta, UnpinRequest
-from worker.engine import Engine
-from worker.engine_config import EngineConfig
+from worker.engine.config import EngineConfig
+from worker.engine.engine import Engine
 from worker.openai_server.vllm_metrics import VLLMGaugeCollector
 
 

@@ -39,7 +39,7 @@ from router.serve.route_calls import RouteCall, RouteCalls
 from router.serve.route_header import ROUTE_HEADER, Route, RouteSigner
 from worker.openai.prompt import PromptBuilder
 from worker.process_settings import ProcessSettings
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The serve settings: one pydantic model, the single source of every serve setting; it
-extends the engine's (worker/engine_config.py `EngineSettings`, also `kvroute engine`'s).
+extends the engine's (worker/engine/config.py `EngineSettings`, also `kvroute engine`'s).
 
 From `ServeSettings` derive: the `kvroute serve` flags, the `args` of
 `router.apps.build:build_app` (`serve run router.apps.build:build_app replicas=2`, a Serve
@@ -18,7 +18,7 @@ from router.cluster.worker_spec import parse_workers
 from router.core.config import RouterConfig
 from router.core.hit_curve import HitCurveConfig
 from router.core.policies import POLICY_NAMES
-from worker.engine_config import EngineConfig, EngineSettings, PositiveInt
+from worker.engine.config import EngineConfig, EngineSettings, PositiveInt
 from worker.settings import FLAG_ONLY, env_name
 
 _ROUTER_DEFAULTS = RouterConfig()
@@ -27,7 +27,7 @@ _BOUND_DEFAULTS = HitCurveConfig()
 
 class ServeSettings(EngineSettings):
     """What `build_app` deploys: the model, the engine replicas (their settings are
-    `kvroute engine`'s, worker/engine_config.py) and the router."""
+    `kvroute engine`'s, worker/engine/config.py) and the router."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

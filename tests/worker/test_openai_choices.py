@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from benchmarks.simlib.engine_workers import EngineWorker
 from worker.openai.prompt import PromptBuilder
 from worker.openai.tokenize import kvroute_version
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 REAL_TINY_ARGS = ("--engine", "real", "--model", "tiny", "--num-blocks", "256")
 GREEDY = {"temperature": 0, "ignore_eos": True}

@@ -8,14 +8,14 @@ import json
 import pytest
 from starlette.requests import Request
 
-from worker.engine_config import EngineConfig
-from worker.engine_factory import build_engine
+from worker.engine.config import EngineConfig
+from worker.engine.factory import build_engine
 from worker.openai.front import Anonymous, FrontDoor, fixed_context
 from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
 from worker.openai.prompt_hits import PROMPT_HITS_KEY, PromptHits
 from worker.openai_server.serving import OpenAIServing
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 PROMPT = "a prompt of forty bytes, two full blocks"  # 40 bytes: 2 full blocks of 16
 

@@ -12,7 +12,7 @@ from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
 from worker.openai.routes import OwnRoutes, Route, build_app, route_table
 from worker.openai.tokenize import kvroute_version
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 MODELS = {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0,
                                       "owned_by": "kvroute", "root": "tiny",

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker
 from worker.openai.prompt import PromptBuilder
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 # The H100 preset decodes in ~8 ms a token: a long request lasts seconds, long enough to
 # leave it or to stop the server under it.

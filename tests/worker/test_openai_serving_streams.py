@@ -9,15 +9,15 @@ import json
 import pytest
 from starlette.requests import Request
 
-from worker.engine_config import EngineConfig
-from worker.engine_factory import build_engine
+from worker.engine.config import EngineConfig
+from worker.engine.factory import build_engine
 from worker.openai.errors import APIError
 from worker.openai.front import Anonymous, FrontDoor, fixed_context
 from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlots, TooManyStreams
 from worker.openai_server.serving import OpenAIServing
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 
 def completion_request(stream: bool, max_tokens: int = 4, **fields) -> Request:

@@ -8,7 +8,7 @@ import pytest
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder
 from worker.openai.prompt_encoder import INLINE_TEXT_CHARS, PromptEncoder
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ CHAT = '{"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]'
 NUMERIC = {
     "max_tokens": ("both", set()),
     "max_completion_tokens": ("chat", set()),
-    "temperature": ("both", {"0.5e-320"}),  # sampled greedily (worker/sampling.py)
+    "temperature": ("both", {"0.5e-320"}),  # sampled greedily (worker/executor/sampling.py)
     "top_p": ("both", {"0.5e-320"}),
     "top_k": ("both", {"-1"}),  # vLLM's "off"
     "min_p": ("both", {"0.5e-320"}),
@@ -142,7 +142,7 @@ def test_chat_messages_are_capped():
 def test_tokenize_and_detokenize_bodies_are_capped():
     from worker.openai.prompt import PromptBuilder
     from worker.openai.tokenize import MAX_DETOKENIZE_TOKENS, detokenize, tokenize
-    from worker.tokenizer_files import tokenizer_dir
+    from worker.tokenizer.files import tokenizer_dir
 
     prompts = PromptBuilder(tokenizer_dir("tiny"), "tiny", 16)
     limits = RequestLimits()

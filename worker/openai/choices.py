@@ -3,7 +3,7 @@
 A request with n choices per prompt (and a batch of prompts) is n x prompts engine
 requests, all started at once. A prompt's copies compute it once: the engine's scheduler
 holds a request whose prefix another running request is computing until those blocks are
-cached (worker/scheduler.py), so the copies hit them and compute only their last partial
+cached (worker/engine/scheduler.py), so the copies hit them and compute only their last partial
 block (their usage shows the cached tokens). benchmarks/bench_choices.py measures it.
 """
 

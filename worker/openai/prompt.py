@@ -16,7 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from kv.hashing import BlockHash, block_hashes, namespace_root
-from worker.tokenizer_files import load_tokenizer_files
+from worker.tokenizer.files import load_tokenizer_files
 
 # Text at least this long is encoded with the GIL released (the tokenizer's batch call
 # releases it, its single call does not), so a thread tokenizing a long prompt lets the

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from worker.api import EngineUnhealthyError
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from worker.openai.errors import APIError
 from worker.openai.front import Anonymous, FrontDoor, fixed_context, ready_body
 from worker.openai.prompt import PromptBuilder

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.engine_config import EngineConfig, EngineSettings
+from worker.engine.config import EngineConfig, EngineSettings
 from worker.openai_server.kv_events import EventPump, EventPumpConfig
 from worker.process_settings import ProcessSettings
 from worker.settings import add_flags, flag_name, given_flags, load_settings
@@ -89,7 +89,7 @@ class EngineServerSettings(BaseModel):
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `kvroute engine`: the engine's settings are `kvroute serve`'s (one model,
-    worker/engine_config.py), each also set by its KVROUTE_<NAME> variable."""
+    worker/engine/config.py), each also set by its KVROUTE_<NAME> variable."""
     add_flags(p, EngineSettings)
     # Where it listens is read from flags only: Kubernetes injects KVROUTE_PORT=tcp://...
     # into every pod of a namespace with a Service named kvroute.
@@ -124,10 +124,10 @@ class _Server(uvicorn.Server):
 
 def run_engine(ns: argparse.Namespace) -> int:
     """Runs `kvroute engine` with parsed flags; the exit status."""
-    from worker.engine import Engine
+    from worker.engine.engine import Engine
     from worker.openai.prompt import PromptBuilder
     from worker.openai_server.app import create_app
-    from worker.tokenizer_files import tokenizer_dir
+    from worker.tokenizer.files import tokenizer_dir
 
     publisher = None
     try:

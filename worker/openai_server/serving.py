@@ -25,7 +25,7 @@ from worker.api import (
     EngineUnavailableError,
     TokenDelta,
 )
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from worker.openai.choices import Choices, OpenStream, collect
 from worker.openai.engine_params import Kind, engine_requests
 from worker.openai.errors import APIError, engine_input_error

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import zmq
 
 from kv.events import EventBatch
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from worker.vllm_events.publisher import VllmEventPublisher, VllmPublisherConfig
 
 

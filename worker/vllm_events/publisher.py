@@ -65,7 +65,7 @@ class VllmPublisherConfig:
 
 
 class EngineEvents(Protocol):
-    """What `publish_from` needs of an engine (worker.engine.Engine has it)."""
+    """What `publish_from` needs of an engine (worker.engine.engine.Engine has it)."""
 
     def drain_events(self) -> EventBatch: ...
     def snapshot(self) -> Snapshot: ...

@@ -12,7 +12,7 @@ from router.front.tenants import TenantAuth
 from worker.api import PinResult
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 
 class Remote:

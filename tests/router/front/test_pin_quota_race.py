@@ -15,7 +15,7 @@ from router.front.prefixes import PrefixService
 from worker.api import PinResult
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 BLOCK_SIZE = 16
 

@@ -12,7 +12,7 @@ from router.serve.route_calls import RouteCalls
 from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 LARGE_CONTEXT_TOKENS = 1 << 20  # the context does not bind: only the shared rules do
 CHAT = [{"role": "user", "content": "hi"}]

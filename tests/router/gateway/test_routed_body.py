@@ -12,7 +12,7 @@ from router.gateway.routed_body import chat_body, completion_body
 from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from prometheus_client import generate_latest
 from router.cluster.metrics_hub import exposition, merge_families
 from router.serve.engine_replica import pushed_registry
 from worker.api import EngineRequest, SamplingParams
-from worker.engine_config import EngineConfig
-from worker.engine_factory import build_engine
+from worker.engine.config import EngineConfig
+from worker.engine.factory import build_engine
 
 VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
                "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")

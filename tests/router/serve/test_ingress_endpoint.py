@@ -11,7 +11,7 @@ from router.serve.ingress_endpoint import _read_body, call_of
 from router.serve.route_calls import RouteCalls as _RouteCalls
 from worker.openai.prompt import PromptBuilder
 from worker.openai.schema import DEFAULT_MAX_TOKENS
-from worker.tokenizer_files import tokenizer_dir
+from worker.tokenizer.files import tokenizer_dir
 
 MAX_MODEL_LEN = 2048
 

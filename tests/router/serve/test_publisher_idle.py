@@ -11,8 +11,8 @@ from kv.events import Cursor, contents_digest
 from router.cluster.index_actor import KVIndex, PollRequest
 from router.serve.publisher import PublisherConfig, ReplicaPublisher
 from worker.api import EngineRequest, SamplingParams
-from worker.engine import Engine
-from worker.engine_config import EngineConfig
+from worker.engine.config import EngineConfig
+from worker.engine.engine import Engine
 
 
 class _Method:

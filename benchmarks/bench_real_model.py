@@ -192,7 +192,7 @@ def measure_starts(workdir: Path, args: argparse.Namespace) -> dict:
 async def _engine_run(engine, request_id: str, token_ids: list[int], max_tokens: int,
                       ignore_eos: bool = False) -> tuple[list[int], float, float]:
     """(tokens, TTFT s, total s) of one greedy request."""
-    from worker.api import EngineRequest, SamplingParams
+    from protocol.engine import EngineRequest, SamplingParams
 
     start, first, tokens = time.perf_counter(), None, []
     async for delta in engine.generate(EngineRequest(request_id, token_ids, SamplingParams(

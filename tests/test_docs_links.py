@@ -22,8 +22,8 @@ HISTORY = {ROOT / "benchmarks" / "NOTEBOOK.md"}  # links checked, named paths no
 
 # A path that starts with a top-level folder of the repository (or, in benchmarks/*.md, a
 # folder of benchmarks/) names a file or folder.
-TOP_DIRS = ("kv", "kernels", "worker", "router", "benchmarks", "tests", "docs", "helm",
-            "dashboards", "docker", "results", "simlib", "peers", "hostile")
+TOP_DIRS = ("kv", "kernels", "protocol", "worker", "router", "benchmarks", "tests", "docs",
+            "helm", "dashboards", "docker", "results", "simlib", "peers", "hostile")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(TOP_DIRS) + r")/[\w./-]*[\w/])")
 # A path with a placeholder in it (or right after it) names a family of files, not one.

@@ -20,8 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import zmq
 
 from kv.hashing import DEFAULT_BLOCK_SIZE
-from worker.vllm_events.frames import seq_bytes
-from worker.vllm_events.wire import BlockStored, KVEventBatch, encode_batch
+from protocol.vllm.frames import seq_bytes
+from protocol.vllm.wire import BlockStored, KVEventBatch, encode_batch
 
 HUGE_BYTES = 64 << 20
 LIES = ("redirect 307", "redirect 302", "huge body", "huge event")

@@ -31,8 +31,8 @@ import zmq
 
 from benchmarks.peers.measure import prompt_token_ids
 from kv.hashing import DEFAULT_BLOCK_SIZE, block_hashes, namespace_root
+from protocol.vllm import frames, wire
 from router.core.engine_hash_map import EngineHashConfig, EngineHashMap
-from worker.vllm_events import frames, wire
 
 CLASSES = ("never_seen", "evicted_everywhere", "not_yet_published", "elsewhere", "here_gone")
 

@@ -34,8 +34,8 @@ from benchmarks.simlib.replica import ReplicaConfig, SimReplica
 from benchmarks.simlib.whatifs import WhatIfs
 from benchmarks.simlib.workloads import WorkItem, Workload
 from kv.hashing import block_hashes, namespace_root
+from protocol.engine import SamplingParams
 from router.core.router import RouterConfig
-from worker.api import SamplingParams
 from worker.engine.request import Request
 
 _ARRIVAL, _STEP_DONE, _PUBLISH, _DELIVER, _SHARE = range(5)

@@ -21,8 +21,8 @@ from benchmarks.simlib import experiment as ex
 from benchmarks.simlib.cluster import ClusterConfig, ClusterSim
 from benchmarks.simlib.replica import ReplicaConfig
 from kv.events import BlockRemoved, BlockStored, EventBatch, Snapshot
+from protocol.engine import EngineStats
 from router.core.router import RouterConfig
-from worker.api import EngineStats
 
 STORE, REMOVE = 0, 1
 BatchShape = tuple[tuple[int, int], ...]  # per event: (STORE | REMOVE, num_blocks)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kv.events import EventLog
 from kv.hashing import DEFAULT_BLOCK_SIZE
 from kv.manager import KVCacheConfig
-from worker.api import SampledToken
+from protocol.engine import SampledToken
 from worker.engine.core import EngineCore, StepPlan
 from worker.engine.request import Request
 from worker.engine.scheduler import SchedulerConfig

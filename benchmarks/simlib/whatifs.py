@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from protocol.engine import EngineStats
 from router.core.ledger import RouteRecord
 from router.core.load import LoadTracker, bounded_tokens
 from router.core.router import Router, RouterConfig
-from worker.api import EngineStats
 
 _FOLLOWUP_MEAN_ALPHA = 0.05  # weight of the newest follow-up in the mean of their prefills
 

@@ -32,6 +32,7 @@ import ray
 from prometheus_client import CollectorRegistry
 
 from kv.events import ContentsDigest, Cursor, EventBatch, Snapshot
+from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actors import get_or_create_actor
 from router.cluster.external_worker_spec import ExternalWorkerSpec, SubscriberConfig
 from router.cluster.external_workers import ExternalWorkers, ExternalWorkerStatus
@@ -41,7 +42,6 @@ from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds
 from router.cluster.shared_marks import SharedMark, SharedMarks
-from worker.api import EngineStats, PinnedPrefix
 
 INDEX_ACTOR_NAME = "kvroute-index"
 

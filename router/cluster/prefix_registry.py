@@ -18,8 +18,8 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from protocol.engine import PinnedPrefix
 from router.cluster.pin_quota import PinQuota, PinRefusal
-from worker.api import PinnedPrefix
 
 # A reservation whose gateway never ends it (the gateway died mid-pin) stops counting after
 # this long; a pin is one prefill, done in seconds.

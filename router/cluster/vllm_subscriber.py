@@ -1,6 +1,6 @@
 """One external worker's vLLM KV events, followed over ZMQ and fed to a Protocol 2 sink.
 
-A SUB socket follows the worker's stream (worker/vllm_events/frames.py); its block hashes
+A SUB socket follows the worker's stream (protocol/vllm/frames.py); its block hashes
 are mapped to router hashes (router/core/engine_hash_map.py) and applied to the sink (the KV
 index actor's `publish` / `publish_snapshot`) as one Protocol 2 replica, under an epoch of
 this subscriber's own. The view is either exact ("synced": built from a known start, with
@@ -38,6 +38,7 @@ import zmq
 import zmq.asyncio
 
 from kv.events import EventBatch, KVEvent, Snapshot
+from protocol.vllm import frames, wire
 from router.cluster.event_bounds import BlockBudget, off_loop, pieces
 from router.cluster.external_worker_spec import (
     APPROXIMATE,
@@ -49,7 +50,6 @@ from router.cluster.external_worker_spec import (
 )
 from router.cluster.zmq_replay import request_replay
 from router.core.engine_hash_map import EngineHashMap
-from worker.vllm_events import frames, wire
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ import httpx
 import ray
 
 from kv.hashing import DEFAULT_BLOCK_SIZE
+from protocol.engine import EngineStats
 from router.cluster.actors import get_or_create_actor
 from router.cluster.worker_index_link import IndexActorLink, IndexLink
 from router.cluster.worker_probe import check_health, check_worker, scrape_queue_stats
 from router.cluster.worker_spec import WorkerChange, WorkerSetView, WorkerSpec, WorkerStatus
-from worker.api import EngineStats
 
 log = logging.getLogger(__name__)
 

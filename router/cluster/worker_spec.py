@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from worker.api import EngineStats
+from protocol.engine import EngineStats
 
 ZMQ_SCHEMES = ("tcp", "ipc", "inproc")
 _FRAGMENT_KEYS = ("kv_events", "kv_replay")

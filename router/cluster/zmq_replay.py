@@ -1,4 +1,4 @@
-"""A replay request to a vLLM-format KV event publisher (protocol: worker/vllm_events/frames.py)."""
+"""A replay request to a vLLM-format KV event publisher (protocol: protocol/vllm/frames.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import zmq
 import zmq.asyncio
 
-from worker.vllm_events import frames
+from protocol.vllm import frames
 
 
 async def request_replay(ctx: zmq.asyncio.Context, endpoint: str, start_seq: int,

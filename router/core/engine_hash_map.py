@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, Medium
 from kv.hashing import BlockHash, hash_block, namespace_root
-from worker.vllm_events import wire
+from protocol.vllm import wire
 
 EngineHash = bytes | int
 _InstanceKey = tuple[BlockHash, EngineHash]  # (router hash, engine block it completes in)

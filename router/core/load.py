@@ -23,7 +23,7 @@ from itertools import repeat
 
 import numpy as np
 
-from worker.api import EngineStats
+from protocol.engine import EngineStats
 
 _DECODE_MEAN_ALPHA = 0.05  # weight of the newest request in the mean decode length
 # The most work one request, or one count of a replica's stats, adds (2^26, 67M tokens: 128

@@ -1,6 +1,6 @@
 """The router core's facade: one object the gateway asks where each request goes.
 
-Pure Python (kv, worker.api, no Ray, no torch). The serving side feeds it events, snapshots
+Pure Python (kv, protocol.engine, no Ray, no torch). The serving side feeds it events, snapshots
 and stats, tells it when requests finish, and switches it to approximate mode: all replicas
 when the index actor is unreachable or stale (`set_fallback`), or one replica at a time when
 that replica publishes no events or its events went stale (`set_replica_approximate`), while
@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from kv.events import EventBatch, Snapshot
 from kv.hashing import BlockHash
+from protocol.engine import EngineStats
 from router.core.config import RouterConfig
 from router.core.history import RoutedHistory
 from router.core.index import PrefixIndex, PrefixMatch
@@ -30,7 +31,6 @@ from router.core.ledger import (
 from router.core.load import LoadTracker, bounded_tokens
 from router.core.miss_causes import MissCauses, MissTokens
 from router.core.policies import ReplicaView, RouteQuery, make_policy
-from worker.api import EngineStats
 
 __all__ = ["RouteKind", "Router", "RouterConfig", "RoutingDecision"]
 

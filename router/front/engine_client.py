@@ -21,7 +21,7 @@ import ray
 from ray.serve import context as serve_context
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from worker.api import EngineInputError, EngineRequest, EngineUnavailableError, TokenDelta
+from protocol.engine import EngineInputError, EngineRequest, EngineUnavailableError, TokenDelta
 from worker.openai.errors import APIError, engine_input_error
 
 log = logging.getLogger(__name__)

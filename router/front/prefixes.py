@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
+from protocol.engine import PinRequest, PinResult, UnpinRequest
 from router.cluster.pin_quota import PinQuota
 from router.cluster.prefix_registry import PrefixRecord, engine_pin_name
 from router.front.engine_client import EngineClient
-from worker.api import PinRequest, PinResult, UnpinRequest
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.schema import ChatMessage, parse_body

@@ -22,11 +22,18 @@ from prometheus_client import CollectorRegistry
 from ray import serve
 
 from kv.events import ContentsDigest, contents_digest
+from protocol.engine import (
+    EngineRequest,
+    PinRequest,
+    PinResult,
+    ReplicaQuery,
+    TokenDelta,
+    UnpinRequest,
+)
 from router.cluster.hit_bound import HitBoundLink
 from router.cluster.index_actor import get_index_actor
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.serve.publisher import PublisherConfig, ReplicaPublisher
-from worker.api import EngineRequest, PinRequest, PinResult, ReplicaQuery, TokenDelta, UnpinRequest
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
 from worker.openai_server.vllm_metrics import VLLMGaugeCollector

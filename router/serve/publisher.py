@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import ray
 
 from kv.events import EventBatch, Snapshot
+from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actor_link import ActorLink
-from worker.api import EngineStats, PinnedPrefix
 
 log = logging.getLogger(__name__)
 

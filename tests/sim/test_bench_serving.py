@@ -20,7 +20,7 @@ from benchmarks import bench_serving
 from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator
 from benchmarks.simlib.prompts import TokenSource
 from benchmarks.simlib.workloads import multi_turn
-from worker.api import EngineRequest, SamplingParams
+from protocol.engine import EngineRequest, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.engine.factory import build_engine
 from worker.openai.responses import ResponseShape, sse

@@ -5,9 +5,9 @@ import pytest
 
 from benchmarks.simlib.whatifs import WhatIfRouter, WhatIfs, make_router
 from kv.events import EventLog
+from protocol.engine import EngineStats
 from router.core.router import Router, RouterConfig
 from tests.router.core.core_helpers import FakeClock, h
-from worker.api import EngineStats
 
 B = 16
 REPLICAS = ["r0", "r1"]

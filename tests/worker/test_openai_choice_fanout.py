@@ -4,7 +4,7 @@ usage counts each prompt once."""
 
 import pytest
 
-from worker.api import EngineInputError, EngineRequest, SamplingParams, Usage
+from protocol.engine import EngineInputError, EngineRequest, SamplingParams, Usage
 from worker.engine.config import EngineConfig
 from worker.engine.factory import build_engine
 from worker.openai.choices import Choices, collect, total_usage

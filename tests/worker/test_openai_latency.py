@@ -2,7 +2,7 @@
 
 from prometheus_client import CollectorRegistry
 
-from worker.api import TokenDelta, Usage
+from protocol.engine import TokenDelta, Usage
 from worker.openai.latency import ARRIVAL_KEY, LatencyMetrics, arrival_of, mark_arrival, relayed
 
 

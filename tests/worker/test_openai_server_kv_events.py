@@ -9,7 +9,7 @@ import zmq
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker
 from kv.hashing import block_hashes, namespace_root
-from worker.vllm_events import frames, wire
+from protocol.vllm import frames, wire
 
 B = 16
 

@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from worker.api import MAX_STOP_TOKEN_IDS
+from protocol.engine import MAX_STOP_TOKEN_IDS
 from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits
 from worker.openai.schema import (

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("kv", "kernels", "worker", "router")
+PACKAGES = ("kv", "kernels", "protocol", "worker", "router")
 LOADER = Path("worker/settings.py")
 VARIABLE = re.compile(r"KVROUTE_[A-Z][A-Z0-9_]*")
 ENVIRON_READS = {"get", "getenv", "pop", "setdefault"}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kv.events import EventBatch, EventLog, Snapshot
 from kv.hashing import BlockHash
 from kv.manager import KVCacheConfig, KVCacheManager
-from worker.api import EngineStats, SampledToken, SampleFailure, SamplingParams
+from protocol.engine import EngineStats, SampledToken, SampleFailure, SamplingParams
 from worker.engine.request import Request
 from worker.engine.scheduler import Scheduler, SchedulerConfig
 from worker.engine.step import StepInput

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kv.events import EventBatch, EventLog, Snapshot
 from kv.hashing import block_hashes, namespace_root
 from kv.manager import KVCacheConfig
-from worker.api import (
+from protocol.engine import (
     EngineInputError,
     EngineRequest,
     EngineStats,

@@ -6,7 +6,7 @@ import enum
 import time
 
 from kv.hashing import BlockHash, block_hashes
-from worker.api import SamplingParams
+from protocol.engine import SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.api import TokenDelta, TokenLogprobs, Usage
+from protocol.engine import TokenDelta, TokenLogprobs, Usage
 
 
 class RequestOutput:

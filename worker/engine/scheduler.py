@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kv.manager import KVCacheManager
-from worker.api import SampledToken
+from protocol.engine import SampledToken
 from worker.engine.request import Request, RequestStatus
 from worker.engine.step import ScheduledSeq, StepInput
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from worker.api import SampledToken, SampleFailure, SamplingParams
+from protocol.engine import SampledToken, SampleFailure, SamplingParams
 from worker.engine.step import StepInput
 
 

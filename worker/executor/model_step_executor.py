@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from worker.api import SampledToken, SampleFailure, SamplingParams
+from protocol.engine import SampledToken, SampleFailure, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.engine.step import StepInput
 from worker.executor.config import ModelExecutorConfig

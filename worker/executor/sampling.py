@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from worker.api import SampledToken, SampleFailure, SamplingParams, TokenLogprobs
+from protocol.engine import SampledToken, SampleFailure, SamplingParams, TokenLogprobs
 
 # Below this temperature a row is sampled greedily (as vLLM does): dividing the logits by a
 # near-zero temperature overflows them to infinities and the softmax to NaN.

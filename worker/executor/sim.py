@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kv.hashing import DEFAULT_BLOCK_SIZE
-from worker.api import SampledToken, SampleFailure, SamplingParams, TokenLogprobs
+from protocol.engine import SampledToken, SampleFailure, SamplingParams, TokenLogprobs
 from worker.engine.step import StepInput
 
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from worker.api import EngineRequest, TokenDelta, TokenLogprobs, Usage
+from protocol.engine import EngineRequest, TokenDelta, TokenLogprobs, Usage
 
 # A fresh stream of one engine request's deltas; its first `anext` raises (an APIError)
 # when the request is refused.

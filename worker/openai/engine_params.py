@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Literal
 
-from worker.api import EngineInputError, EngineRequest, SamplingParams
+from protocol.engine import EngineInputError, EngineRequest, SamplingParams
 from worker.openai.errors import APIError
 from worker.openai.schema import ChatCompletionRequest, CompletionRequest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.api import EngineInputError
+from protocol.engine import EngineInputError
 
 
 class APIError(Exception):

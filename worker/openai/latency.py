@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from worker.api import TokenDelta
+from protocol.engine import TokenDelta
 
 ARRIVAL_KEY = "kvroute.arrival_s"  # ASGI scope key: time.monotonic() at arrival
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -15,7 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from worker.api import TokenLogprobs
+from protocol.engine import TokenLogprobs
 
 
 class LogprobsFormatter:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from worker.api import TokenDelta
+from protocol.engine import TokenDelta
 
 PROMPT_HITS_KEY = "kvroute.prompt_hits"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any, Literal
 
-from worker.api import Usage
+from protocol.engine import Usage
 
 Kind = Literal["completion", "chat"]
 

@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from worker.api import MAX_LOGPROBS, MAX_STOP_TOKEN_IDS
+from protocol.engine import MAX_LOGPROBS, MAX_STOP_TOKEN_IDS
 from worker.openai.errors import APIError
 from worker.openai.limits import (
     RequestLimits,

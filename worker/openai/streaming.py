@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from worker.api import TokenDelta, Usage
+from protocol.engine import TokenDelta, Usage
 from worker.openai.choices import ChoiceOutput, Choices, total_usage
 from worker.openai.errors import APIError
 from worker.openai.logprobs import LogprobsFormatter

@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from worker.api import EngineUnhealthyError
+from protocol.engine import EngineUnhealthyError
 from worker.engine.engine import Engine
 from worker.openai.errors import APIError
 from worker.openai.front import Anonymous, FrontDoor, fixed_context, ready_body

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from worker.api import (
+from protocol.engine import (
     EngineInputError,
     EngineRequest,
     EngineUnavailableError,

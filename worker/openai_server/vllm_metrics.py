@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.api import EngineStats
+from protocol.engine import EngineStats
 
 LABELS = ("model_name", "engine")
 

@@ -1,5 +1,3 @@
-"""KV events in vLLM's wire format (vLLM 0.33.0; decodes 0.9 and later).
-
-wire.py: the msgpack payloads; frames.py: the ZMQ framing and replay protocol;
-translate.py and publisher.py: kvroute's Protocol 2 events published as vLLM events.
+"""kvroute's Protocol 2 events published as vLLM KV events (translate.py, publisher.py), in the
+wire format and framing of protocol/vllm/ (vLLM 0.33.0; decodes 0.9 and later).
 """

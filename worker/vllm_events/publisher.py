@@ -1,6 +1,6 @@
 """One kvroute engine's KV events published in vLLM's format, as `vllm serve` publishes them.
 
-ZMQ PUB sends `[topic, seq, payload]` per batch (worker/vllm_events/frames.py); a ROUTER
+ZMQ PUB sends `[topic, seq, payload]` per batch (protocol/vllm/frames.py); a ROUTER
 replay socket answers "everything from seq N" from the last `buffer_steps` batches, so any
 vLLM KV event consumer (and kvroute's own subscriber) can follow a kvroute engine. Two
 additions, both invisible to consumers that do not use them:
@@ -36,7 +36,7 @@ import msgspec
 import zmq
 
 from kv.events import EventBatch, KVEvent, Snapshot
-from worker.vllm_events import frames, wire
+from protocol.vllm import frames, wire
 from worker.vllm_events.translate import Namespace, VllmEventTranslator
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from kv.events import BlockRemoved, BlockStored, KVEvent, Medium, Snapshot
 from kv.hashing import BlockHash, hash_block, namespace_root
-from worker.vllm_events import wire
+from protocol.vllm import wire
 
 Namespace = tuple[str, str]  # (LoRA adapter name, cache salt), "" when absent
 VLLM_MEDIUM: dict[Medium, str] = {"device": wire.MEDIUM_GPU, "host": wire.MEDIUM_CPU}

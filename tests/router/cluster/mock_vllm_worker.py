@@ -1,6 +1,6 @@
 """A stand-in for a vLLM worker's KV event publisher, for subscriber tests.
 
-It speaks vLLM 0.33.0's protocol (worker/vllm_events/frames.py; or 0.22.1's replay answers,
+It speaks vLLM 0.33.0's protocol (protocol/vllm/frames.py; or 0.22.1's replay answers,
 which lack the topic) over real ZMQ sockets from its own thread: PUB (an XPUB, so a test
 can wait for the subscriber to listen), and a ROUTER replay socket over the last
 `buffer_steps` batches. Like vLLM it has no snapshot: asked for SNAPSHOT_SEQ it answers the
@@ -18,7 +18,7 @@ from collections import deque
 
 import zmq
 
-from worker.vllm_events import frames, wire
+from protocol.vllm import frames, wire
 
 
 class MockVllmWorker:

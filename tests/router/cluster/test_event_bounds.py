@@ -6,8 +6,8 @@ import time
 import pytest
 
 from kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from protocol.vllm import wire
 from router.cluster.event_bounds import BlockBudget, pieces
-from worker.vllm_events import wire
 
 
 class Clock:

@@ -5,9 +5,9 @@ restarted actor rebuilds the records from the pins the replicas report."""
 import asyncio
 
 from kv.events import Snapshot
+from protocol.engine import PinnedPrefix
 from router.cluster.index_actor import KVIndex
 from router.cluster.prefix_registry import PrefixRecord
-from worker.api import PinnedPrefix
 
 
 def record(name="support", replica="r1", tenant="t") -> PrefixRecord:

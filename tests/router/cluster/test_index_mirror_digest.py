@@ -38,7 +38,7 @@ def test_mirror_digests_without_copying_the_replica_sets(monkeypatch):
 
 
 def make_stats(num_waiting: int = 0):
-    from worker.api import EngineStats
+    from protocol.engine import EngineStats
 
     return EngineStats(num_running=1, num_waiting=num_waiting, num_queued_prefill_tokens=64,
                        num_blocks=8, num_used_blocks=1, num_cached_blocks=0,

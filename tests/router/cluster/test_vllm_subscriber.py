@@ -10,6 +10,7 @@ import pytest
 
 from kv.events import BlockStored, EventBatch
 from kv.hashing import block_hashes, namespace_root
+from protocol.vllm import wire
 from router.cluster.external_worker_spec import (
     APPROXIMATE,
     EVENTS,
@@ -20,7 +21,6 @@ from router.cluster.replica_log import ReplicaLog
 from router.cluster.vllm_subscriber import VllmEventSubscriber
 from router.core.engine_hash_map import EngineHashConfig
 from tests.router.cluster.mock_vllm_worker import MockVllmWorker
-from worker.vllm_events import wire
 from worker.vllm_events.publisher import VllmEventPublisher, VllmPublisherConfig
 
 MODEL, B = "m", 16

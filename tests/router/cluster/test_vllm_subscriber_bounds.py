@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 import zmq.asyncio
 
+from protocol.vllm import wire
 from router.cluster.event_bounds import BlockBudget
 from router.cluster.external_worker_spec import (
     APPROXIMATE,
@@ -30,7 +31,6 @@ from tests.router.cluster.test_vllm_subscriber import (
     tokens,
     until,
 )
-from worker.vllm_events import wire
 
 BOUNDED = dict(stale_after_s=30.0, replay_timeout_s=1.0, max_blocks_per_batch=8,
                max_blocks_per_s=1e-9, flood_pause_s=3600.0)  # the budget never refills

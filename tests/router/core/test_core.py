@@ -3,10 +3,10 @@ from collections import Counter
 import pytest
 
 from kv.events import BlockRemoved, EventLog
+from protocol.engine import EngineStats
 from router.core.policies import POLICY_NAMES
 from router.core.router import Router, RouterConfig, RoutingDecision
 from tests.router.core.core_helpers import FakeClock, h
-from worker.api import EngineStats
 
 B = 16  # block size
 REPLICAS = ["r0", "r1", "r2", "r3"]

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, Snapshot
 from kv.hashing import block_hashes, hash_block, namespace_root
+from protocol.vllm import wire
 from router.cluster.replica_log import ReplicaLog
 from router.core.engine_hash_map import EngineHashConfig, EngineHashMap
-from tests.worker.vllm_events.recorded import recorded_batches
-from worker.vllm_events import wire
+from tests.protocol.vllm.recorded import recorded_batches
 
 MODEL = "tiny-llama"
 ROOT = namespace_root(MODEL)

@@ -3,9 +3,9 @@ with recent work decaying, published stats, finished requests and unknown replic
 
 import random
 
+from protocol.engine import EngineStats
 from router.core.load import LoadTracker
 from tests.router.core.core_helpers import FakeClock
-from worker.api import EngineStats
 
 
 def test_loads_equal_load_replica_by_replica():

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
+from protocol.engine import EngineStats
 from router.core.load import MAX_WORK_TOKENS, LoadTracker, bounded_tokens
 from router.core.router import Router, RouterConfig
 from tests.router.core.core_helpers import FakeClock, h
-from worker.api import EngineStats
 
 REPLICAS = ["r0", "r1"]
 HALF_LIFE_S = 30.0

@@ -10,14 +10,14 @@ import asyncio
 import pytest
 from ray.serve import context as serve_context
 
-from router.front.engine_client import EngineClient, RetryConfig
-from worker.api import (
+from protocol.engine import (
     EngineInputError,
     EngineRequest,
     EngineUnavailableError,
     SamplingParams,
     TokenDelta,
 )
+from router.front.engine_client import EngineClient, RetryConfig
 from worker.openai.errors import APIError
 
 

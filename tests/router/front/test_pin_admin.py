@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from protocol.engine import PinResult
 from router.cluster.prefix_registry import PrefixRegistry
 from router.front.pin_admin import PinAdmin, PinQuota
 from router.front.prefixes import PrefixService
 from router.front.tenants import TenantAuth
-from worker.api import PinResult
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder
 from worker.tokenizer.files import tokenizer_dir

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
+from protocol.engine import PinResult
 from router.cluster.index_actor import KVIndex
 from router.front.pin_admin import PinQuota
 from router.front.prefixes import PrefixService
-from worker.api import PinResult
 from worker.openai.errors import APIError
 from worker.openai.prompt import PromptBuilder
 from worker.tokenizer.files import tokenizer_dir

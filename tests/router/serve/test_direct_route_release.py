@@ -9,11 +9,11 @@ from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
 
 from kv.hashing import block_hashes, namespace_root
+from protocol.engine import EngineStats
 from router.cluster.route_ends import claim_of, end_of, refusal_of
 from router.core.ledger import LedgerConfig, RouteKind, RouteState
 from router.serve.request_router import ServeRequestRouter
 from router.serve.route_calls import RouteCall
-from worker.api import EngineStats
 
 
 def _stats(running: int, waiting: int) -> EngineStats:

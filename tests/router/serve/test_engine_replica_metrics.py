@@ -3,9 +3,9 @@ vLLM's gauge names, labelled with the replica so two replicas' series never merg
 
 from prometheus_client import generate_latest
 
+from protocol.engine import EngineRequest, SamplingParams
 from router.cluster.metrics_hub import exposition, merge_families
 from router.serve.engine_replica import pushed_registry
-from worker.api import EngineRequest, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.engine.factory import build_engine
 

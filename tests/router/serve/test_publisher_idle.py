@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from kv.events import Cursor, contents_digest
+from protocol.engine import EngineRequest, SamplingParams
 from router.cluster.index_actor import KVIndex, PollRequest
 from router.serve.publisher import PublisherConfig, ReplicaPublisher
-from worker.api import EngineRequest, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
 

@@ -9,9 +9,9 @@ from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
 
 from kv.hashing import block_hashes, namespace_root
+from protocol.engine import EngineRequest, SamplingParams
 from router.core.ledger import RouteKind, RouteState
 from router.serve.request_router import ServeRequestRouter
-from worker.api import EngineRequest, SamplingParams
 
 DEPLOYMENT = DeploymentID(name="Engine", app_name="kvroute")
 

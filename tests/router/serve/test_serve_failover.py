@@ -17,13 +17,13 @@ import ray
 from ray import serve
 
 from kv.events import contents_digest
+from protocol.engine import EngineRequest, ReplicaQuery, SamplingParams
 from router.cli import APP_NAME
 from router.cluster.index_actor import INDEX_ACTOR_NAME, IndexActor
 from router.cluster.index_mirror import IndexMirror
 from router.core.router import Router, RouterConfig
 from router.serve.publisher import ReplicaPublisher
 from tests.router.serve.serve_helpers import kvroute_server, wait_until
-from worker.api import EngineRequest, ReplicaQuery, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
 

@@ -3,8 +3,8 @@ was never written."""
 
 from kv.events import EventLog
 from kv.manager import KVCacheConfig, MatchResult
+from protocol.engine import SampledToken, SamplingParams
 from tests.kv.conftest import BLOCK_SIZE, ROOT, hashes
-from worker.api import SampledToken, SamplingParams
 from worker.engine.core import EngineCore
 from worker.engine.request import Request
 from worker.engine.scheduler import SchedulerConfig
@@ -54,8 +54,8 @@ def test_failed_step_drops_device_entries_its_swap_in_never_filled():
 async def test_prompt_that_cannot_fit_beside_the_pins_is_refused_with_the_reason():
     import pytest
 
+    from protocol.engine import EngineInputError, EngineRequest
     from tests.worker.engine.test_engine_sim import collect, make_engine, prompt
-    from worker.api import EngineInputError, EngineRequest
 
     engine = make_engine(num_blocks=8, pin_budget_blocks=4)
     system = prompt(64)
@@ -82,9 +82,9 @@ def test_published_load_does_not_count_a_waiting_requests_cached_prefix():
 
 async def test_an_unpin_aimed_at_another_replica_is_a_no_op():
     """An unpin for a dead replica, routed elsewhere, removed a newer pin."""
+    from protocol.engine import UnpinRequest
     from router.serve.engine_replica import unpin_if_mine
     from tests.worker.engine.test_engine_sim import make_engine, prompt
-    from worker.api import UnpinRequest
 
     engine = make_engine(num_blocks=16, pin_budget_blocks=4)
     assert await engine.pin_prefix("t/sys", prompt(64)) == 4

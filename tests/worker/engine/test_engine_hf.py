@@ -6,8 +6,8 @@ import asyncio
 import pytest
 import torch
 
+from protocol.engine import EngineRequest, SamplingParams
 from tests.worker.model.model_harness import BLOCK_SIZE, CONFIGS, load_hf, prompt
-from worker.api import EngineRequest, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.engine.factory import build_engine
 from worker.model.random_checkpoint import write_random_checkpoint

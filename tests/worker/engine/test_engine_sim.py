@@ -6,7 +6,7 @@ import pytest
 
 from kv.events import ReplicaSets
 from kv.hashing import block_hashes, namespace_root
-from worker.api import (
+from protocol.engine import (
     EngineInputError,
     EngineRequest,
     EngineUnavailableError,

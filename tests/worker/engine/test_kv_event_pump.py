@@ -3,7 +3,7 @@ to the sink, a failing sink costs only its batch, and stop() sends the rest and 
 
 from kv.events import BlockStored, EventBatch
 from kv.hashing import block_hashes, namespace_root
-from worker.api import EngineRequest, SamplingParams
+from protocol.engine import EngineRequest, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.engine.factory import build_engine
 from worker.openai_server.kv_events import EventPump, EventPumpConfig

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from worker.api import Usage
+from protocol.engine import Usage
 from worker.engine.request_output import RequestOutput
 
 

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
+from protocol.engine import EngineInputError, EngineRequest, SamplingParams
 from tests.worker.engine.test_engine_sim import collect, make_engine, prompt
-from worker.api import EngineInputError, EngineRequest, SamplingParams
 
 
 async def test_an_out_of_vocabulary_stop_token_id_is_refused_and_the_victim_is_served():

@@ -3,7 +3,7 @@
 from kv.events import EventLog
 from kv.hashing import namespace_root
 from kv.manager import KVCacheConfig, KVCacheManager
-from worker.api import SampledToken, SamplingParams
+from protocol.engine import SampledToken, SamplingParams
 from worker.engine.request import Request
 from worker.engine.scheduler import Scheduler, SchedulerConfig
 

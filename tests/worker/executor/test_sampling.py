@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from worker.api import EngineInputError, SampledToken, SampleFailure, SamplingParams
+from protocol.engine import EngineInputError, SampledToken, SampleFailure, SamplingParams
 from worker.executor.sampling import Sampler, suppressed_token_ids
 
 

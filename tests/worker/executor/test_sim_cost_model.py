@@ -9,7 +9,7 @@ import math
 import pytest
 
 from kv.manager import CopyPlan
-from worker.api import SampledToken, SampleFailure, SamplingParams
+from protocol.engine import SampledToken, SampleFailure, SamplingParams
 from worker.engine.step import ScheduledSeq, StepInput
 from worker.executor.sim import PRESETS, SimExecutor, step_time_s
 

@@ -4,11 +4,11 @@ import zmq
 
 from kv.events import BlockRemoved, BlockStored, EventBatch, Snapshot
 from kv.hashing import block_hashes, namespace_root
+from protocol.engine import EngineRequest, SamplingParams
+from protocol.vllm import frames, wire
 from router.core.engine_hash_map import EngineHashConfig, EngineHashMap
-from worker.api import EngineRequest, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.engine.factory import build_engine
-from worker.vllm_events import frames, wire
 from worker.vllm_events.publisher import VllmEventPublisher, VllmPublisherConfig
 from worker.vllm_events.translate import VllmEventTranslator
 

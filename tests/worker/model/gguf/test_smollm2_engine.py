@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from protocol.engine import EngineRequest, SamplingParams
 from tests.worker.model.gguf.smollm2_oracle import (
     CHATS,
     chat_ids,
@@ -12,7 +13,6 @@ from tests.worker.model.gguf.smollm2_oracle import (
     load_hf_model,
     long_document,
 )
-from worker.api import EngineRequest, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.engine.factory import build_engine
 

@@ -3,14 +3,13 @@
 import msgspec
 import pytest
 
-from tests.worker.vllm_events.recorded import VERSIONS, h, load
-from worker.vllm_events.frames import (
+from protocol.vllm.frames import (
     FrameError,
     parse_pub_frames,
     parse_replay_frames,
     replay_request,
 )
-from worker.vllm_events.wire import (
+from protocol.vllm.wire import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -19,6 +18,7 @@ from worker.vllm_events.wire import (
     decode_batch,
     encode_batch,
 )
+from tests.protocol.vllm.recorded import VERSIONS, h, load
 
 
 def stored(hashes, parent, token_ids, **kw) -> BlockStored:

@@ -1,7 +1,7 @@
 """vLLM's KV event payloads: KVEventBatch of BlockStored / BlockRemoved / AllBlocksCleared.
 
 The structs follow vllm/distributed/kv_events.py of vLLM 0.33.0 field for field, so that
-`encode_batch` writes the bytes vLLM's own publisher writes (tests/worker/vllm_events pins
+`encode_batch` writes the bytes vLLM's own publisher writes (tests/protocol/vllm pins
 this against bytes recorded from vLLM's classes). The batch is a msgspec array-like struct
 `[ts, events, data_parallel_rank]`. Each event is a msgspec tagged union:
 

@@ -4,8 +4,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from worker.vllm_events.frames import parse_pub_frames
-from worker.vllm_events.wire import KVEventBatch, decode_batch
+from protocol.vllm.frames import parse_pub_frames
+from protocol.vllm.wire import KVEventBatch, decode_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VERSIONS = ("0.33.0", "0.22.1")

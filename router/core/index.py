@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from itertools import chain
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from router.core.held_rows import HeldRows, HeldView
 from router.core.pending import PendingMarks
 from router.core.prefix_match import PrefixMatch, PrefixMatches
 from router.core.prefix_walk import PrefixWalk, as_int
+from router.core.run_apply import add_runs, remove_runs
 
 __all__ = ["PrefixIndex", "PrefixMatch"]
 
@@ -38,7 +38,7 @@ _FIRST_CHUNK_BLOCKS = 32  # blocks of a prompt looked up before the rest (see `m
 
 
 class _Replica:
-    __slots__ = ("slot", "device_bit", "held", "tracker", "queued")
+    __slots__ = ("slot", "device_bit", "held", "tracker", "runs")
 
     def __init__(self, slot: int, held: dict[Medium, HeldRows],
                  tracker: ReplicaEventTracker):
@@ -46,8 +46,8 @@ class _Replica:
         self.device_bit = 1 << (2 * slot)  # the host bit is device_bit << 1
         self.held = held
         self.tracker = tracker
-        # per medium, a run of events with one op not applied yet: (op, their hashes)
-        self.queued: dict[Medium, tuple[str, list[tuple[BlockHash, ...]]]] = {}
+        # per medium, the runs of events not applied yet, in order: (op, their hashes)
+        self.runs: dict[Medium, list[tuple[str, list[BlockHash]]]] = {}
 
 
 class PrefixIndex:
@@ -104,20 +104,17 @@ class PrefixIndex:
         held = {"device": HeldRows(2 * slot), "host": HeldRows(2 * slot + 1)}
 
         def on_event(medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
-            # A batch's events are applied in runs: consecutive adds (or removes) on one
-            # medium commute, and the other medium's bits are apart, so a run costs one
-            # vectorised update instead of one per event.
-            queued = rep.queued.get(medium)
-            if queued is not None and queued[0] != op:
-                self._flush(rep, medium)
-                queued = None
-            if queued is None:
-                rep.queued[medium] = (op, [hashes])
+            # Events are applied in runs: consecutive adds (or removes) on one medium
+            # commute, and the other medium's bits are apart, so a run costs one vectorised
+            # update instead of one per event (and `_apply_runs` takes many replicas' at once).
+            runs = rep.runs.setdefault(medium, [])
+            if runs and runs[-1][0] == op:
+                runs[-1][1].extend(hashes)
             else:
-                queued[1].append(hashes)
+                runs.append((op, list(hashes)))
 
         def on_clear() -> None:
-            self._flush_all(rep)  # the adds confirm pending marks, which a clear keeps
+            self._apply_runs([rep])  # the adds confirm pending marks, which a clear keeps
             self._clear(rep)
 
         rep = _Replica(slot, held, ReplicaEventTracker(on_event, on_clear))
@@ -143,24 +140,55 @@ class PrefixIndex:
     def apply_batch(self, batch: EventBatch) -> bool:
         """Applies one event batch. Returns True when the replica needs a snapshot (a gap, a
         restart, or a replica not synced yet)."""
-        rep = self._replica(batch.replica_id)
-        needs_snapshot = rep.tracker.apply_batch(batch).needs_snapshot
-        self._flush_all(rep)
+        return self.apply_batches([batch])[0]
+
+    def apply_batches(self, batches: Sequence[EventBatch]) -> list[bool]:
+        """Applies event batches of any replicas, in order for each replica; the same as
+        `apply_batch` on each in turn, in a few vectorised passes for all of them. Returns,
+        per batch, whether its replica needs a snapshot."""
+        needs_snapshot, reps = [], {}
+        for batch in batches:
+            rep = self._replica(batch.replica_id)
+            needs_snapshot.append(rep.tracker.apply_batch(batch).needs_snapshot)
+            reps[batch.replica_id] = rep
+        self._apply_runs(list(reps.values()))
         return needs_snapshot
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
         rep = self._replica(snapshot.replica_id)
         rep.tracker.apply_snapshot(snapshot)
-        self._flush_all(rep)
+        self._apply_runs([rep])
 
-    def _flush(self, rep: _Replica, medium: Medium) -> None:
-        op, runs = rep.queued.pop(medium)
-        hashes = runs[0] if len(runs) == 1 else list(chain.from_iterable(runs))
-        (self._add if op == "add" else self._remove)(rep, medium, hashes)
+    def _apply_runs(self, reps: Sequence[_Replica]) -> None:
+        """Applies the replicas' queued runs in rounds: round k takes the k-th run of every
+        (replica, medium); its adds go first (a row another pair empties in the same round
+        then stays, rather than being freed and interned again), then its removes."""
+        pending = [(rep, medium, runs) for rep in reps for medium, runs in rep.runs.items()]
+        for rep in reps:
+            rep.runs = {}
+        for k in range(max((len(runs) for _, _, runs in pending), default=0)):
+            adds: list[tuple[_Replica, Medium, list[BlockHash]]] = []
+            removes: list[tuple[_Replica, Medium, list[BlockHash]]] = []
+            for rep, medium, runs in pending:
+                if k < len(runs) and runs[k][1]:
+                    op, hashes = runs[k]
+                    (adds if op == "add" else removes).append((rep, medium, hashes))
+            if len(adds) == 1:
+                self._add(*adds[0])
+            elif adds:
+                self._count_change(add_runs(self._table, [(rep.held[medium], hashes)
+                                                          for rep, medium, hashes in adds]))
+                for rep, medium, hashes in adds:
+                    self._confirm(rep, medium, hashes)
+            if len(removes) == 1:
+                self._remove(*removes[0])
+            elif removes:
+                self._count_change(remove_runs(self._table, [(rep.held[medium], hashes)
+                                                             for rep, medium, hashes in removes]))
 
-    def _flush_all(self, rep: _Replica) -> None:
-        for medium in list(rep.queued):
-            self._flush(rep, medium)
+    def _count_change(self, change: Sequence[int]) -> None:
+        for medium, n in zip(MEDIA, change):
+            self._num_blocks[medium] += n
 
     def add_blocks(self, replica_id: str, medium: Medium, block_hashes: Sequence[BlockHash]
                    ) -> None:
@@ -195,6 +223,10 @@ class PrefixIndex:
                 self._none_on(medium, table.masks[new])))
             table.masks[new, held.word] |= held.bit
             held.append(new)
+        self._confirm(rep, medium, block_hashes)
+
+    def _confirm(self, rep: _Replica, medium: Medium, block_hashes: Sequence[BlockHash]) -> None:
+        """Stored blocks end the replica's pending marks on them."""
         if medium == "device" and rep.device_bit in self.pending.by_bit:
             # each once: a run of events may store a hash twice, and confirm deletes per hash
             self.pending.confirm(rep.device_bit, list(dict.fromkeys(block_hashes)))

@@ -87,10 +87,26 @@ class IndexMachine(RuleBasedStateMachine):
     def deliver_held(self, data):
         self._deliver(self.held.pop(data.draw(st.integers(0, len(self.held) - 1))))
 
-    def _deliver(self, batch):
+    @rule()
+    def drain_all_together(self):
+        """Every replica's batch in one `apply_batches` (a mirror's poll)."""
+        batches = [self.logs[r].drain() for r in REPLICAS]
+        for batch in batches:
+            self.truth_at[(batch.epoch, batch.next_seq)] = copy.deepcopy(
+                self.truth[batch.replica_id])
+        old_seqs = [self.index.next_seq(b.replica_id) for b in batches]
+        needs_snapshot = self.index.apply_batches(batches)
+        for batch, old_seq, needs in zip(batches, old_seqs, needs_snapshot):
+            self._deliver(batch, (old_seq, needs))
+
+    def _deliver(self, batch, applied=None):
+        """`applied`: (the replica's next_seq before, what `apply_batches` answered) when
+        the batch was applied already."""
         r = batch.replica_id
-        old_seq = self.index.next_seq(r)
-        if self.index.apply_batch(batch):
+        old_seq, needs_snapshot = applied or (self.index.next_seq(r), None)
+        if needs_snapshot is None:
+            needs_snapshot = self.index.apply_batch(batch)
+        if needs_snapshot:
             log = self.logs[r]
             self.index.apply_snapshot(log.snapshot(self.truth[r]["device"],
                                                    self.truth[r]["host"]))

@@ -251,13 +251,15 @@ class ClusterSim:
         rec.cached_device_tokens = req.num_cached_device_tokens
         rec.cached_host_tokens = req.num_cached_host_tokens
         rec.num_preemptions = req.num_preemptions
-        self.gateways.router_of(req.request_id).on_finished(req.request_id)
-        self._share_end(req.request_id, first_token=False)
+        self.gateways.router_of(req.request_id).on_finished(
+            req.request_id, output_tokens=req.num_output_tokens)
+        self._share_end(req.request_id, first_token=False, output_tokens=req.num_output_tokens)
         self.pooled.release(req.block_hashes)
         self._end(rec, req.finish_reason or "error", req.token_ids, req.block_hashes)
 
-    def _share_end(self, request_id: str, first_token: bool) -> None:
-        shared = self.gateways.shared_end(request_id, first_token)
+    def _share_end(self, request_id: str, first_token: bool,
+                   output_tokens: int | None = None) -> None:
+        shared = self.gateways.shared_end(request_id, first_token, output_tokens)
         if shared is not None:
             self._push(self.now + self.config.share_pending_delay_s, _SHARE, shared)
 

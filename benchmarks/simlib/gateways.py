@@ -45,7 +45,7 @@ class SharedRoute(NamedTuple):
     block_hashes: tuple[BlockHash, ...]  # () when marks are not shared
     # the load's (work tokens, decode tokens, first-token part, recent part); None when
     # routed work is not shared
-    work: tuple[float, int, float, float] | None
+    work: tuple[float, float, float, float] | None
 
 
 class SharedEnd(NamedTuple):
@@ -54,6 +54,7 @@ class SharedEnd(NamedTuple):
     origin: int
     request_id: str
     first_token: bool  # only its prefill ended
+    output_tokens: int | None = None  # at its end: what it produced
 
 
 class Gateways:
@@ -115,18 +116,20 @@ class Gateways:
         if self.share_work:
             # The router keeps a request's work private; read it as the router would send it.
             loads = self.routers[origin].loads
-            _, work_tokens, recent_tokens = loads._requests[request_id]
+            charge = loads._requests[request_id]
             first_token_tokens = (loads.first_token_part(request_id)
                                   if isinstance(loads, WhatIfLoads) else 0.0)
-            work = (work_tokens, max_tokens, first_token_tokens, recent_tokens)
+            work = (charge.work_tokens, charge.decode_tokens, first_token_tokens,
+                    charge.recent_tokens)
         self.num_shared_routes += 1
         self.num_shared_blocks += len(marks)
         return SharedRoute(origin, request_id, decision.replica_id, marks, work)
 
-    def shared_end(self, request_id: str, first_token: bool) -> SharedEnd | None:
+    def shared_end(self, request_id: str, first_token: bool,
+                   output_tokens: int | None = None) -> SharedEnd | None:
         if not self.share_work:
             return None
-        return SharedEnd(self._gateway_of[request_id], request_id, first_token)
+        return SharedEnd(self._gateway_of[request_id], request_id, first_token, output_tokens)
 
     def apply(self, message: SharedRoute | SharedEnd) -> None:
         """Every router but the sender applies the message."""
@@ -137,7 +140,7 @@ class Gateways:
                 if message.first_token:
                     router.loads.first_token(message.request_id)
                 else:
-                    router.loads.finish(message.request_id)
+                    router.loads.finish(message.request_id, message.output_tokens)
                 continue
             replica_id, block_hashes = message.replica_id, message.block_hashes
             if block_hashes and not router.is_approximate(replica_id):

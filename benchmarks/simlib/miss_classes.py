@@ -111,11 +111,12 @@ def count_miss_causes(sim: ClusterSim) -> None:
 
 
 def _with_delivered(sim: ClusterSim, on_finished):
-    def on_finished_with_delivered(request_id: str, delivered_tokens: int | None = None):
+    def on_finished_with_delivered(request_id: str, delivered_tokens: int | None = None,
+                                   output_tokens: int | None = None):
         rec = sim.records.get(request_id)
         if delivered_tokens is None and rec is not None:  # the engine's counts are set
             delivered_tokens = rec.cached_device_tokens + rec.cached_host_tokens
-        return on_finished(request_id, delivered_tokens)
+        return on_finished(request_id, delivered_tokens, output_tokens)
     return on_finished_with_delivered
 
 

@@ -68,16 +68,16 @@ class WhatIfLoads(LoadTracker):
         self.whatifs = whatifs
         self._first_token_tokens: dict[str, float] = {}  # the part that ends at the first token
 
-    def add(self, request_id: str, replica_id: str, work_tokens: float, decode_tokens: int,
+    def add(self, request_id: str, replica_id: str, work_tokens: float, decode_tokens: float,
             recent_tokens: float | None = None, first_token_tokens: float = 0.0) -> None:
         super().add(request_id, replica_id, work_tokens, decode_tokens, recent_tokens)
-        done = min(bounded_tokens(first_token_tokens), self._requests[request_id][1])
+        done = min(bounded_tokens(first_token_tokens), self._requests[request_id].work_tokens)
         if done:
             self._first_token_tokens[request_id] = done
 
-    def finish(self, request_id: str) -> None:
+    def finish(self, request_id: str, output_tokens: int | None = None) -> None:
         self._first_token_tokens.pop(request_id, None)
-        super().finish(request_id)
+        super().finish(request_id, output_tokens)
 
     def first_token(self, request_id: str) -> None:
         """The request has its first token: its prefill work is done (unknown or already
@@ -85,9 +85,9 @@ class WhatIfLoads(LoadTracker):
         done = self._first_token_tokens.pop(request_id, None)
         if done is None:
             return
-        replica_id, work_tokens, recent_tokens = self._requests[request_id]
-        self._requests[request_id] = (replica_id, work_tokens - done, recent_tokens)
-        self._local_tokens[replica_id] -= done
+        charge = self._requests[request_id]
+        self._requests[request_id] = charge._replace(work_tokens=charge.work_tokens - done)
+        self._local_tokens[charge.replica_id] -= done
 
     def first_token_part(self, request_id: str) -> float:
         return self._first_token_tokens.get(request_id, 0.0)
@@ -121,7 +121,8 @@ class WhatIfRouter(Router):
     def _add_load(self, request_id: str, routed: RouteRecord, device_tokens: int,
                   host_tokens: int) -> None:
         whatifs = self.whatifs
-        prefill_tokens, decode_work = self._work(routed, device_tokens, host_tokens)
+        prefill_tokens, decode_tokens = self._work(routed, device_tokens, host_tokens)
+        decode_work = self.config.decode_weight * decode_tokens
         work_tokens = prefill_tokens + decode_work
         recent_tokens = None
         if whatifs.recent_prefill_fraction != 1.0 or whatifs.recent_prefill_followup_cap:
@@ -129,7 +130,7 @@ class WhatIfRouter(Router):
                                                 device_tokens, host_tokens)
         first_token_tokens = (prefill_tokens + (1 - whatifs.running_decode_weight) * decode_work
                               if whatifs.first_token_signal else 0.0)
-        self.loads.add(request_id, routed.replica_id, work_tokens, routed.max_tokens,
+        self.loads.add(request_id, routed.replica_id, work_tokens, decode_tokens,
                        recent_tokens, first_token_tokens)
 
     def _recent_tokens(self, work_tokens: float, num_prompt_tokens: int, device_tokens: int,

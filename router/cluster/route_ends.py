@@ -15,7 +15,9 @@ reached one, and its router releases it then rather than at a long timeout. A re
 replica answered with an error ends as a refusal (`refusal_of`): it ran nothing, so its
 router takes back all it charged, its recent work included. An end carries the prompt
 tokens the engine served from cache when it knows them (`end_of`): the router compares them
-with what it predicted (router/core/miss_causes.py).
+with what it predicted (router/core/miss_causes.py); and the output tokens the request
+produced: the router charged it the decode it expected, and corrects that to the work done
+(router/core/load.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import NamedTuple
 CLAIM_MARK = "+"  # before a route id: its request reached its replica (route ids are hex)
 REFUSAL_MARK = "-"  # before a route id: its replica answered it with an error, ran nothing
 CACHED_MARK = "="  # after an ended route id: the prompt tokens its engine served from cache
+OUTPUT_MARK = "/"  # after an ended route id (and its cached tokens): the tokens it produced
 
 
 def claim_of(route_id: str) -> str:
@@ -37,9 +40,13 @@ def refusal_of(route_id: str) -> str:
     return REFUSAL_MARK + route_id
 
 
-def end_of(route_id: str, cached_tokens: int | None) -> str:
-    """An ended route, with the prompt tokens its engine served from cache when known."""
-    return route_id if cached_tokens is None else f"{route_id}{CACHED_MARK}{cached_tokens}"
+def end_of(route_id: str, cached_tokens: int | None, output_tokens: int | None = None
+           ) -> str:
+    """An ended route, with the prompt tokens its engine served from cache and the tokens
+    it produced, each when known."""
+    cached = "" if cached_tokens is None else f"{CACHED_MARK}{cached_tokens}"
+    output = "" if output_tokens is None else f"{OUTPUT_MARK}{output_tokens}"
+    return f"{route_id}{cached}{output}"
 
 
 class RouteReports(NamedTuple):
@@ -47,21 +54,25 @@ class RouteReports(NamedTuple):
     ended: list[str]
     refused: list[str]  # ended too, with no work done
     cached_tokens: dict[str, int]  # ended route id -> prompt tokens served from cache
+    output_tokens: dict[str, int]  # ended route id -> tokens it produced
 
 
 def split_reports(reported: Sequence[str]) -> RouteReports:
     """A router's reported route ids, by kind."""
-    out = RouteReports([], [], [], {})
+    out = RouteReports([], [], [], {}, {})
     for route_id in reported:
         if route_id.startswith(CLAIM_MARK):
             out.claimed.append(route_id[len(CLAIM_MARK):])
         elif route_id.startswith(REFUSAL_MARK):
             out.refused.append(route_id[len(REFUSAL_MARK):])
         else:
-            route_id, marked, cached = route_id.partition(CACHED_MARK)
+            route_id, has_output, output = route_id.partition(OUTPUT_MARK)
+            route_id, has_cached, cached = route_id.partition(CACHED_MARK)
             out.ended.append(route_id)
-            if marked and cached.isdigit():
+            if has_cached and cached.isdigit():
                 out.cached_tokens[route_id] = int(cached)
+            if has_output and output.isdigit():
+                out.output_tokens[route_id] = int(output)
     return out
 
 

@@ -238,20 +238,21 @@ class Router:
         """The request's work joins its replica's load until it finishes (and its recent
         work, decaying). The simulator's what-if routers replace this
         (benchmarks/simlib/whatifs.py)."""
-        prefill_tokens, decode_work = self._work(routed, device_tokens, host_tokens)
-        self.loads.add(request_id, routed.replica_id, prefill_tokens + decode_work,
-                       routed.max_tokens)
+        prefill_tokens, decode_tokens = self._work(routed, device_tokens, host_tokens)
+        self.loads.add(request_id, routed.replica_id,
+                       prefill_tokens + self.config.decode_weight * decode_tokens, decode_tokens)
 
     def _work(self, routed: RouteRecord, device_tokens: int, host_tokens: int
               ) -> tuple[float, float]:
-        """The request's prefill and decode work, in prefill tokens: its uncached prompt
-        tokens, host hits at `host_cost_fraction`, every cached token at
-        `cached_load_fraction`; its decode tokens at `decode_weight`."""
+        """The request's prefill work, in prefill tokens (its uncached prompt tokens, host
+        hits at `host_cost_fraction`, every cached token at `cached_load_fraction`), and the
+        decode tokens it is expected to produce (router.core.load: not its max_tokens), which
+        weigh `decode_weight` prefill tokens each."""
         config = self.config
         prefill_tokens = (routed.num_prompt_tokens - device_tokens - host_tokens
                           + config.host_cost_fraction * host_tokens
                           + config.cached_load_fraction * (device_tokens + host_tokens))
-        return prefill_tokens, config.decode_weight * routed.max_tokens
+        return prefill_tokens, self.loads.decode_tokens(routed.max_tokens)
 
     def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:
         """The candidates to match on routed history rather than on events."""
@@ -276,17 +277,19 @@ class Router:
             block_hashes, [r for r in replica_ids if r in on_history]))
         return matches
 
-    def on_finished(self, request_id: str, delivered_tokens: int | None = None
-                    ) -> MissTokens | None:
+    def on_finished(self, request_id: str, delivered_tokens: int | None = None,
+                    output_tokens: int | None = None) -> MissTokens | None:
         """Drops the request's outstanding work, and starts the TTL of its pending marks
         (unknown ids are ignored). With `delivered_tokens`, the prompt tokens its engine
-        served from cache, returns why the others missed (router.core.miss_causes)."""
+        served from cache, returns why the others missed (router.core.miss_causes). With
+        `output_tokens`, what it produced: its replica's recent work counts that in place of
+        the decode it was charged, and the decode charged from now on learns it."""
         causes = None
         entry = self.ledger.get(request_id)
         if entry is not None and delivered_tokens is not None:
             causes = self.misses.on_end(request_id, entry.replica_id,
                                         sum(entry.predicted_hit_tokens), delivered_tokens)
-        self.loads.finish(request_id)
+        self.loads.finish(request_id, output_tokens)
         self._release_held(request_id)
         return causes
 
@@ -344,16 +347,10 @@ class Router:
 
     def apply_batch(self, batch: EventBatch) -> bool:
         """Applies a replica's event batch; True when that replica needs a snapshot."""
-        return self.apply_batches([batch])[0]
-
-    def apply_batches(self, batches: Sequence[EventBatch]) -> list[bool]:
-        """Applies the batches (a poll's, of any replicas) in one pass over the index; per
-        batch, True when its replica needs a snapshot."""
-        needs_snapshot = self.index.apply_batches(batches)
-        for batch in batches:
-            self.misses.on_events(batch.events)
-        for replica_id in {b.replica_id for b in batches} & self._pins.keys():
-            self._pin_evicted(replica_id)
+        needs_snapshot = self.index.apply_batch(batch)
+        self.misses.on_events(batch.events)
+        if batch.replica_id in self._pins:
+            self._pin_evicted(batch.replica_id)
         return needs_snapshot
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:

@@ -2,7 +2,7 @@
 
 from kv.events import EventBatch
 from router.cluster.index_actor import KVIndex, PollRequest
-from router.cluster.route_ends import RouteEnds
+from router.cluster.route_ends import RouteEnds, claim_of, end_of, refusal_of, split_reports
 
 
 def test_each_router_takes_its_own_ends_once():
@@ -41,3 +41,13 @@ async def test_a_poll_returns_at_once_with_the_ends_a_replica_published():
     assert reply.ended_route_ids == ("r1",)
     assert (await index.poll(PollRequest("router-b", {}))).ended_route_ids == ("r2",)
     assert index.route_ends.num_queued() == 0
+
+
+def test_an_end_carries_its_cached_and_output_tokens_each_when_known():
+    reported = [claim_of("a1"), end_of("a1", 48, 16), end_of("b2", None, 7),
+                end_of("c3", 32), end_of("d4", None), refusal_of("e5")]
+    split = split_reports(reported)
+    assert split.claimed == ["a1"] and split.refused == ["e5"]
+    assert split.ended == ["a1", "b2", "c3", "d4"]
+    assert split.cached_tokens == {"a1": 48, "c3": 32}
+    assert split.output_tokens == {"a1": 16, "b2": 7}

@@ -347,10 +347,16 @@ class Router:
 
     def apply_batch(self, batch: EventBatch) -> bool:
         """Applies a replica's event batch; True when that replica needs a snapshot."""
-        needs_snapshot = self.index.apply_batch(batch)
-        self.misses.on_events(batch.events)
-        if batch.replica_id in self._pins:
-            self._pin_evicted(batch.replica_id)
+        return self.apply_batches([batch])[0]
+
+    def apply_batches(self, batches: Sequence[EventBatch]) -> list[bool]:
+        """Applies the batches (a poll's, of any replicas) in one pass over the index; per
+        batch, True when its replica needs a snapshot."""
+        needs_snapshot = self.index.apply_batches(batches)
+        for batch in batches:
+            self.misses.on_events(batch.events)
+        for replica_id in {b.replica_id for b in batches} & self._pins.keys():
+            self._pin_evicted(replica_id)
         return needs_snapshot
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:

@@ -185,7 +185,7 @@ class ServeRequestRouter(RequestRouter):
         """Direct-streaming requests that reached (claims) or ended on their replica, as the
         index actor relays them (router/cluster/route_ends.py). An end releases what the
         route charged (`refused`: it ran nothing, so its recent work goes too); the cached
-        tokens an end carries feed the miss causes."""
+        tokens an end carries feed the miss causes, its output tokens the decode charge."""
         reports = split_reports(reported)
         touched: set[str] = set()
         with self._lock:
@@ -197,7 +197,8 @@ class ServeRequestRouter(RequestRouter):
                 if record is None or record.kind is not RouteKind.DIRECT:
                     continue
                 causes = self.router.on_finished(route_id,
-                                                 reports.cached_tokens.get(route_id))
+                                                 reports.cached_tokens.get(route_id),
+                                                 reports.output_tokens.get(route_id))
                 if causes is not None:
                     self.metrics.observe_misses(causes)
                 touched.add(record.replica_id)

@@ -14,7 +14,8 @@ A request whose route header does not verify (sent to the replica's port by anyo
 HAProxy) is served as one no router routed, and counted.
 
 An end carries the prompt tokens the engine served from cache (worker/openai/prompt_hits.py),
-which the router weighs against its prediction: the `race` miss cause.
+which the router weighs against its prediction (the `race` miss cause), and the tokens the
+request produced, which correct the decode the router charged it (router/core/load.py).
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ class RouteReports:
     def claim(self, route: Route) -> None:
         self._reports.setdefault(route.router_id, []).append(claim_of(route.route_id))
 
-    def end(self, route: Route, refused: bool = False, cached_tokens: int | None = None
-            ) -> None:
+    def end(self, route: Route, refused: bool = False, cached_tokens: int | None = None,
+            output_tokens: int | None = None) -> None:
         """`refused`: nothing was generated (an error status, or not a generation path);
-        `cached_tokens`: the prompt tokens the engine served from cache, when it ran."""
+        `cached_tokens`: the prompt tokens the engine served from cache, when it ran;
+        `output_tokens`: the tokens it produced, when it ran."""
         route_id = (refusal_of(route.route_id) if refused
-                    else end_of(route.route_id, cached_tokens))
+                    else end_of(route.route_id, cached_tokens, output_tokens))
         self._reports.setdefault(route.router_id, []).append(route_id)
 
     def take(self) -> dict[str, tuple[str, ...]]:
@@ -98,7 +100,8 @@ class RouteTracking:
         try:
             await self.app(scope, receive, send_routed)
         finally:
-            self.reports.end(route, refused=refused[0], cached_tokens=hits.cached_tokens)
+            self.reports.end(route, refused=refused[0], cached_tokens=hits.cached_tokens,
+                             output_tokens=hits.output_tokens)
 
     def _route(self, scope) -> Route | None:
         for name, value in scope["headers"]:

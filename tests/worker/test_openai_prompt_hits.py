@@ -74,3 +74,15 @@ async def test_of_n_choices_the_one_that_hit_least_counts(serving):
     assert await _run(serving, hits, False, n=3) == 0  # its copies hit what the first computed
     assert hits.cached_tokens == 0
 
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_tokens_every_choice_produced_reach_the_scope(serving, stream):
+    hits = PromptHits()
+    assert hits.output_tokens is None  # no engine request streamed: unknown
+    fields = {"stream_options": {"include_usage": True}} if stream else {}
+    await _run(serving, hits, stream, n=3, **fields)  # 3 choices of max_tokens 2, no EOS
+    assert hits.output_tokens == 6
+    batch = PromptHits()  # a batch: the second prompt's tokens count too
+    response = await serving.completions(completion_request(batch, False, prompt=[PROMPT, "x"]))
+    assert response.status_code == 200 and batch.output_tokens == 4

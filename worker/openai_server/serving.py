@@ -116,7 +116,7 @@ class OpenAIServing:
                 return timer.watch(self.engine.generate(engine_request))
         hits = request.scope.get(PROMPT_HITS_KEY)
         if hits is not None:  # a router in front asks what the routed prompt found cached
-            open_stream = _recording_first_prompt(hits, requests[:body.n], open_stream)
+            open_stream = _recording(hits, requests[:body.n], open_stream)
 
         choices = Choices(requests, body.n, open_stream, _refused)
 
@@ -144,13 +144,15 @@ class OpenAIServing:
 
 
 
-def _recording_first_prompt(hits: PromptHits, first: list[EngineRequest],
-                            open_stream: OpenStream) -> OpenStream:
+def _recording(hits: PromptHits, first: list[EngineRequest], open_stream: OpenStream
+               ) -> OpenStream:
+    """`open_stream`, each stream's tokens counted in `hits`, and the cached tokens of the
+    first prompt's (`first`)."""
     first_ids = {r.request_id for r in first}
 
     def open_recorded(engine_request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         stream = open_stream(engine_request)
-        return recording(hits, stream) if engine_request.request_id in first_ids else stream
+        return recording(hits, stream, engine_request.request_id in first_ids)
 
     return open_recorded
 

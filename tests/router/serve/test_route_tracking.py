@@ -116,3 +116,20 @@ def test_an_end_carries_the_prompt_tokens_the_engine_served_from_cache():
     assert split.ended == [ROUTE.route_id] and split.cached_tokens == {ROUTE.route_id: 48}
     # an end without a count (the engine reported none) carries none
     assert split_reports([end_of(ROUTE.route_id, None)]).cached_tokens == {}
+
+
+def test_an_end_carries_the_tokens_the_request_produced():
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> dict:
+        request.scope[PROMPT_HITS_KEY].output_tokens = 5  # as the serving layer counts them
+        return {}
+
+    reports = RouteReports()
+    app.add_middleware(RouteTracking, signer=SIGNER, reports=reports)
+    headers = {ROUTE_HEADER: SIGNER.header(ROUTE)}
+    assert TestClient(app).post("/v1/completions", headers=headers).status_code == 200
+    reported = reports.take()["router-a"]
+    assert reported == (claim_of(ROUTE.route_id), end_of(ROUTE.route_id, None, 5))
+    assert split_reports(reported).output_tokens == {ROUTE.route_id: 5}

@@ -115,9 +115,29 @@ def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float
                 "load_above_bound": {"/".join(k): round(v, 1) for k, v in above.items()},
                 "their_idle_and_end": {"/".join(k): (round(idle.get(k, 0.0), 1),
                                                      round(at_end.get(k, 0.0), 1))
-                                       for k in above}}
+                                       for k in above},
+                **(_requests_beside(front, {replica for _, replica in above}) if above
+                   else {})}
         time.sleep(0.25)  # polling a series that converges asynchronously
     return None, left
+
+
+def _requests_beside(front: Front, replicas: set[str]) -> dict:
+    """For replicas whose load stays up: the (running, waiting) requests each router last
+    read in the replica's published stats, and the engine's own counts (its gauges, set
+    at each step): a replica still running a request its routers saw end, or stats read
+    late."""
+    published: dict[str, dict[str, float]] = {}
+    engine: dict[str, dict[str, float]] = {}
+    for n, ls, v in front.samples():
+        replica = ls.get("replica", "")
+        if replica not in replicas:
+            continue
+        if n == "kvroute_router_replica_requests":
+            published.setdefault(f"{ls.get('gateway', '')}/{replica}", {})[ls["state"]] = v
+        elif n == "kvroute_engine_requests":
+            engine.setdefault(replica, {})[ls.get("state", "")] = v
+    return {"published_requests": published, "engine_requests": engine}
 
 
 def run_front(front: Front, config: HostileConfig) -> dict:

@@ -56,6 +56,12 @@ class RouterMetrics:
         self.load_tokens = Gauge("kvroute_router_load_tokens",
                                  "Outstanding work the policy weighs on the replica, in tokens",
                                  ("gateway", "replica"), registry=r)
+        # The replica's own counts as this router last read them (its published stats): with
+        # the router's outstanding requests, they tell a replica still running a request
+        # from stats read late.
+        self.published_requests = Gauge("kvroute_router_replica_requests",
+                                        "Requests the replica last published, by state",
+                                        ("gateway", "replica", "state"), registry=r)
         # Why the prompt tokens its engines did not serve from cache missed
         # (router/core/miss_causes.py), for the requests whose delivered count came back.
         self.miss_tokens = Counter("kvroute_miss_tokens",
@@ -90,6 +96,8 @@ class RouterMetrics:
             _remove(self.predicted_hit_tokens, labels + (medium,))
         _remove(self.outstanding, (self._gateway, replica_id))
         _remove(self.load_tokens, (self._gateway, replica_id))
+        for state in ("running", "waiting"):
+            _remove(self.published_requests, (self._gateway, replica_id, state))
         self.replica_up.labels(self._gateway, replica_id).set(0)
         self._down_since_s[replica_id] = time.monotonic() if now_s is None else now_s
 
@@ -125,6 +133,11 @@ class RouterMetrics:
 
     def set_load_tokens(self, replica_id: str, tokens: float) -> None:
         self.load_tokens.labels(self._gateway, replica_id).set(tokens)
+
+    def set_published_requests(self, replica_id: str, num_running: float,
+                               num_waiting: float) -> None:
+        self.published_requests.labels(self._gateway, replica_id, "running").set(num_running)
+        self.published_requests.labels(self._gateway, replica_id, "waiting").set(num_waiting)
 
     def set_index_blocks(self, blocks_by_medium: dict[str, int]) -> None:
         for medium, n in blocks_by_medium.items():

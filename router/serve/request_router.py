@@ -268,9 +268,12 @@ class ServeRequestRouter(RequestRouter):
             blocks = self.router.index_blocks()
             loads = {r.unique_id: self.router.loads.load(r.unique_id)
                      for r in self._replica_id_set}
+            published = {r: self.router.loads.published(r) for r in loads}
         self.metrics.set_index_blocks(blocks)
         for replica_id, tokens in loads.items():
             self.metrics.set_load_tokens(replica_id, tokens)
+            if (stats := published[replica_id]) is not None:
+                self.metrics.set_published_requests(replica_id, stats[1], stats[2])
 
 
 @dataclass(frozen=True)

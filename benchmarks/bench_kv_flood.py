@@ -30,8 +30,8 @@ import zmq
 from kv.events import Cursor
 from kv.hashing import DEFAULT_BLOCK_SIZE
 from protocol.vllm import frames, wire
-from router.cluster.external_worker_spec import EVENTS, ExternalWorkerSpec
 from router.cluster.index_actor import KVIndex, PollRequest
+from router.cluster.vllm_subscriber_spec import EVENTS, SubscriberSpec
 from router.core.engine_hash_map import EngineHashConfig
 
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE
@@ -127,7 +127,7 @@ async def main(args) -> dict:
     honest, hostile = Publisher(), Publisher()
     hashing = EngineHashConfig(model="m", router_block_size=BLOCK_SIZE)
     for wid, pub in (("honest", honest), ("hostile", hostile)):
-        await index.add_external_worker(ExternalWorkerSpec(
+        await index.add_external_worker(SubscriberSpec(
             wid, pub.endpoint, hashing, replay_endpoint=pub.replay_endpoint))
     for pub in (honest, hostile):
         await asyncio.to_thread(pub.subscribed.wait, 10)

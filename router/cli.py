@@ -192,7 +192,7 @@ def _model_usable(settings: ServeSettings, local: bool) -> bool:
 def _workers_usable(settings: ServeSettings) -> bool:
     """Checks the tokenizer and every worker before anything starts; prints what is wrong."""
     from router.apps.external import check_workers, external_gateway_config
-    from router.cluster.worker_spec import parse_workers
+    from router.cluster.external_worker_spec import parse_workers
     from worker.tokenizer.files import load_tokenizer_files, tokenizer_dir
 
     config = external_gateway_config(settings)

@@ -18,9 +18,9 @@ import httpx
 from ray import serve
 from ray.serve import Application
 
-from router.cluster.worker_probe import check_worker
-from router.cluster.worker_set import WorkerSetConfig
-from router.cluster.worker_spec import WorkerSpec, parse_workers
+from router.cluster.external_worker_probe import check_worker
+from router.cluster.external_worker_set import WorkerSetConfig
+from router.cluster.external_worker_spec import WorkerSpec, parse_workers
 from router.core.router import RouterConfig
 from router.front.http_server import HttpConfig, HttpServer
 from router.gateway.external_app import create_app

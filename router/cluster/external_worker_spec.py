@@ -1,108 +1,138 @@
-"""What the vLLM event subscriber is given and what it reports (vllm_subscriber.py)."""
+"""External workers: how one is named and reached, and what the worker set says about it.
+
+A worker is an OpenAI-compatible server (vLLM, SGLang, `kvroute engine`). It is written
+
+    URL[#kv_events=ENDPOINT[&kv_replay=ENDPOINT]]
+
+URL is the server root (`http://host:8000`; a trailing `/v1` is dropped, so an OpenAI base
+URL works too). The fragment, which an HTTP client never sends, names the worker's KV
+event publisher (ZMQ PUB, vLLM's wire format) and its replay socket, when it has them.
+The canonical URL is the worker's id everywhere: in the worker set, in the KV index (the
+replica id its events are filed under) and in metric labels.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from kv.events import EventBatch, Snapshot
-from router.core.engine_hash_map import EngineHashConfig
+from protocol.engine import EngineStats
 
-EVENTS, APPROXIMATE = "events", "approximate"  # a worker's mode
+ZMQ_SCHEMES = ("tcp", "ipc", "inproc")
+_FRAGMENT_KEYS = ("kv_events", "kv_replay")
 
 
-@dataclass(frozen=True)
-class ExternalWorkerSpec:
-    """Where one worker publishes, and how its blocks map to the router's."""
-
-    worker_id: str
-    endpoint: str  # its PUB socket, e.g. tcp://10.0.0.5:5557
-    hashing: EngineHashConfig  # the router's model name and block size
-    replay_endpoint: str | None = None  # its ROUTER replay socket
-    topic: str = ""
-
-    def __post_init__(self):
-        if not self.worker_id:
-            raise ValueError("ExternalWorkerSpec: worker_id must be non-empty")
-        for name in ("endpoint", "replay_endpoint"):
-            value = getattr(self, name)
-            if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
-                raise ValueError(f"ExternalWorkerSpec {self.worker_id}: {name} must be a zmq "
-                                 f"address (tcp://host:port), got {value!r}")
+class WorkerSpecError(ValueError):
+    """A worker that cannot be parsed (the message quotes it)."""
 
 
 @dataclass(frozen=True)
-class SubscriberConfig:
-    """How one worker's stream is followed, and the bounds on what it may cost the index
-    actor's event loop (which answers every router). A vLLM engine step publishes one
-    batch of tens to a few thousand blocks; kvroute's publisher answers a snapshot with
-    one batch of every block it holds."""
-
-    stale_after_s: float = 5.0  # silence this long: probe, then approximate
-    replay_timeout_s: float = 2.0  # for a whole replay answer
-    num_remembered_batches: int = 4096  # payload digests, to tell duplicates from restarts
-    max_message_bytes: int = 8 << 20  # one ZMQ frame (MAXMSGSIZE: larger drops the link)
-    max_event_bytes: int = 1 << 20  # one event in a batch (~16,000 blocks of 16 tokens)
-    max_replay_bytes: int = 64 << 20  # one whole replay answer
-    max_blocks_per_batch: int = 65_536  # a live or replayed batch
-    # A snapshot holds every block a worker has (a large GPU holds millions): it has a cap
-    # of its own and a budget of its own, so a worker that keeps losing its stream (and
-    # asking for snapshots) still costs the index a bounded rate: one whole snapshot per
-    # max_snapshot_blocks / snapshot_blocks_per_s seconds (16 s by default).
-    max_snapshot_blocks: int = 4_194_304
-    snapshot_blocks_per_s: float = 262_144.0
-    # A worker's sustained rate (blocks stored and removed per second), with bursts of
-    # max_blocks_per_batch. A live batch over it cuts the worker off for flood_pause_s:
-    # its view is dropped (approximate) and its messages are dropped undecoded.
-    max_blocks_per_s: float = 16_384.0
-    flood_pause_s: float = 5.0
-    # Payloads up to this are decoded on the loop; larger ones in a thread (the loop goes
-    # on answering routers meanwhile), and their events reach the index in pieces of
-    # emit_piece_blocks blocks, the loop answering between pieces.
-    inline_decode_bytes: int = 64 << 10
-    emit_piece_blocks: int = 4096
+class WorkerSpec:
+    url: str  # canonical server root: scheme://host[:port][/path], no trailing slash or /v1
+    kv_events_endpoint: str | None = None  # ZMQ PUB of its KV events
+    kv_replay_endpoint: str | None = None  # ZMQ ROUTER answering replay requests
 
     def __post_init__(self):
-        if not (self.stale_after_s > 0 and self.replay_timeout_s > 0):
-            raise ValueError("SubscriberConfig: stale_after_s and replay_timeout_s must be > 0")
-        if self.num_remembered_batches < 1:
-            raise ValueError("SubscriberConfig: num_remembered_batches must be >= 1")
-        for name in ("max_message_bytes", "max_event_bytes", "max_replay_bytes",
-                     "max_blocks_per_batch", "max_snapshot_blocks", "emit_piece_blocks"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SubscriberConfig: {name} must be >= 1, got "
-                                 f"{getattr(self, name)}")
-        if not (self.max_blocks_per_s > 0 and self.flood_pause_s > 0
-                and self.snapshot_blocks_per_s > 0):
-            raise ValueError("SubscriberConfig: max_blocks_per_s, snapshot_blocks_per_s and "
-                             "flood_pause_s must be > 0")
-        if self.inline_decode_bytes < 0:
-            raise ValueError("SubscriberConfig: inline_decode_bytes must be >= 0")
+        if canonical_url(self.url) != self.url:
+            raise WorkerSpecError(f"worker URL {self.url!r} is not canonical "
+                                  f"({canonical_url(self.url)!r}); build it with WorkerSpec.parse")
+        for name in ("kv_events_endpoint", "kv_replay_endpoint"):
+            endpoint = getattr(self, name)
+            if endpoint is not None and urlsplit(endpoint).scheme not in ZMQ_SCHEMES:
+                raise WorkerSpecError(f"worker {self.url}: {name} {endpoint!r} is not a ZMQ "
+                                      f"endpoint ({'/'.join(ZMQ_SCHEMES)}://...)")
+        if self.kv_replay_endpoint is not None and self.kv_events_endpoint is None:
+            raise WorkerSpecError(f"worker {self.url}: kv_replay without kv_events")
+
+    @property
+    def worker_id(self) -> str:
+        return self.url
+
+    @classmethod
+    def parse(cls, text: str) -> WorkerSpec:
+        """From `URL[#kv_events=...&kv_replay=...]`; WorkerSpecError names what is wrong."""
+        text = text.strip()
+        url, _, fragment = text.partition("#")
+        fields: dict[str, str] = {}
+        for key, values in parse_qs(fragment, keep_blank_values=True).items():
+            if key not in _FRAGMENT_KEYS:
+                raise WorkerSpecError(f"worker {text!r}: unknown key {key!r} after '#' "
+                                      f"(known: {', '.join(_FRAGMENT_KEYS)})")
+            if len(values) != 1 or not values[0]:
+                raise WorkerSpecError(f"worker {text!r}: {key} needs exactly one endpoint")
+            fields[key] = values[0]
+        return cls(canonical_url(url), fields.get("kv_events"), fields.get("kv_replay"))
+
+    def __str__(self) -> str:
+        parts = [f"{k}={v}" for k, v in (("kv_events", self.kv_events_endpoint),
+                                          ("kv_replay", self.kv_replay_endpoint)) if v]
+        return self.url + ("#" + "&".join(parts) if parts else "")
 
 
-class EventSink(Protocol):
-    """Where mapped events go (the KV index actor's methods have this shape)."""
+def canonical_url(url: str) -> str:
+    """`http://Host:8000/v1/` -> `http://host:8000`; WorkerSpecError if it is no HTTP URL."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WorkerSpecError(f"worker URL {url!r} must be http://host[:port] or https://...")
+    if parts.query:
+        raise WorkerSpecError(f"worker URL {url!r} must not have a query string")
+    try:
+        port = parts.port
+    except ValueError:
+        raise WorkerSpecError(f"worker URL {url!r} has a bad port") from None
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = host if port is None else f"{host}:{port}"
+    return urlunsplit((parts.scheme, netloc, path, "", ""))
 
-    def publish(self, batch: EventBatch) -> bool: ...  # True: send a snapshot
-    def publish_snapshot(self, snap: Snapshot) -> None: ...
+
+def parse_workers(items: str | Iterable[str]) -> tuple[WorkerSpec, ...]:
+    """A comma-separated string or a list of specs; duplicates (same URL) are an error."""
+    texts = items.split(",") if isinstance(items, str) else list(items)
+    specs = tuple(WorkerSpec.parse(t) for t in texts if t.strip())
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.worker_id in seen:
+            raise WorkerSpecError(f"worker {spec.worker_id} is listed twice")
+        seen.add(spec.worker_id)
+    return specs
 
 
-@dataclass
-class SubscriberStats:
-    num_batches: int = 0  # applied in order
-    num_malformed: int = 0  # payloads or frames that did not decode
-    num_unknown_events: int = 0  # event types this version does not know
-    num_foreign: int = 0  # messages on another topic
-    num_gaps_replayed: int = 0
-    num_gaps_lost: int = 0  # gaps replay could not fill (buffer too short, no answer)
-    num_restarts: int = 0  # the worker's seq went back: it restarted
-    num_snapshots: int = 0  # resyncs from a publisher snapshot
-    num_reconnects: int = 0  # links to its PUB socket lost (or cut at MAXMSGSIZE) and redone
-    # batches refused, by why: more blocks than max_blocks_per_batch or an event over
-    # max_event_bytes (oversized); a replay or snapshot the block budget could not pay
-    # (over_budget); a live batch it could not pay (floods: the worker was cut off), and
-    # the messages dropped undecoded while it was (dropped_cut_off)
-    num_oversized: int = 0
-    num_over_budget: int = 0
-    num_floods: int = 0
-    num_dropped_cut_off: int = 0
+WorkerState = Literal["up", "down"]
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One worker as the worker set sees it."""
+
+    spec: WorkerSpec
+    state: WorkerState  # up: routable; down: its last health check failed (drained)
+    error: str | None = None  # why it is down
+    stats: EngineStats | None = None  # from its vLLM queue gauges, when it exports them
+    # scrapes whose gauges were not queue lengths (NaN, infinite, negative, huge): dropped
+    num_rejected_load_samples: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerSetView:
+    """The worker set at one version (it grows on every change, stats included)."""
+
+    version: int
+    workers: tuple[WorkerStatus, ...]
+
+    def up(self) -> tuple[WorkerStatus, ...]:
+        return tuple(w for w in self.workers if w.state == "up")
+
+
+ChangeOutcome = Literal["added", "removed", "exists", "unknown", "unusable"]
+
+
+@dataclass(frozen=True)
+class WorkerChange:
+    """The answer to an add or a remove: what happened, and the worker's status."""
+
+    outcome: ChangeOutcome  # exists/unknown: nothing changed; unusable: failed its checks
+    status: WorkerStatus | None = None  # the worker as added or removed
+    error: str | None = None  # why nothing changed

@@ -18,14 +18,14 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kv.events import EventBatch, Snapshot
-from router.cluster.external_worker_spec import (
+from router.cluster.vllm_subscriber import VllmEventSubscriber
+from router.cluster.vllm_subscriber_spec import (
     APPROXIMATE,
     EVENTS,
-    ExternalWorkerSpec,
     SubscriberConfig,
+    SubscriberSpec,
     SubscriberStats,
 )
-from router.cluster.vllm_subscriber import VllmEventSubscriber
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class IndexSink(Protocol):
 @dataclass(frozen=True)
 class ExternalWorkerStatus:
     mode: str  # "events" | "approximate"
-    spec: ExternalWorkerSpec
+    spec: SubscriberSpec
     stats: SubscriberStats
     num_unmapped_blocks: int
 
@@ -87,7 +87,7 @@ class ExternalWorkers:
     def ids(self) -> set[str]:
         return set(self._workers)
 
-    async def add(self, spec: ExternalWorkerSpec) -> None:
+    async def add(self, spec: SubscriberSpec) -> None:
         """Starts following `spec.worker_id` (again, from scratch, if it was followed)."""
         await self.remove(spec.worker_id)
         sink = _WorkerSink(self, spec.worker_id)

@@ -34,7 +34,6 @@ from prometheus_client import CollectorRegistry
 from kv.events import ContentsDigest, Cursor, EventBatch, Snapshot
 from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actors import get_or_create_actor
-from router.cluster.external_worker_spec import ExternalWorkerSpec, SubscriberConfig
 from router.cluster.external_workers import ExternalWorkers, ExternalWorkerStatus
 from router.cluster.metrics_hub import MetricsPusher
 from router.cluster.pin_quota import PinQuota, PinRefusal
@@ -42,6 +41,7 @@ from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds
 from router.cluster.shared_marks import SharedMark, SharedMarks
+from router.cluster.vllm_subscriber_spec import SubscriberConfig, SubscriberSpec
 
 INDEX_ACTOR_NAME = "kvroute-index"
 
@@ -166,7 +166,7 @@ class KVIndex:
 
     # ---- external workers ----
 
-    async def add_external_worker(self, spec: ExternalWorkerSpec) -> None:
+    async def add_external_worker(self, spec: SubscriberSpec) -> None:
         """Follows a worker's vLLM-format KV events (again from scratch if followed)."""
         await self.external_workers.add(spec)
         if self._external_metrics is None and ray.is_initialized():

@@ -40,12 +40,12 @@ import zmq.asyncio
 from kv.events import EventBatch, KVEvent, Snapshot
 from protocol.vllm import frames, wire
 from router.cluster.event_bounds import BlockBudget, off_loop, pieces
-from router.cluster.external_worker_spec import (
+from router.cluster.vllm_subscriber_spec import (
     APPROXIMATE,
     EVENTS,
     EventSink,
-    ExternalWorkerSpec,
     SubscriberConfig,
+    SubscriberSpec,
     SubscriberStats,
 )
 from router.cluster.zmq_replay import request_replay
@@ -62,7 +62,7 @@ class VllmEventSubscriber:
     """Follows one worker (`run`, an asyncio task) and feeds `sink`. `mode` and `stats`
     are read by the worker set that owns it (router/cluster/external_workers.py)."""
 
-    def __init__(self, spec: ExternalWorkerSpec, sink: EventSink,
+    def __init__(self, spec: SubscriberSpec, sink: EventSink,
                  config: SubscriberConfig | None = None):
         self.spec = spec
         self.config = config or SubscriberConfig()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from router.cluster.worker_spec import (
+from router.cluster.external_worker_spec import (
     WorkerChange,
     WorkerSpec,
     WorkerSpecError,

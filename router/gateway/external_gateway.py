@@ -27,14 +27,14 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from router.cluster.external_worker_probe import listed_context
+from router.cluster.external_worker_set import WorkerSetConfig, get_worker_set_actor
+from router.cluster.external_worker_spec import WorkerSpec, WorkerSpecError, canonical_url
 from router.cluster.metrics_hub import (
     MetricsHubConfig,
     MetricsPusher,
     get_metrics_hub,
 )
-from router.cluster.worker_probe import listed_context
-from router.cluster.worker_set import WorkerSetConfig, get_worker_set_actor
-from router.cluster.worker_spec import WorkerSpec, WorkerSpecError, canonical_url
 from router.core.router import RouterConfig
 from router.front.admin_key import AdminAuth, load_admin_key
 from router.front.metrics import GatewayMetrics

@@ -41,7 +41,7 @@ from typing import Protocol
 import aiohttp
 from fastapi.responses import Response, StreamingResponse
 
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.external_worker_spec import WorkerSpec
 from worker.openai.errors import APIError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Per gateway process: a `Router` (router/core), its index mirror fed by the KV index actor
 (where workers' KV events land, filed under the worker id), and the worker set (the named
-actor of router/cluster/worker_set.py) long-polled for the routable workers and their
+actor of router/cluster/external_worker_set.py) long-polled for the routable workers and their
 scraped queue gauges. Each worker is routed on its events while the index actor says its
 mode is `events` (it follows the worker's KV events and its view is exact), and on this
 router's routed history otherwise (no events, or they stopped or lost a gap), one worker at
@@ -25,9 +25,9 @@ from typing import Any
 import ray
 
 from kv.hashing import BlockHash
+from router.cluster.external_worker_spec import WorkerSetView, WorkerSpec
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
-from router.cluster.worker_spec import WorkerSetView, WorkerSpec
 from router.core.ledger import RouteKind
 from router.core.router import Router, RouterConfig, RoutingDecision
 from router.front.router_metrics import RouterMetrics

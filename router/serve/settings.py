@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from router.cluster.worker_spec import parse_workers
+from router.cluster.external_worker_spec import parse_workers
 from router.core.config import RouterConfig
 from router.core.hit_curve import HitCurveConfig
 from router.core.policies import POLICY_NAMES

@@ -9,9 +9,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kv.events import EventBatch, Snapshot
-from router.cluster.external_worker_spec import ExternalWorkerSpec
 from router.cluster.index_actor import KVIndex, PollRequest, get_index_actor
 from router.cluster.metrics_hub import get_metrics_hub
+from router.cluster.vllm_subscriber_spec import SubscriberSpec
 from router.core.engine_hash_map import EngineHashConfig
 from tests.router.cluster.mock_vllm_worker import MockVllmWorker
 from tests.router.cluster.test_vllm_subscriber import (
@@ -25,8 +25,8 @@ from tests.router.cluster.test_vllm_subscriber import (
 )
 
 
-def spec(worker_id, worker) -> ExternalWorkerSpec:
-    return ExternalWorkerSpec(worker_id, worker.endpoint, EngineHashConfig(MODEL, B),
+def spec(worker_id, worker) -> SubscriberSpec:
+    return SubscriberSpec(worker_id, worker.endpoint, EngineHashConfig(MODEL, B),
                               worker.replay_endpoint)
 
 

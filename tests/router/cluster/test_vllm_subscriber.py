@@ -11,14 +11,14 @@ import pytest
 from kv.events import BlockStored, EventBatch
 from kv.hashing import block_hashes, namespace_root
 from protocol.vllm import wire
-from router.cluster.external_worker_spec import (
-    APPROXIMATE,
-    EVENTS,
-    ExternalWorkerSpec,
-    SubscriberConfig,
-)
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.vllm_subscriber import VllmEventSubscriber
+from router.cluster.vllm_subscriber_spec import (
+    APPROXIMATE,
+    EVENTS,
+    SubscriberConfig,
+    SubscriberSpec,
+)
 from router.core.engine_hash_map import EngineHashConfig
 from tests.router.cluster.mock_vllm_worker import MockVllmWorker
 from worker.vllm_events.publisher import VllmEventPublisher, VllmPublisherConfig
@@ -72,7 +72,7 @@ async def until(condition, timeout_s: float = 20.0, what: str = "condition"):
 @asynccontextmanager
 async def following(worker, stale_after_s: float = 30.0):
     sink = LogSink()
-    spec = ExternalWorkerSpec("w", worker.endpoint, EngineHashConfig(MODEL, B),
+    spec = SubscriberSpec("w", worker.endpoint, EngineHashConfig(MODEL, B),
                               worker.replay_endpoint)
     sub = VllmEventSubscriber(spec, sink, SubscriberConfig(stale_after_s=stale_after_s,
                                                            replay_timeout_s=1.0))

@@ -10,13 +10,13 @@ import zmq.asyncio
 
 from protocol.vllm import wire
 from router.cluster.event_bounds import BlockBudget
-from router.cluster.external_worker_spec import (
+from router.cluster.vllm_subscriber import VllmEventSubscriber
+from router.cluster.vllm_subscriber_spec import (
     APPROXIMATE,
     EVENTS,
-    ExternalWorkerSpec,
     SubscriberConfig,
+    SubscriberSpec,
 )
-from router.cluster.vllm_subscriber import VllmEventSubscriber
 from router.cluster.zmq_replay import request_replay
 from router.core.engine_hash_map import EngineHashConfig
 from tests.router.cluster.mock_vllm_worker import MockVllmWorker
@@ -46,7 +46,7 @@ def chain(seed: int, num_blocks: int) -> tuple[list, list[bytes]]:
 @asynccontextmanager
 async def following(worker, worker_id: str = "w", **config):
     sink = LogSink()
-    spec = ExternalWorkerSpec(worker_id, worker.endpoint, EngineHashConfig(MODEL, B),
+    spec = SubscriberSpec(worker_id, worker.endpoint, EngineHashConfig(MODEL, B),
                               worker.replay_endpoint)
     sub = VllmEventSubscriber(spec, sink, SubscriberConfig(**{**BOUNDED, **config}))
     task = asyncio.get_running_loop().create_task(sub.run())

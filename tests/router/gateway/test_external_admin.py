@@ -2,7 +2,7 @@
 
 import pytest
 
-from router.cluster.worker_spec import WorkerChange, WorkerSpec, WorkerStatus
+from router.cluster.external_worker_spec import WorkerChange, WorkerSpec, WorkerStatus
 from router.front.admin_key import AdminAuth, load_admin_key
 from router.gateway.admin import change_body, spec_from_body
 from worker.openai.errors import APIError

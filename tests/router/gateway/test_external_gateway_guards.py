@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.external_worker_spec import WorkerSpec
 from router.gateway.external_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
 from router.gateway.external_gateway import CLIENT_GONE, until_disconnected
 from router.gateway.external_proxy import ExternalProxy

@@ -9,12 +9,12 @@ import json
 import pytest
 from aiohttp import web
 
-from router.cluster.worker_set import WorkerSet, WorkerSetConfig
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.external_worker_set import WorkerSet, WorkerSetConfig
+from router.cluster.external_worker_spec import WorkerSpec
 from router.core.router import RouterConfig
 from router.gateway.external_proxy import ExternalProxy, ProxyConfig
 from router.gateway.external_router import ExternalWorkerRouter, NoWorkerAvailable
-from tests.router.cluster.test_worker_set import Followed
+from tests.router.cluster.test_external_worker_set import Followed
 from tests.router.lying_worker import LyingWorker
 from worker.openai.errors import APIError
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.external_worker_spec import WorkerSpec
 from router.gateway.external_proxy import ExternalProxy
 from worker.openai.errors import APIError
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from aiohttp import web
 
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.external_worker_spec import WorkerSpec
 from router.gateway.external_proxy import ExternalProxy, ProxyConfig
 from tests.router.lying_worker import LyingWorker
 from worker.openai.errors import APIError

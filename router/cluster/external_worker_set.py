@@ -4,7 +4,7 @@ It starts from the static list (`kvroute serve --workers`), takes runtime adds a
 (the admin API, `/v1/workers`), and checks each worker's health every `health_period_s`:
 a worker whose check fails is `down` (drained: gateways send it nothing new) until a check
 passes again. The KV index actor follows the KV events of each worker that is up and has
-an event socket (router/cluster/worker_index_link.py); a worker down or removed is no
+an event socket (router/cluster/external_index_link.py); a worker down or removed is no
 longer followed and its index is dropped (events, or routed history, rebuild it later). A
 gateway that sees a worker fail reports it, and the worker is checked at once. Where a
 worker exports vLLM's queue gauges, they are scraped every `load_period_s` into its stats
@@ -27,9 +27,14 @@ import ray
 from kv.hashing import DEFAULT_BLOCK_SIZE
 from protocol.engine import EngineStats
 from router.cluster.actors import get_or_create_actor
-from router.cluster.worker_index_link import IndexActorLink, IndexLink
-from router.cluster.worker_probe import check_health, check_worker, scrape_queue_stats
-from router.cluster.worker_spec import WorkerChange, WorkerSetView, WorkerSpec, WorkerStatus
+from router.cluster.external_index_link import IndexActorLink, IndexLink
+from router.cluster.external_worker_probe import check_health, check_worker, scrape_queue_stats
+from router.cluster.external_worker_spec import (
+    WorkerChange,
+    WorkerSetView,
+    WorkerSpec,
+    WorkerStatus,
+)
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Protocol
 
 import ray
 
-from router.cluster.external_worker_spec import ExternalWorkerSpec
+from router.cluster.external_worker_spec import WorkerSpec
 from router.cluster.index_actor import get_index_actor
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.vllm_subscriber_spec import SubscriberSpec
 from router.core.engine_hash_map import EngineHashConfig
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class IndexActorLink:
             index = await self._actor()
             if self._incarnation is None:
                 self._incarnation = await index.get_incarnation.remote()
-            await index.add_external_worker.remote(ExternalWorkerSpec(
+            await index.add_external_worker.remote(SubscriberSpec(
                 spec.worker_id, spec.kv_events_endpoint, self._hashing,
                 replay_endpoint=spec.kv_replay_endpoint))
         except ray.exceptions.RayError as err:

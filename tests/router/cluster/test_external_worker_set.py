@@ -4,8 +4,8 @@ checks, the model check, runtime add and remove, drains, queue gauges."""
 import pytest
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker
-from router.cluster.worker_set import WorkerSet, WorkerSetConfig
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.external_worker_set import WorkerSet, WorkerSetConfig
+from router.cluster.external_worker_spec import WorkerSpec
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,12 @@
 import pytest
 
-from router.cluster.worker_probe import queue_stats_from_metrics
-from router.cluster.worker_spec import WorkerSpec, WorkerSpecError, canonical_url, parse_workers
+from router.cluster.external_worker_probe import queue_stats_from_metrics
+from router.cluster.external_worker_spec import (
+    WorkerSpec,
+    WorkerSpecError,
+    canonical_url,
+    parse_workers,
+)
 
 
 @pytest.mark.parametrize("text, url", [

@@ -13,7 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.engine import EngineStats
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.external_worker_spec import WorkerSpec
 
 # vLLM's queue gauges (a `kvroute engine` exports them too); summed over their label sets
 # (a data-parallel vLLM server reports one series per engine).

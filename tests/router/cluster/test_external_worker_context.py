@@ -4,8 +4,8 @@ repeats: taken only when it can be one (a lying worker's number reaches no clien
 import httpx
 import pytest
 
-from router.cluster.worker_probe import listed_context
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.external_worker_probe import listed_context
+from router.cluster.external_worker_spec import WorkerSpec
 from tests.router.lying_worker import LyingWorker
 
 

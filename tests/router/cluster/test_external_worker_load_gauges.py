@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from router.cluster.worker_probe import GaugeError, queue_stats_from_metrics
-from router.cluster.worker_set import WorkerSet, WorkerSetConfig
-from router.cluster.worker_spec import WorkerSpec
+from router.cluster.external_worker_probe import GaugeError, queue_stats_from_metrics
+from router.cluster.external_worker_set import WorkerSet, WorkerSetConfig
+from router.cluster.external_worker_spec import WorkerSpec
 from tests.router.lying_worker import LyingWorker, gauges
 
 
@@ -49,7 +49,7 @@ def by_url(view):
 
 async def test_one_workers_nan_gauge_leaves_the_others_load_scraped(liar_and_honest, caplog):
     workers, liar, honest = liar_and_honest
-    caplog.set_level(logging.WARNING, "router.cluster.worker_set")
+    caplog.set_level(logging.WARNING, "router.cluster.external_worker_set")
     view = await workers.poll(-1)  # starts the health and load loops
     seen: list[tuple] = []
     # The load loop keeps running: the honest worker's gauges change and are followed.

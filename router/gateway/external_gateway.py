@@ -133,20 +133,19 @@ class ExternalGateway:
     # ---- OpenAI API ----
 
     async def completions(self, request: Request) -> Response:
-        tenant = self.door.tenant(request)
-        raw = await self.door.body(request)
-        routed = await self._routed(completion_body, raw, tenant)
-        body = allowed_body(routed.body, COMPLETION_FIELDS, tenant)
-        return await until_disconnected(request, self._forward(
-            "/v1/completions", routed, body, tenant, arrival_of(request.scope)))
+        return await self._generation(request, "/v1/completions", completion_body,
+                                      COMPLETION_FIELDS)
 
     async def chat_completions(self, request: Request) -> Response:
+        return await self._generation(request, "/v1/chat/completions", chat_body, CHAT_FIELDS)
+
+    async def _generation(self, request: Request, path: str, read, fields) -> Response:
         tenant = self.door.tenant(request)
         raw = await self.door.body(request)
-        routed = await self._routed(chat_body, raw, tenant)
-        body = allowed_body(routed.body, CHAT_FIELDS, tenant)
+        routed = await self._routed(read, raw, tenant)
+        body = allowed_body(routed.body, fields, tenant)
         return await until_disconnected(request, self._forward(
-            "/v1/chat/completions", routed, body, tenant, arrival_of(request.scope)))
+            path, routed, body, tenant, arrival_of(request.scope)))
 
     async def _workers_context(self) -> int | None:
         """The context length an up worker lists in its /v1/models (vLLM and kvroute engine

@@ -40,7 +40,7 @@ from router.cluster.pin_quota import PinQuota, PinRefusal
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds
-from router.cluster.shared_marks import SharedMark, SharedMarks
+from router.cluster.shared_marks import Shared, SharedMarks
 from router.cluster.vllm_subscriber_spec import SubscriberConfig, SubscriberSpec
 
 INDEX_ACTOR_NAME = "kvroute-index"
@@ -84,8 +84,9 @@ class PollReply:
     # the actor's incarnation: a new one means it restarted and forgot every replica, so
     # routers hold their state for a grace period instead of dropping it (index_mirror.py)
     incarnation: str = ""
-    # the pending marks other routers set since this router's last poll (shared_marks.py)
-    shared_marks: tuple[SharedMark, ...] = ()
+    # the pending marks (with their routed work) other routers set, and the ends of that
+    # work, since this router's last poll, in their order (shared_marks.py)
+    shared_marks: tuple[Shared, ...] = ()
 
 
 @dataclass
@@ -187,8 +188,9 @@ class KVIndex:
 
     # ---- routers ----
 
-    def share_marks(self, router_id: str, marks: tuple[SharedMark, ...]) -> None:
-        """A router's new pending marks, for the other routers' next poll (woken now)."""
+    def share_marks(self, router_id: str, marks: tuple[Shared, ...]) -> None:
+        """A router's new pending marks, routed work and work ends, for the other routers'
+        next poll (woken now)."""
         if self.shared_marks.add(router_id, marks):
             self._notify(skip_router_id=router_id)
 

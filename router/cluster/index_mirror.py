@@ -4,7 +4,8 @@ One long-poll loop per router process: it sends its cursor per replica and appli
 comes back (deltas, snapshots, removed replicas, load stats). When the actor cannot be
 reached, or nothing has come back for `stale_after_s`, the router decides in approximate
 mode (`Router.set_fallback(True)`) until the next good poll. It also carries the pending
-marks this router sets to the other routers, and theirs to this one (mark_sharing.py).
+marks and routed work this router shares to the other routers, and theirs to this one
+(mark_sharing.py, remote_work.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from kv.hashing import BlockHash
 from router.cluster.actor_link import ActorLink
 from router.cluster.index_actor import PollReply, PollRequest, get_index_actor
 from router.cluster.mark_sharing import MarkSender, MarkSharingConfig, apply_shared_marks
+from router.cluster.remote_work import RemoteWork
+from router.cluster.shared_marks import RoutedWork
 from router.core.router import Router
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ class MirrorConfig:
     restart_grace_s: float = 15.0
     # send this router's pending marks to the other routers, and apply theirs
     share_marks: bool = True
+    # the same for routed work: each router's load counts what the others routed
+    share_work: bool = True
 
     def __post_init__(self):
         for name in ("poll_timeout_s", "stale_after_s", "retry_interval_s", "view_refresh_s",
@@ -71,7 +76,7 @@ class IndexMirror:
                  on_routes_ended: Callable[[tuple[str, ...]], None] | None = None,
                  on_poll: Callable[[PollReply], None] | None = None):
         self.router = router
-        self._on_removed = on_removed or router.remove_replica
+        self._remove = on_removed or router.remove_replica
         self._on_routes_ended = on_routes_ended  # direct routes that ended on a replica
         self._on_poll = on_poll  # every reply, once applied
         self.router_id = router_id
@@ -94,7 +99,10 @@ class IndexMirror:
         self.worker_modes: dict[str, str] = {}
         self._first_poll: asyncio.Future | None = None
         self.marks = MarkSender(router_id, self._index,
-                                MarkSharingConfig(enabled=self.config.share_marks))
+                                MarkSharingConfig(enabled=self.config.share_marks,
+                                                  share_work=self.config.share_work))
+        # the routed work other routers shared, in `router.loads`
+        self.remote = RemoteWork(router.loads, clock=router.clock)
 
     def start(self) -> None:
         if self._first_poll is None:
@@ -108,10 +116,16 @@ class IndexMirror:
         self._index.stop()
         self.marks.stop()
 
-    def share_marks(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
-        """A decision's replica and prompt blocks, for the other routers (queued: the
-        decision path makes no call)."""
-        self.marks.share(replica_id, block_hashes)
+    def share_marks(self, replica_id: str, block_hashes: Sequence[BlockHash],
+                    work: RoutedWork | None = None) -> None:
+        """A decision's replica, prompt blocks and the work it charged there, for the other
+        routers (queued: the decision path makes no call)."""
+        self.marks.share(replica_id, block_hashes, work)
+
+    def share_end(self, route_id: str, withdrawn: bool = False,
+                  output_tokens: int | None = None) -> None:
+        """The end of a route whose work was shared (`withdrawn`: it never ran)."""
+        self.marks.share_end(route_id, withdrawn, output_tokens)
 
     async def wait_first_poll(self) -> None:
         """Waits (up to poll_timeout_s) until the mirror has been filled once, so the first
@@ -183,16 +197,26 @@ class IndexMirror:
             if replica_id not in self._gone:
                 router.update_stats(replica_id, stats)
         self.worker_modes = reply.worker_modes
-        if reply.shared_marks and self.config.share_marks:
+        if reply.shared_marks and (self.config.share_marks or self.config.share_work):
             apply_shared_marks(router, reply.shared_marks,
-                               lambda rid: rid in self._gone or rid in self._grace)
+                               lambda rid: rid in self._gone or rid in self._grace,
+                               self.remote if self.config.share_work else None,
+                               self.config.share_marks)
+        if self.remote:
+            self.remote.expire(frozenset(rid for rid, stats in reply.stats.items()
+                                         if stats.num_running + stats.num_waiting == 0))
         if reply.snapshots or reply.batches or reply.removed_replica_ids:
             self._view_dirty = True
+
+    def _on_removed(self, replica_id: str) -> None:
+        self._remove(replica_id)
+        self.remote.forget_replica(replica_id)
 
     def forget_replica(self, replica_id: str) -> None:
         """The replica is gone (Serve says so): drop it here now, not at the next poll."""
         with self._lock:
             self.router.remove_replica(replica_id)
+            self.remote.forget_replica(replica_id)
             cursor = self._cursors.pop(replica_id, None)
             self._gone[replica_id] = (cursor.epoch if cursor else None, time.monotonic())
             self._view_dirty = True

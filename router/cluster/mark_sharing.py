@@ -1,14 +1,17 @@
-"""A router's side of shared pending marks (router/cluster/shared_marks.py).
+"""A router's side of shared pending marks and routed work (router/cluster/shared_marks.py).
 
-Sending: the routing path only appends the decision's replica and the prompt's block hashes
-to an outbox (no Ray call, no walk). One send at a time carries the whole outbox to the
-index actor, on the router's event loop; marks set while a send is in flight go with the
-next, so sends batch themselves under load and cost one round trip of delay when idle.
+Sending: the routing path only appends the decision's replica, the prompt's block hashes
+and the work it charged there to an outbox (no Ray call, no walk), and a request's end
+appends its `WorkEnd`. One send at a time carries the whole outbox to the index actor, on
+the router's event loop; messages queued while a send is in flight go with the next, so
+sends batch themselves under load and cost one round trip of delay when idle.
 
-Receiving: each poll reply brings the marks the other routers set; they become timed marks
-(`PendingMarks.mark`, expiring after the router's `pending_ttl_s`) on replicas this router
-routes on events. The leading blocks this router's index already confirms there are left
-unmarked: an event confirmed them, and a mark on them would outlive their eviction.
+Receiving: each poll reply brings the other routers' messages, applied in their order. Marks
+become timed marks (`PendingMarks.mark`, expiring after the router's `pending_ttl_s`) on
+replicas this router routes on events; the leading blocks this router's index already
+confirms there are left unmarked: an event confirmed them, and a mark on them would outlive
+their eviction. Routed work joins this router's load until its end
+(router/cluster/remote_work.py).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from dataclasses import dataclass
 
 from kv.hashing import BlockHash
 from router.cluster.actor_link import ActorLink
-from router.cluster.shared_marks import SharedMark
+from router.cluster.remote_work import RemoteWork
+from router.cluster.shared_marks import RoutedWork, Shared, SharedMark, WorkEnd, size_of
 from router.core.router import Router
 
 log = logging.getLogger(__name__)
@@ -29,7 +33,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class MarkSharingConfig:
-    enabled: bool = True
+    enabled: bool = True  # pending marks
+    share_work: bool = True  # routed work and its ends
     max_outbox_blocks: int = 1 << 16  # hashes waiting to be sent; the oldest go first
     max_mark_blocks: int = 4096  # of one prompt (its first ones), as the actor keeps them
 
@@ -41,26 +46,31 @@ class MarkSharingConfig:
 
 
 class MarkOutbox:
-    """The marks this router set, not yet sent; at most `max_blocks` hashes."""
+    """The messages this router queued, not yet sent; at most `max_blocks` hashes (a
+    message with none counts one)."""
 
     def __init__(self, max_blocks: int):
         self._max_blocks = max_blocks
-        self._marks: deque[SharedMark] = deque()
+        self._marks: deque[Shared] = deque()
         self._num_blocks = 0
         self.num_dropped_blocks = 0  # sends that could not keep up
 
     def __len__(self) -> int:
         return len(self._marks)
 
-    def add(self, replica_id: str, block_hashes: tuple[BlockHash, ...]) -> None:
-        self._marks.append(SharedMark(replica_id, block_hashes))
-        self._num_blocks += len(block_hashes)
+    def add(self, replica_id: str, block_hashes: tuple[BlockHash, ...],
+            work: RoutedWork | None = None) -> None:
+        self.put(SharedMark(replica_id, block_hashes, work))
+
+    def put(self, message: Shared) -> None:
+        self._marks.append(message)
+        self._num_blocks += size_of(message)
         while self._num_blocks > self._max_blocks:
-            n = len(self._marks.popleft().block_hashes)
+            n = size_of(self._marks.popleft())
             self._num_blocks -= n
             self.num_dropped_blocks += n
 
-    def take(self) -> tuple[SharedMark, ...]:
+    def take(self) -> tuple[Shared, ...]:
         marks = tuple(self._marks)
         self._marks.clear()
         self._num_blocks = 0
@@ -68,7 +78,7 @@ class MarkOutbox:
 
 
 class MarkSender:
-    """Sends a router's marks to the index actor, one call in flight at a time."""
+    """Sends a router's marks and work to the index actor, one call in flight at a time."""
 
     def __init__(self, router_id: str, index: ActorLink, config: MarkSharingConfig):
         self.router_id = router_id
@@ -84,12 +94,24 @@ class MarkSender:
         self._started = True
         self._send_soon()
 
-    def share(self, replica_id: str, block_hashes: Sequence[BlockHash]) -> None:
-        """Queues a decision's marks; called on the router's event loop, under no lock."""
-        if not (self.config.enabled and block_hashes):
+    def share(self, replica_id: str, block_hashes: Sequence[BlockHash],
+              work: RoutedWork | None = None) -> None:
+        """Queues a decision's marks and work (None: none charged); called on the router's
+        event loop, under no lock."""
+        config = self.config
+        hashes = tuple(block_hashes[:config.max_mark_blocks]) if config.enabled else ()
+        work = work if config.share_work else None
+        if not (hashes or work):
             return
-        self.outbox.add(replica_id, tuple(block_hashes[:self.config.max_mark_blocks]))
+        self.outbox.add(replica_id, hashes, work)
         self._send_soon()
+
+    def share_end(self, route_id: str, withdrawn: bool = False,
+                  output_tokens: int | None = None) -> None:
+        """Queues the end of a route whose work was shared (`withdrawn`: it never ran)."""
+        if self.config.share_work:
+            self.outbox.put(WorkEnd(route_id, withdrawn, output_tokens))
+            self._send_soon()
 
     def _send_soon(self) -> None:
         if self._started and self._task is None and self.outbox:
@@ -124,15 +146,27 @@ class MarkSender:
             self._task.cancel()
 
 
-def apply_shared_marks(router: Router, marks: Sequence[SharedMark],
-                       skip: Callable[[str], bool]) -> int:
-    """Applies other routers' marks as timed marks (call under the router's lock); skips
-    replicas this router does not know, routes on history, or `skip` names. Returns how
-    many hashes were marked."""
+def apply_shared_marks(router: Router, marks: Sequence[Shared],
+                       skip: Callable[[str], bool], remote: RemoteWork | None = None,
+                       apply_marks: bool = True) -> int:
+    """Applies other routers' messages in their order (call under the router's lock): marks
+    (unless not `apply_marks`) as timed marks, skipping replicas this router does not know,
+    routes on history, or `skip` names; routed work and its ends into `remote` (None:
+    ignored), skipping replicas `skip` names. Returns how many hashes were marked."""
     index = router.index
     num_marked = 0
-    for replica_id, block_hashes in marks:
-        if replica_id not in index or router.is_approximate(replica_id) or skip(replica_id):
+    for message in marks:
+        if isinstance(message, WorkEnd):
+            if remote is not None:
+                remote.end(message)
+            continue
+        replica_id, block_hashes, work = message
+        if skip(replica_id):
+            continue
+        if work is not None and remote is not None:
+            remote.add(replica_id, work)
+        if not (apply_marks and block_hashes) or replica_id not in index or (
+                router.is_approximate(replica_id)):
             continue
         k = index.num_confirmed_device_blocks(replica_id, block_hashes)
         if k < len(block_hashes):

@@ -1,4 +1,4 @@
-"""Pending marks that several routers share through the index actor.
+"""Pending marks and routed work that several routers share through the index actor.
 
 Each router marks a routed prompt's blocks pending on its replica at once (router/core/
 pending.py), so the next requests with that prefix follow it before any KV event confirms
@@ -9,10 +9,18 @@ replicas. So each router also sends the marks it sets to the index actor (batche
 decision path), and the actor hands them to the other routers in their next poll reply,
 waking their long polls; they apply them as timed marks (router/cluster/mark_sharing.py).
 
+A mark also carries the decision's routed work (the tokens the sender's load charged its
+replica, `RoutedWork`), and the sender's `WorkEnd` follows when the request ends: each
+router's load then counts what the others routed, as one router's counts all it routed
+(router/cluster/remote_work.py). A replica's published stats count it too, but a publish
+interval and a poll late, and only once it is queued there.
+
 Everything is bounded: a mark carries at most `max_mark_blocks` hashes (a prompt's first
-ones: the prefix others may share), the actor keeps at most `max_kept_blocks` of them and
-none older than `ttl_s` (the routers' own mark TTL: an older mark would expire on arrival),
-and one poll reply carries at most `max_reply_blocks` (the rest comes with the next).
+ones: the prefix others may share), the actor keeps at most `max_kept_blocks` of them (a
+message with no hash counts one) and none older than `ttl_s` (the routers' own mark TTL: an
+older mark would expire on arrival; a router that did not poll for that long has its load's
+safety nets, remote_work.py), and one poll reply carries at most `max_reply_blocks` (the
+rest comes with the next).
 A router that stops polling for `router_timeout_s` loses its cursor, as route ends do.
 """
 
@@ -27,11 +35,40 @@ from typing import NamedTuple
 from kv.hashing import BlockHash
 
 
+class RoutedWork(NamedTuple):
+    """What a routed request added to its replica's load, in the sender's `LoadTracker`
+    terms (router/core/load.py `add`)."""
+
+    route_id: str  # the sender's request id, which its `WorkEnd` names
+    work_tokens: float
+    decode_tokens: float
+    recent_tokens: float
+
+
 class SharedMark(NamedTuple):
-    """Blocks a router just routed to a replica, before any event confirms them."""
+    """Blocks a router just routed to a replica, before any event confirms them, and the
+    work it routed there (None: not shared)."""
 
     replica_id: str
     block_hashes: tuple[BlockHash, ...]
+    work: RoutedWork | None = None
+
+
+class WorkEnd(NamedTuple):
+    """A shared route ended: its work leaves the load (`withdrawn`: it never ran, so its
+    recent work goes too); `output_tokens`, what it produced when its end said."""
+
+    route_id: str
+    withdrawn: bool = False
+    output_tokens: int | None = None
+
+
+Shared = SharedMark | WorkEnd
+
+
+def size_of(message: Shared) -> int:
+    """What a message counts against the bounds: its hashes, at least one."""
+    return max(1, len(message.block_hashes)) if isinstance(message, SharedMark) else 1
 
 
 @dataclass(frozen=True)
@@ -61,11 +98,11 @@ class _Entry(NamedTuple):
     seq: int
     added_s: float  # monotonic
     router_id: str
-    mark: SharedMark
+    message: Shared
 
 
 class SharedMarks:
-    """The actor's log of shared marks and each router's cursor into it."""
+    """The actor's log of shared marks and work ends, and each router's cursor into it."""
 
     def __init__(self, config: SharedMarksConfig | None = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -73,44 +110,47 @@ class SharedMarks:
         self._clock = clock
         self._log: deque[_Entry] = deque()
         self._next_seq = 0  # the seq of the next entry; the log holds a contiguous run
-        self._num_blocks = 0  # hashes in the log
+        self._num_blocks = 0  # hashes in the log, one for each message with none
         # router id -> (seq of the first entry it has not seen, its last take (monotonic s))
         self._cursors: dict[str, tuple[int, float]] = {}
 
-    def add(self, router_id: str, marks: Sequence[SharedMark]) -> bool:
-        """Logs a router's marks for the others; True when any was logged (news for them)."""
+    def add(self, router_id: str, messages: Sequence[Shared]) -> bool:
+        """Logs a router's marks and work ends for the others; True when any was logged
+        (news for them)."""
         now = self._clock()
         cap = self.config.max_mark_blocks
         added = False
-        for replica_id, block_hashes in marks:
-            if not block_hashes:
-                continue
-            mark = SharedMark(str(replica_id), tuple(block_hashes[:cap]))
-            self._log.append(_Entry(self._next_seq, now, router_id, mark))
+        for message in messages:
+            if isinstance(message, SharedMark):
+                if not (message.block_hashes or message.work):
+                    continue
+                message = SharedMark(str(message.replica_id),
+                                     tuple(message.block_hashes[:cap]), message.work)
+            self._log.append(_Entry(self._next_seq, now, router_id, message))
             self._next_seq += 1
-            self._num_blocks += len(mark.block_hashes)
+            self._num_blocks += size_of(message)
             added = True
         self._expire(now)
         return added
 
-    def take(self, router_id: str) -> tuple[SharedMark, ...]:
-        """The other routers' marks this router has not seen: up to `max_reply_blocks`
-        hashes (or one mark, if that alone is more). A router seen for the first time gets
-        those still live."""
+    def take(self, router_id: str) -> tuple[Shared, ...]:
+        """The other routers' messages this router has not seen, in the order they were
+        logged: up to `max_reply_blocks` hashes (or one mark, if that alone is more). A
+        router seen for the first time gets those still live."""
         now = self._clock()
         self._expire(now)
         first_seq = self._next_seq - len(self._log)
         start = max(self._cursors.get(router_id, (first_seq, now))[0], first_seq)
-        out: list[SharedMark] = []
+        out: list[Shared] = []
         budget = self.config.max_reply_blocks
         seq = start
         for i in range(start - first_seq, len(self._log)):
             entry = self._log[i]
             if entry.router_id != router_id:
-                n = len(entry.mark.block_hashes)
+                n = size_of(entry.message)
                 if n > budget and out:
                     break  # the rest with the next poll
-                out.append(entry.mark)
+                out.append(entry.message)
                 budget -= n
             seq = entry.seq + 1
         self._cursors[router_id] = (seq, now)
@@ -123,7 +163,7 @@ class SharedMarks:
         log, config = self._log, self.config
         cutoff = now - config.ttl_s
         while log and (log[0].added_s < cutoff or self._num_blocks > config.max_kept_blocks):
-            self._num_blocks -= len(log.popleft().mark.block_hashes)
+            self._num_blocks -= size_of(log.popleft().message)
         idle = now - config.router_timeout_s
         for router_id in [r for r, (_, t) in self._cursors.items() if t < idle]:
             del self._cursors[router_id]
@@ -131,7 +171,7 @@ class SharedMarks:
     def check_invariants(self) -> None:
         seqs = [e.seq for e in self._log]
         assert seqs == list(range(self._next_seq - len(seqs), self._next_seq)), "log gap"
-        assert self._num_blocks == sum(len(e.mark.block_hashes) for e in self._log)
+        assert self._num_blocks == sum(size_of(e.message) for e in self._log)
         assert self._num_blocks <= self.config.max_kept_blocks, "over max_kept_blocks"
         times = [e.added_s for e in self._log]
         assert times == sorted(times), "log out of time order"

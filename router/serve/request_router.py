@@ -14,7 +14,9 @@ Serve's completion callback, a direct route (a `RouteCall`, `RouteKind.DIRECT`) 
 replica's report, and the ledger's own timeouts release the ones whose end never comes.
 The instance keeps its index mirror fresh from the KV index actor (`IndexMirror`), falls
 back to approximate mode when the actor is unreachable or stale, and exports the router
-series.
+series. Through the mirror it shares each decision (its pending marks and the work it
+charged) and each end with the other routers (router/cluster/mark_sharing.py), whose load
+then counts it as their own.
 
 Serve calls these hooks on its router event loop; the mirror runs there too, and a lock
 guards the `Router` against completion callbacks from other threads.
@@ -43,8 +45,9 @@ from router.cluster.hit_bound import HitBoundLink
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.cluster.route_ends import split_reports
+from router.cluster.shared_marks import RoutedWork
 from router.core.hit_curve import HitCurveConfig
-from router.core.ledger import LedgerConfig, RouteKind
+from router.core.ledger import LedgerConfig, Release, RouteKind
 from router.core.router import Router, RouterConfig
 from router.front.router_metrics import RouterMetrics
 from router.serve.route_calls import RouteCall
@@ -125,10 +128,13 @@ class ServeRequestRouter(RequestRouter):
             decision = self.router.route(request_id, block_hashes, len(token_ids),
                                          list(by_id), _max_tokens(call), kind)
             record = self.router.ledger.get(request_id)
+            work = self._work_of(request_id)
             # Due every so often and when many are kept, so a quiet router too releases
             # a decision whose end never comes; free otherwise.
             expired = self.router.expire()
-        self.mirror.share_marks(decision.replica_id, block_hashes)  # for the other routers
+        # for the other routers
+        self.mirror.share_marks(decision.replica_id, block_hashes, work)
+        self._share_expired(expired)
         if reason is not None and not self.router.config.approximate:
             self.metrics.observe_fallback(reason)
         if kind is RouteKind.DIRECT:  # no dispatch hook comes for it
@@ -156,12 +162,14 @@ class ServeRequestRouter(RequestRouter):
         with self._lock:
             before = self.router.ledger.get(request_id)
             record = self.router.dispatched(request_id, replica_id.unique_id)
+            work = self._work_of(request_id)
         if record is None:  # ended already (its completion came first), or a retry's
             return
         if before.replica_id != record.replica_id:  # spilled down the ranking
             call = pending_request.args[0] if pending_request.args else None
+            self.mirror.share_end(request_id, withdrawn=True)  # not on the first one
             self.mirror.share_marks(record.replica_id,
-                                    getattr(call, "block_hashes", None) or [])
+                                    getattr(call, "block_hashes", None) or [], work)
         self.metrics.observe_routed(record)
         self._update_outstanding([record.replica_id])
 
@@ -171,6 +179,7 @@ class ServeRequestRouter(RequestRouter):
         with self._lock:
             replica_id = self.router.abandon(request_id)
         if replica_id is not None:
+            self.mirror.share_end(request_id, withdrawn=True)
             self._update_outstanding([replica_id])
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
@@ -178,7 +187,10 @@ class ServeRequestRouter(RequestRouter):
         gave up): either way its outstanding load and held marks go now (a retry routed
         under the same id since loses its record too, rather than keep its load for ever)."""
         with self._lock:
+            routed = internal_request_id in self.router.ledger
             self.router.on_finished(internal_request_id)
+        if routed:
+            self.mirror.share_end(internal_request_id)
         self._update_outstanding([replica_id.unique_id])
 
     def routes_finished(self, reported: Sequence[str]) -> None:
@@ -188,6 +200,8 @@ class ServeRequestRouter(RequestRouter):
         tokens an end carries feed the miss causes, its output tokens the decode charge."""
         reports = split_reports(reported)
         touched: set[str] = set()
+        ended: list[str] = []  # for the other routers, after the lock
+        refused: list[str] = []
         with self._lock:
             ledger = self.router.ledger
             for route_id in reports.claimed:
@@ -202,12 +216,18 @@ class ServeRequestRouter(RequestRouter):
                 if causes is not None:
                     self.metrics.observe_misses(causes)
                 touched.add(record.replica_id)
+                ended.append(route_id)
             for route_id in reports.refused:
                 record = ledger.get(route_id)
                 if record is None or record.kind is not RouteKind.DIRECT:
                     continue
                 self.router.withdraw(route_id)
                 touched.add(record.replica_id)
+                refused.append(route_id)
+        for route_id in ended:
+            self.mirror.share_end(route_id, output_tokens=reports.output_tokens.get(route_id))
+        for route_id in refused:
+            self.mirror.share_end(route_id, withdrawn=True)
         self._update_outstanding(touched)
 
     def _reconcile(self, reply: Any) -> None:
@@ -222,6 +242,7 @@ class ServeRequestRouter(RequestRouter):
                          if stats.num_running + stats.num_waiting == 0)
         with self._lock:
             expired = self.router.expire(idle)
+        self._share_expired(expired)
         self._update_outstanding(e.replica_id for e in expired)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
@@ -256,9 +277,24 @@ class ServeRequestRouter(RequestRouter):
         if dead:  # tell the index now rather than after the replica's lease runs out
             self._event_loop.create_task(self.mirror.report_dead(replica_id))
 
+    def _work_of(self, request_id: str) -> RoutedWork | None:
+        """What the request charged its replica's load, for the other routers (None: it is
+        not outstanding). Under the lock."""
+        charge = self.router.loads.charge(request_id)
+        return None if charge is None else RoutedWork(request_id, *charge)
+
+    def _share_expired(self, expired: Iterable[Any]) -> None:
+        """The ledger released these for want of their end: the other routers drop them."""
+        for request_id, _, release in expired:
+            self.mirror.share_end(request_id, withdrawn=release is not Release.END)
+
     def _update_outstanding(self, replica_ids: Iterable[str]) -> None:
+        """The outstanding gauge counts this router's own requests, not the routes other
+        routers shared (which its load counts too)."""
         with self._lock:
-            counts = {r: self.router.loads.num_outstanding(r) for r in set(replica_ids)}
+            remote = self.mirror.remote
+            counts = {r: self.router.loads.num_outstanding(r) - remote.num_on(r)
+                      for r in set(replica_ids)}
         for replica_id, n in counts.items():
             self.metrics.set_outstanding(replica_id, n)
 

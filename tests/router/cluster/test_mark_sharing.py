@@ -1,5 +1,6 @@
 """Two routers' index mirrors on one index actor (a real KVIndex, called as Ray would): the
-pending marks one router sets reach the other, which routes the same prefix after them."""
+pending marks one router sets reach the other, which routes the same prefix after them; the
+work one routes joins the other's load until its end."""
 
 import asyncio
 import os
@@ -11,7 +12,7 @@ from kv.events import EventLog
 from router.cluster.index_actor import KVIndex
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.mark_sharing import MarkOutbox, apply_shared_marks
-from router.cluster.shared_marks import SharedMark
+from router.cluster.shared_marks import RoutedWork, SharedMark
 from router.core.config import RouterConfig
 from router.core.router import Router
 
@@ -99,3 +100,79 @@ def test_the_outbox_drops_its_oldest_marks_past_its_bound():
     assert outbox.num_dropped_blocks == 3
     assert outbox.take() == (SharedMark("r1", tuple(PREFIX[3:6])),)
     assert len(outbox) == 0
+
+
+class Clock:
+    def __init__(self):
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+async def two_sharing_work(clock: Clock, share_work: bool = True
+                           ) -> tuple[IndexMirror, IndexMirror]:
+    index = KVIndex()
+    for rid in ("r0", "r1"):
+        index.publish_snapshot(EventLog(rid, epoch="e0").snapshot([]))
+    mirrors = []
+    for router_id in ("router-a", "router-b"):
+        router = Router(RouterConfig(block_size=BLOCK_SIZE), clock)
+        mirror = IndexMirror(router, router_id, threading.Lock(), index=LocalActor(index),
+                             config=MirrorConfig(share_work=share_work))
+        assert await mirror.sync_once()
+        mirror.marks.start()
+        mirrors.append(mirror)
+    return mirrors[0], mirrors[1]
+
+
+def route_shared(mirror: IndexMirror, request_id: str, prompt: list[bytes],
+                 replica_ids: list[str], max_tokens: int = 64) -> str:
+    """A decision and what the request router shares of it (request_router.py)."""
+    router = mirror.router
+    decision = router.route(request_id, prompt, len(prompt) * BLOCK_SIZE, replica_ids,
+                            max_tokens)
+    charge = router.loads.charge(request_id)
+    mirror.share_marks(decision.replica_id, prompt, RoutedWork(request_id, *charge))
+    return decision.replica_id
+
+
+@pytest.mark.parametrize("share_work, expected", [(True, "r0"), (False, "r1")])
+async def test_the_second_router_counts_the_work_the_first_routed(share_work, expected):
+    clock = Clock()
+    a, b = await two_sharing_work(clock, share_work)
+    other = [os.urandom(16) for _ in range(8)]  # a prefix nobody holds
+    assert route_shared(a, "q1", PREFIX, ["r1", "r0"]) == "r1"
+    await a.marks.drain()
+    await b.sync_once()
+    # b's load counts a's request as a's does; without it both replicas look idle to b
+    # and it takes its first candidate, onto the request a just sent there
+    assert b.router.loads.load("r1") == (a.router.loads.load("r1") if share_work else 0.0)
+    assert route_shared(b, "q2", other, ["r1", "r0"]) == expected
+    # its own outstanding count (the gauge's) is its own request only
+    assert [b.router.loads.num_outstanding(r) - b.remote.num_on(r) for r in ("r0", "r1")] == (
+        [1, 0] if share_work else [0, 1])
+    b.remote.check_invariants()
+
+
+@pytest.mark.parametrize("withdrawn", [False, True])
+async def test_a_shared_end_takes_the_work_back_off_the_other_routers(withdrawn):
+    clock = Clock()
+    a, b = await two_sharing_work(clock)
+    route_shared(a, "q1", PREFIX, ["r1", "r0"])
+    await a.marks.drain()
+    await b.sync_once()
+    charged = b.router.loads.load("r1")
+    assert charged > 0 and len(b.remote) == 1
+    if withdrawn:  # it never ran: its recent work goes too
+        a.router.withdraw("q1")
+    else:
+        a.router.on_finished("q1")
+    a.share_end("q1", withdrawn=withdrawn)
+    await a.marks.drain()
+    await b.sync_once()
+    assert len(b.remote) == 0 and b.router.loads.num_outstanding("r1") == 0
+    # the clock stood still: what is left is the recent work, as on the router that sent it
+    assert b.router.loads.load("r1") == a.router.loads.load("r1") == (0.0 if withdrawn
+                                                                        else charged)
+    b.remote.check_invariants()

@@ -5,7 +5,13 @@ import asyncio
 import pytest
 
 from router.cluster.index_actor import KVIndex, PollRequest
-from router.cluster.shared_marks import SharedMark, SharedMarks, SharedMarksConfig
+from router.cluster.shared_marks import (
+    RoutedWork,
+    SharedMark,
+    SharedMarks,
+    SharedMarksConfig,
+    WorkEnd,
+)
 
 H = [bytes([i]) * 16 for i in range(16)]
 
@@ -85,3 +91,16 @@ async def test_a_share_wakes_the_other_routers_poll_and_not_the_senders():
     index.share_marks("b", (SharedMark("r2", (H[2],)),))
     assert (await poll_a).shared_marks == (SharedMark("r2", (H[2],)),)
     index.check_invariants()
+
+
+def test_work_ends_follow_their_marks_in_order_and_count_one_each():
+    config = SharedMarksConfig(max_mark_blocks=4, max_kept_blocks=6, max_reply_blocks=3)
+    marks = SharedMarks(config, clock=Clock())
+    marks.take("b")
+    work = RoutedWork("q1", 10.0, 2.0, 10.0)
+    assert marks.add("a", [SharedMark("r1", (H[0], H[1]), work), WorkEnd("q1")])
+    assert marks.add("a", [SharedMark("r2", (), RoutedWork("q2", 1.0, 0.0, 1.0))])
+    assert marks.num_blocks() == 4  # two hashes, and one for each message without any
+    assert marks.take("b") == (SharedMark("r1", (H[0], H[1]), work), WorkEnd("q1"))
+    assert marks.take("b") == (SharedMark("r2", (), RoutedWork("q2", 1.0, 0.0, 1.0)),)
+    marks.check_invariants()

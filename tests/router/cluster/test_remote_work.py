@@ -1,0 +1,68 @@
+"""The routed work other routers shared, in this router's load: added, ended, withdrawn,
+and dropped by the safety nets when its end never comes."""
+
+import pytest
+
+from router.cluster.remote_work import RemoteWork, RemoteWorkConfig
+from router.cluster.shared_marks import RoutedWork, WorkEnd
+from router.core.load import LoadTracker
+
+
+class Clock:
+    def __init__(self):
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def remote_work(config: RemoteWorkConfig | None = None) -> tuple[RemoteWork, Clock]:
+    clock = Clock()
+    loads = LoadTracker(decode_weight=1.0, recent_half_life_s=30.0, clock=clock)
+    return RemoteWork(loads, config, clock), clock
+
+
+def test_work_counts_until_its_end_and_a_withdrawal_takes_its_recent_work_too():
+    remote, clock = remote_work()
+    remote.add("r0", RoutedWork("q1", 300.0, 20.0, 300.0))
+    remote.add("r0", RoutedWork("q2", 100.0, 20.0, 100.0))
+    remote.add("r1", RoutedWork("q3", 50.0, 20.0, 50.0))
+    assert [remote.loads.load(r) for r in ("r0", "r1")] == [400.0, 50.0]
+    assert (remote.num_on("r0"), remote.num_on("r1"), len(remote)) == (2, 1, 3)
+    remote.end(WorkEnd("q1"))  # ran: its recent work stays, decaying
+    remote.end(WorkEnd("q2", withdrawn=True))  # never ran: nothing stays
+    remote.end(WorkEnd("q9"))  # never seen here: ignored
+    assert remote.loads.load("r0") == 300.0 and remote.loads.num_outstanding("r0") == 0
+    assert (remote.num_on("r0"), len(remote)) == (0, 1)
+    clock.now_s += 30.0  # one half-life
+    assert remote.loads.load("r0") == 150.0
+    remote.check_invariants()
+
+
+def test_an_end_that_never_comes_is_dropped_on_an_idle_replica_or_when_lost():
+    remote, clock = remote_work(RemoteWorkConfig(idle_grace_s=5.0, lost_after_s=60.0))
+    remote.add("r0", RoutedWork("q1", 10.0, 0.0, 0.0))
+    remote.add("r1", RoutedWork("q2", 10.0, 0.0, 0.0))
+    clock.now_s += 4.0
+    assert remote.expire(frozenset({"r0", "r1"})) == 0  # within the grace
+    clock.now_s += 2.0
+    assert remote.expire(frozenset({"r1"})) == 1  # r1 idle past the grace; r0 busy
+    assert (remote.num_on("r0"), remote.num_on("r1")) == (1, 0)
+    assert remote.loads.num_outstanding("r1") == 0
+    clock.now_s += 60.0
+    assert remote.expire(frozenset()) == 1 and len(remote) == 0
+    assert remote.num_lost == 2
+    remote.check_invariants()
+
+
+def test_routes_are_bounded_and_a_gone_replica_takes_its_routes():
+    remote, _ = remote_work(RemoteWorkConfig(max_routes=2))
+    for i, replica_id in enumerate(("r0", "r1", "r1")):
+        remote.add(replica_id, RoutedWork(f"q{i}", 10.0, 0.0, 0.0))
+    assert len(remote) == 2 and remote.num_on("r0") == 0  # the oldest went
+    assert remote.loads.num_outstanding("r0") == 0
+    remote.forget_replica("r1")
+    assert len(remote) == 0 and remote.loads.num_outstanding("r1") == 0
+    remote.check_invariants()
+    with pytest.raises(ValueError, match="idle_grace_s"):
+        RemoteWorkConfig(idle_grace_s=0)

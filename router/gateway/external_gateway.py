@@ -250,9 +250,9 @@ class ExternalGateway:
             return worker
 
         def release(worker_id: str, error: str | None, *, refused: bool = False,
-                    violation: bool = False) -> None:
+                    violation: bool = False, output_tokens: int | None = None) -> None:
             self.router.release(request_ids.pop(worker_id), error, refused=refused,
-                                violation=violation)
+                                violation=violation, output_tokens=output_tokens)
 
         # every request, streamed or not: 429 before any routing or worker work
         slot = StreamSlot(self.door.streams, tenant)

@@ -42,6 +42,7 @@ import aiohttp
 from fastapi.responses import Response, StreamingResponse
 
 from router.cluster.external_worker_spec import WorkerSpec
+from router.gateway.output_tokens import StreamTokens, completion_tokens
 from worker.openai.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,10 @@ Pick = Callable[[frozenset[str]], WorkerSpec]  # workers tried so far -> the nex
 
 class Release(Protocol):
     def __call__(self, worker_id: str, error: str | None, *, refused: bool = False,
-                 violation: bool = False) -> None:
+                 violation: bool = False, output_tokens: int | None = None) -> None:
         """Once per pick: `error` when the worker failed (None: it answered), `violation`
         when its answer broke the protocol, `refused` when it answered a 4xx (ran
-        nothing)."""
+        nothing); `output_tokens`, the tokens its answer says it produced, when it says."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ class ExternalProxy:
                 if 400 <= opened.status_code < 500:
                     release(worker.worker_id, None, refused=True)
                 else:
-                    release(worker.worker_id, None)
+                    release(worker.worker_id, None,
+                            output_tokens=completion_tokens(opened.body))
                 return opened
             response, first = opened
             return StreamingResponse(self._relay(worker, response, first, release),
@@ -255,11 +257,13 @@ class ExternalProxy:
         error: str | None = None
         violation = False
         framer = _EventFramer(self.config)
+        produced = StreamTokens()
         try:
             chunk = first
             while chunk:
                 events = framer.feed(chunk)
                 if events:
+                    produced.feed(events)
                     yield events
                 if framer.exceeded:
                     error = (f"its stream passed {self.config.max_event_bytes} bytes in an "
@@ -279,7 +283,7 @@ class ExternalProxy:
             if violation:
                 release(worker.worker_id, error, violation=True)
             else:
-                release(worker.worker_id, error)
+                release(worker.worker_id, error, output_tokens=produced.tokens)
             if error is None and response.content.at_eof():
                 response.release()  # the connection goes back to the pool
             else:

@@ -28,6 +28,7 @@ from kv.hashing import BlockHash
 from router.cluster.external_worker_spec import WorkerSetView, WorkerSpec
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
+from router.core.gc_policy import freeze_startup_heap
 from router.core.ledger import RouteKind
 from router.core.router import Router, RouterConfig, RoutingDecision
 from router.front.router_metrics import RouterMetrics
@@ -72,6 +73,9 @@ class ExternalWorkerRouter:
     async def start(self) -> None:
         """Starts the loops; returns once the worker set was read (or could not be)."""
         if self._task is None:
+            # the start-up heap leaves the collector's generations: a full collection inside
+            # a decision would walk all of it (router/core/gc_policy.py)
+            freeze_startup_heap()
             self.mirror.start()
             self._pusher.start()
             self._task = asyncio.get_running_loop().create_task(self._poll_workers())
@@ -98,11 +102,12 @@ class ExternalWorkerRouter:
         return self._routable[decision.replica_id], decision
 
     def release(self, request_id: str, error: str | None = None, *, refused: bool = False,
-                violation: bool = False) -> None:
+                violation: bool = False, output_tokens: int | None = None) -> None:
         """The request is done on its worker; with `error` when the worker failed it, which
         drains the worker here at once and has the worker set check it (`violation`: its
         answer broke the protocol, and the set keeps it down a while). `refused`: the worker
-        answered a 4xx and ran nothing, so everything the request charged is withdrawn."""
+        answered a 4xx and ran nothing, so everything the request charged is withdrawn.
+        `output_tokens`: what it produced, as its answer says (router/core/load.py)."""
         with self._lock:
             record = self.router.ledger.get(request_id)
             if record is None:  # released already, or its worker was drained
@@ -111,7 +116,7 @@ class ExternalWorkerRouter:
             if refused:
                 self.router.withdraw(request_id)
             else:
-                self.router.on_finished(request_id)
+                self.router.on_finished(request_id, output_tokens=output_tokens)
         self._set_outstanding(worker_id)
         if error is not None and worker_id in self._routable:
             self._drain(worker_id)

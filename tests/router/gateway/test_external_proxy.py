@@ -29,13 +29,14 @@ class Picks:
     def __init__(self, *workers: WorkerSpec):
         self.workers = list(workers)
         self.released: list[tuple[str, bool]] = []  # (worker id, failed)
-        self.kinds: list[dict[str, bool]] = []  # each release's refused / violation flags
+        # each release's refused / violation flags and output tokens
+        self.kinds: list[dict[str, bool | int | None]] = []
 
     def pick(self, tried: frozenset[str]) -> WorkerSpec:
         assert tried == {w.worker_id for w in self.workers[: len(tried)]}
         return self.workers[len(tried)]
 
-    def release(self, worker_id: str, error: str | None, **kind: bool) -> None:
+    def release(self, worker_id: str, error: str | None, **kind: bool | int | None) -> None:
         self.released.append((worker_id, error is not None))
         self.kinds.append(kind)
 
@@ -59,6 +60,7 @@ async def test_a_worker_that_cannot_be_reached_is_released_failed_and_the_next_a
         assert response.status_code == 200
         assert json.loads(response.body)["usage"]["completion_tokens"] == 2
         assert picks.released == [(DEAD[0].worker_id, True), (live.worker_id, False)]
+        assert picks.kinds[-1] == {"output_tokens": 2}  # the router learns what it produced
     finally:
         await proxy.aclose()
 
@@ -109,6 +111,7 @@ async def test_a_stream_is_relayed_byte_for_byte_with_its_usage(worker):
     usage = json.loads(events[-3].removeprefix("data: "))["usage"]
     assert usage["completion_tokens"] == 5 and "cached_tokens" in usage["prompt_tokens_details"]
     assert picks.released == [(live.worker_id, False)]
+    assert picks.kinds == [{"output_tokens": 5}]
 
 
 async def test_a_worker_dying_mid_stream_ends_it_with_an_error_event():

@@ -87,6 +87,10 @@ class IndexMirror:
         self._cursors: dict[str, Cursor] = {}
         # replica_id -> (epoch it died in, None: any; when) for replicas seen dead here
         self._gone: dict[str, tuple[str | None, float]] = {}
+        # where each gone replica the actor still lists is in its log: polls carry it, so
+        # the actor answers with deltas (skipped here) and waits for news, not with its
+        # snapshot at once, poll after poll, in a loop that never waits
+        self._skipped: dict[str, Cursor] = {}
         self._incarnation: str | None = None  # of the index actor, as of the last poll
         self._grace: dict[str, float] = {}  # replica_id -> monotonic deadline (restart)
         self._view: dict[str, ContentsDigest] = {}
@@ -152,7 +156,8 @@ class IndexMirror:
 
     async def _poll(self, index: Any, wait_s: float) -> PollReply:
         with self._lock:
-            request = PollRequest(self.router_id, dict(self._cursors), wait_s, self._digests())
+            cursors = {**self._skipped, **self._cursors}  # gone replicas' too
+            request = PollRequest(self.router_id, cursors, wait_s, self._digests())
         reply = await asyncio.wait_for(index.poll.remote(request),
                                        timeout=wait_s + self.config.poll_timeout_s)
         with self._lock:
@@ -180,14 +185,15 @@ class IndexMirror:
             else:
                 self._on_removed(replica_id)
             self._cursors.pop(replica_id, None)
+            self._skipped.pop(replica_id, None)
         self._end_grace(reply)
         for snap in reply.snapshots:
-            if self._is_gone(snap.replica_id, snap.epoch):
+            if self._skip_gone(snap.replica_id, snap.epoch, snap.next_seq):
                 continue
             router.apply_snapshot(snap)
             self._cursors[snap.replica_id] = Cursor(snap.epoch, snap.next_seq)
         for batch in reply.batches:
-            if self._is_gone(batch.replica_id, batch.epoch):
+            if self._skip_gone(batch.replica_id, batch.epoch, batch.next_seq):
                 continue
             if router.apply_batch(batch):
                 self._cursors.pop(batch.replica_id, None)  # next poll brings a snapshot
@@ -219,7 +225,16 @@ class IndexMirror:
             self.remote.forget_replica(replica_id)
             cursor = self._cursors.pop(replica_id, None)
             self._gone[replica_id] = (cursor.epoch if cursor else None, time.monotonic())
+            if cursor is not None:
+                self._skipped[replica_id] = cursor
             self._view_dirty = True
+
+    def revive(self, replica_id: str) -> None:
+        """Serve lists the replica again (it left this router's view without dying): its
+        events count again from its next snapshot, not after `gone_ttl_s`."""
+        with self._lock:
+            self._gone.pop(replica_id, None)
+            self._skipped.pop(replica_id, None)
 
     def _end_grace(self, reply: PollReply) -> None:
         """Replicas in restart grace that published again are resynced (their snapshot
@@ -246,13 +261,22 @@ class IndexMirror:
             return False
         if gone[0] is not None and gone[0] != epoch:
             del self._gone[replica_id]
+            self._skipped.pop(replica_id, None)
             return False
+        return True
+
+    def _skip_gone(self, replica_id: str, epoch: str, next_seq: int) -> bool:
+        """`_is_gone`; for a gone replica's data, also where the next poll starts it."""
+        if not self._is_gone(replica_id, epoch):
+            return False
+        self._skipped[replica_id] = Cursor(epoch, next_seq)
         return True
 
     def _expire_gone(self) -> None:
         cutoff = time.monotonic() - self.config.gone_ttl_s
         for replica_id in [r for r, (_, t) in self._gone.items() if t < cutoff]:
             del self._gone[replica_id]
+            self._skipped.pop(replica_id, None)  # its next snapshot is applied
 
     async def report_dead(self, replica_id: str) -> None:
         """Tells the index actor now, rather than after the replica's lease runs out."""

@@ -256,6 +256,7 @@ class ServeRequestRouter(RequestRouter):
         new_ids = {rid.unique_id for rid in self._replica_id_set}
         for replica_id in new_ids - old_ids:
             self.metrics.add_replica(replica_id)
+            self.mirror.revive(replica_id)  # listed again: its events count again
         for replica_id in old_ids - new_ids:
             self._drop_replica(replica_id, dead=False)
 

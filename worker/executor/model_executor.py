@@ -22,8 +22,9 @@ from worker.executor.forward_batch import check_step
 from worker.executor.model_runner import ModelRunner
 from worker.model.config import ModelConfig
 from worker.model.loader import check_checkpoint
+from worker.ports import free_port
 from worker.tp.communicator import SingleProcessCommunicator
-from worker.tp.workers import RankSpec, TPWorkerGroup, build_runner, free_port
+from worker.tp.workers import RankSpec, TPWorkerGroup, build_runner
 
 if TYPE_CHECKING:
     from worker.tp.ray_workers import RayTPWorkerGroup

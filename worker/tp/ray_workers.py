@@ -35,7 +35,8 @@ from ray.util.placement_group import PlacementGroup, get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from worker.engine.step import StepInput
-from worker.tp.workers import RankSpec, Shutdown, free_port, join_group, rank_main
+from worker.ports import free_port
+from worker.tp.workers import RankSpec, Shutdown, join_group, rank_main
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ Messages are typed dataclasses (StepInput, Shutdown), never method names.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -42,13 +41,6 @@ class RankSpec:
     def torch_device(self, rank: int) -> torch.device:
         """Local ranks share this host's GPUs: rank r runs on cuda:r."""
         return torch.device("cuda", rank) if self.config.device == "cuda" else torch.device("cpu")
-
-
-def free_port(ip: str = "127.0.0.1") -> int:
-    """A TCP port free on `ip` now (for the group's rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
 
 
 def join_group(spec: RankSpec, rank: int) -> TPCommunicator:

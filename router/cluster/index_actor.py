@@ -24,6 +24,7 @@ and operators can check that views converge.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actors import get_or_create_actor
 from router.cluster.external_workers import ExternalWorkers, ExternalWorkerStatus
 from router.cluster.metrics_hub import MetricsPusher
+from router.cluster.packed_batches import PackedBatches, join, split
 from router.cluster.pin_quota import PinQuota, PinRefusal
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
@@ -68,6 +70,22 @@ class PollRequest:
     cursors: dict[str, Cursor]  # replica_id -> what this router has applied
     wait_s: float = 0.0  # long poll: wait up to this long for news
     view: dict[str, ContentsDigest] = field(default_factory=dict)  # the router's index
+    # the reply's batches as columns (`PollReply.packed`), not EventBatch objects
+    packed: bool = False
+
+    def __reduce__(self):
+        # The cursors travel as columns: a Cursor object each cost 1.7 us to pickle and
+        # unpickle, 1.4 ms a poll at 800 replicas (tuples of str and int take a fifth).
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        cursors = fields.pop("cursors")
+        return (_poll_request, (fields, tuple(cursors), tuple(c.epoch for c in cursors.values()),
+                                tuple(c.next_seq for c in cursors.values())))
+
+
+def _poll_request(fields: dict, replica_ids: tuple[str, ...], epochs: tuple[str, ...],
+                  next_seqs: tuple[int, ...]) -> PollRequest:
+    return PollRequest(cursors=dict(zip(replica_ids, map(Cursor, epochs, next_seqs))),
+                       **fields)
 
 
 @dataclass(frozen=True)
@@ -87,6 +105,24 @@ class PollReply:
     # the pending marks (with their routed work) other routers set, and the ends of that
     # work, since this router's last poll, in their order (shared_marks.py)
     shared_marks: tuple[Shared, ...] = ()
+    # with `PollRequest.packed`: the batches, as columns (router/cluster/packed_batches.py)
+    packed: PackedBatches | None = None
+
+    def __reduce__(self):
+        # Every replica's stats go with every poll: as EngineStats objects they were most
+        # of a packed reply's pickling; as one tuple of values a replica, a fifth of it.
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        stats = fields.pop("stats")
+        return (_poll_reply, (fields, tuple(stats), tuple(
+            tuple(getattr(s, name) for name in _STATS_FIELDS) for s in stats.values())))
+
+
+_STATS_FIELDS = tuple(f.name for f in dataclasses.fields(EngineStats))
+
+
+def _poll_reply(fields: dict, replica_ids: tuple[str, ...], stats: tuple[tuple, ...]
+                ) -> PollReply:
+    return PollReply(stats=dict(zip(replica_ids, (EngineStats(*v) for v in stats))), **fields)
 
 
 @dataclass
@@ -128,6 +164,26 @@ class KVIndex:
         if news:  # a bare heartbeat wakes no router's long poll
             self._notify()
         return needs_snapshot
+
+    def publish_packed(self, packed: PackedBatches, stats: dict[str, EngineStats]
+                       ) -> tuple[str, ...]:
+        """Many replicas' batches in one call (a relay in front of a node's replicas: a
+        call costs the actor about a millisecond whatever it carries), with their latest
+        stats. Returns the replicas that must `publish_snapshot`."""
+        packed.validate()
+        news = False
+        needs_snapshot = []
+        for batch, columns in zip(packed.unpack(), split(packed)):
+            rep = self._touch(batch.replica_id)
+            stat = stats.get(batch.replica_id)
+            news = news or bool(batch.events) or (stat is not None and stat != rep.stats)
+            if stat is not None:
+                rep.stats = stat
+            if rep.log.publish(batch, columns):
+                needs_snapshot.append(batch.replica_id)
+        if news:
+            self._notify()
+        return tuple(needs_snapshot)
 
     def publish_snapshot(self, snap: Snapshot, stats: EngineStats | None = None,
                          pinned: tuple[PinnedPrefix, ...] = ()) -> None:
@@ -257,12 +313,16 @@ class KVIndex:
     def _delta(self, request: PollRequest) -> PollReply:
         self._expire()
         snapshots: list[Snapshot] = []
-        batches: list[EventBatch] = []
+        batches: list = []  # EventBatch, or PackedBatches of one batch when packed
         for replica_id, rep in self._replicas.items():
             if not rep.log.synced:
                 continue
             cursor = request.cursors.get(replica_id)
-            delta = rep.log.delta_since(cursor)
+            if cursor is not None and cursor.next_seq == rep.log.next_seq and (
+                    cursor.epoch == rep.log.epoch):
+                continue  # nothing new: most replicas, at a poll's rate
+            delta = (rep.log.packed_delta_since(cursor) if request.packed
+                     else rep.log.delta_since(cursor))
             if delta is None:
                 snap = rep.log.snapshot()
                 if snap is not None:
@@ -271,9 +331,11 @@ class KVIndex:
                 batches.extend(delta)
         removed = tuple(sorted(set(request.cursors) - set(self._replicas)))
         stats = {rid: rep.stats for rid, rep in self._replicas.items() if rep.stats is not None}
-        return PollReply(tuple(snapshots), tuple(batches), stats, removed,
-                         self.external_workers.modes(), self.route_ends.take(request.router_id),
-                         self.incarnation, self.shared_marks.take(request.router_id))
+        packed = join(batches) if request.packed else None
+        return PollReply(tuple(snapshots), () if request.packed else tuple(batches), stats,
+                         removed, self.external_workers.modes(),
+                         self.route_ends.take(request.router_id), self.incarnation,
+                         self.shared_marks.take(request.router_id), packed)
 
     def _touch(self, replica_id: str) -> _Replica:
         rep = self._replicas.get(replica_id)

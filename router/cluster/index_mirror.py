@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from kv.events import ContentsDigest, Cursor, contents_digest
+from kv.events import ContentsDigest, Cursor, EventBatch, contents_digest
 from kv.hashing import BlockHash
 from router.cluster.actor_link import ActorLink
 from router.cluster.index_actor import PollReply, PollRequest, get_index_actor
@@ -157,11 +157,15 @@ class IndexMirror:
     async def _poll(self, index: Any, wait_s: float) -> PollReply:
         with self._lock:
             cursors = {**self._skipped, **self._cursors}  # gone replicas' too
-            request = PollRequest(self.router_id, cursors, wait_s, self._digests())
+            request = PollRequest(self.router_id, cursors, wait_s, self._digests(),
+                                  packed=True)
         reply = await asyncio.wait_for(index.poll.remote(request),
                                        timeout=wait_s + self.config.poll_timeout_s)
+        # the batches came as columns (a bytes object a call, not one a hash): their
+        # objects are made here, outside the lock the routing path takes
+        batches = reply.batches + tuple(reply.packed.unpack() if reply.packed else ())
         with self._lock:
-            self._apply(reply)
+            self._apply(reply, batches)
         if reply.ended_route_ids and self._on_routes_ended is not None:
             self._on_routes_ended(reply.ended_route_ids)
         if self._on_poll is not None:
@@ -174,7 +178,8 @@ class IndexMirror:
             self._set_fallback(None)
         return reply
 
-    def _apply(self, reply: PollReply) -> None:
+    def _apply(self, reply: PollReply, batches: Sequence[EventBatch] | None = None) -> None:
+        """Applies a poll's reply; `batches`: its batches unpacked (else `reply.batches`)."""
         router = self.router
         self._expire_gone()
         restarted = self._incarnation not in (None, reply.incarnation)
@@ -192,10 +197,10 @@ class IndexMirror:
                 continue
             router.apply_snapshot(snap)
             self._cursors[snap.replica_id] = Cursor(snap.epoch, snap.next_seq)
-        for batch in reply.batches:
-            if self._skip_gone(batch.replica_id, batch.epoch, batch.next_seq):
-                continue
-            if router.apply_batch(batch):
+        batches = [b for b in (reply.batches if batches is None else batches)
+                   if not self._skip_gone(b.replica_id, b.epoch, b.next_seq)]
+        for batch, needs_snapshot in zip(batches, router.apply_batches(batches)):
+            if needs_snapshot:
                 self._cursors.pop(batch.replica_id, None)  # next poll brings a snapshot
             else:
                 self._cursors[batch.replica_id] = Cursor(batch.epoch, batch.next_seq)

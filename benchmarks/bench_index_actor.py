@@ -70,13 +70,13 @@ def cpu_s(pids: list[int]) -> list[float]:
 
 
 def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int,
-            mirror: str, args) -> dict:
+            mirror: str, publish: str, args) -> dict:
     shards = [IndexActor.remote(IndexActorConfig()) for _ in range(num_shards)]
     ray.get([index.get_incarnation.remote() for index in shards])
     ids = [f"b{k}" for k in range(num_replicas)]
     pubs = [FeedPublisher.remote(ids[p::args.publishers], shapes.per_replica, args.ring_blocks,
                                  args.held_blocks) for p in range(args.publishers)]
-    mirrors = [MirrorProbe.remote(f"mirror-{g}", mirror == "router")
+    mirrors = [MirrorProbe.remote(f"mirror-{g}", mirror == "router", args.poll == "packed")
                for g in range(num_mirrors)]
     ray.get([m.start.remote(shards) for m in mirrors])
     # The replicas' first snapshots, then the run at once: a replica silent for the
@@ -93,8 +93,8 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
                                 str(pids[0]), "-d", str(int(args.duration_s)), "-r", "50",
                                 "-f", "raw", "-o", str(out)], stdout=subprocess.DEVNULL)
     start_s = time.time() + 1.0
-    sent = ray.get([p.run.remote(shards, start_s, args.duration_s, shapes.publish_interval_s)
-                    for p in pubs])
+    sent = ray.get([p.run.remote(shards, start_s, args.duration_s, shapes.publish_interval_s,
+                                 publish == "relay") for p in pubs])
     final = {}
     for s in sent:
         final.update(s["final_seq"])
@@ -131,7 +131,8 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
     per_m = 1e6 / max(acked, 1)
     num_publishes = sum(s["num_publishes"] for s in sent)
     return {
-        "mirror": mirror, "mirrors": num_mirrors, "shards": num_shards,
+        "mirror": mirror, "publish": publish, "poll": args.poll, "mirrors": num_mirrors,
+        "shards": num_shards,
         "replicas": num_replicas,
         "duration_s": args.duration_s,
         "offered_events_per_s": round(offered / args.duration_s),
@@ -167,6 +168,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--shards", default="1",
                    help="comma-separated numbers of index actors (shard k owns the replicas "
                         "whose number is k modulo their count)")
+    p.add_argument("--publish", default="relay",
+                   help="comma-separated, of replica (a publish call per replica and tick, "
+                        "as router/serve/publisher.py does) and relay (each publisher process "
+                        "is a node's relay: the replicas due at one phase in one packed call)")
+    p.add_argument("--poll", default="packed", choices=("packed", "objects"),
+                   help="bare polls' replies as columns or as EventBatch objects")
     p.add_argument("--publishers", type=int, default=2, help="processes playing the replicas")
     p.add_argument("--held-blocks", type=int, default=2048, help="each replica's snapshot")
     p.add_argument("--ring-blocks", type=int, default=1 << 20)
@@ -186,17 +193,19 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     try:
         for mirror in args.mirror.split(","):
-            for num_shards in (int(x) for x in args.shards.split(",")):
-                for g in (int(x) for x in args.mirrors.split(",")):
-                    row = run_one(shapes, num_replicas, g, num_shards, mirror, args)
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+            for publish in args.publish.split(","):
+                for num_shards in (int(x) for x in args.shards.split(",")):
+                    for g in (int(x) for x in args.mirrors.split(",")):
+                        row = run_one(shapes, num_replicas, g, num_shards, mirror, publish,
+                                      args)
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
     finally:
         ray.shutdown()
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"uptime: {load}")
     def key(r: dict) -> str:
-        return f"{r['mirror']} shards={r['shards']} G={r['mirrors']}"
+        return f"{r['mirror']} {r['publish']} shards={r['shards']} G={r['mirrors']}"
 
     out = {"bench": "index_actor", "shapes": shapes.summary(), "runs": rows, "uptime": load,
            "events_per_s": {key(r): r["events_per_s"] for r in rows},

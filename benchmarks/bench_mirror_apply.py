@@ -4,7 +4,7 @@ batches at once (`PrefixIndex.apply_batches`), in one process (no Ray).
 Every router's mirror applies every block event of the fleet, so this rate caps what a
 fleet can send (bench_index_actor.py measures the actor and the Ray calls around it). The
 replicas replay the simulator's Mooncake batch shapes (benchmarks/simlib/event_shapes.py)
-over random 16-byte hashes, from a snapshot of `--held-blocks` each; a warm-up of
+over xxh3 digests, from a snapshot of `--held-blocks` each; a warm-up of
 `--warmup-rounds` publishes per replica brings the table to its steady size first. Each
 group size applies the same batches to a fresh router, so the rates are side by side.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,7 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.simlib.event_shapes import ReplicaFeed, Shapes, capture_shapes  # noqa: E402
+from benchmarks.simlib.event_shapes import (  # noqa: E402
+    ReplicaFeed,
+    Shapes,
+    capture_shapes,
+    hash_ring,
+)
 from kv.events import EventBatch  # noqa: E402
 from router.core.router import Router, RouterConfig  # noqa: E402
 
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     shapes = capture_shapes(arrivals_s=args.capture_arrivals_s)
     print(f"shapes: {json.dumps(shapes.summary())}", flush=True)
-    ring = [os.urandom(16) for _ in range(args.ring_blocks)]  # xxh3 digests look random
+    ring = hash_ring(args.ring_blocks)
     rows = []
     for group in (int(x) for x in args.groups.split(",")):
         row = run_group(shapes, args, ring, group)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import xxhash
+
 from benchmarks.simlib import experiment as ex
 from benchmarks.simlib.cluster import ClusterConfig, ClusterSim
 from benchmarks.simlib.replica import ReplicaConfig
@@ -170,5 +172,7 @@ class ReplicaFeed:
 
 
 def hash_ring(num_hashes: int) -> list[bytes]:
-    """`num_hashes` distinct 16-byte values."""
-    return [i.to_bytes(16, "little") for i in range(1, num_hashes + 1)]
+    """`num_hashes` distinct 16-byte values that look like xxh3 digests (the index compares
+    a digest's second word first: counting integers, all zero there, made every lookup
+    take its slow path)."""
+    return [xxhash.xxh3_128_digest(i.to_bytes(8, "little")) for i in range(num_hashes)]

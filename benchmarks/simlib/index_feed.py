@@ -24,6 +24,7 @@ from benchmarks.simlib.event_shapes import BatchShape, ReplicaFeed, hash_ring
 from kv.events import Cursor, EventBatch
 from router.cluster.index_actor import PollReply, PollRequest
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
+from router.cluster.packed_batches import PackedBatches
 from router.core.router import Router, RouterConfig
 
 SLOTS_PER_INTERVAL = 10  # replicas publish at 10 phases of the interval
@@ -73,9 +74,10 @@ class FeedPublisher:
                 f.snapshot(), f.stats()) for f in self._feeds])
 
     async def run(self, shards: list, start_s: float, duration_s: float,
-                  interval_s: float) -> dict:
+                  interval_s: float, relay: bool = False) -> dict:
         """Publishes every replica's batches to the shard that owns it, each replica every
-        `interval_s` from `start_s` (wall clock) for `duration_s`."""
+        `interval_s` from `start_s` (wall clock) for `duration_s`. `relay`: the replicas due
+        at one phase go to each shard in one packed call (a node's relay), not a call each."""
         owners = [shards[shard_of(f.replica_id, len(shards))] for f in self._feeds]
         pending = [_Pending() for _ in self._feeds]
         slot_s = interval_s / SLOTS_PER_INTERVAL
@@ -85,13 +87,22 @@ class FeedPublisher:
                 delay_s = due_s - time.time()
                 if delay_s > 0:
                     await asyncio.sleep(delay_s)  # the replicas' publish clock
+                sendable = []
                 for j in range(slot, len(self._feeds), SLOTS_PER_INTERVAL):
                     state = pending[j]
                     if state.owed == 0:
                         state.owed_since_s = due_s
                     state.owed += 1
                     if not state.in_flight:
-                        self._send(owners[j], j, state)
+                        sendable.append(j)
+                if not relay:
+                    for j in sendable:
+                        self._send(owners[j], j, pending[j])
+                    continue
+                for shard in shards:
+                    mine = [j for j in sendable if owners[j] is shard]
+                    if mine:
+                        self._send_packed(shard, mine, [pending[j] for j in mine])
         if self._tasks:
             await asyncio.wait(list(self._tasks))
         replica, next_seq, t = self._rows
@@ -119,6 +130,41 @@ class FeedPublisher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _send_packed(self, index, js: list[int], states: list[_Pending]) -> None:
+        batches, num_blocks = [], 0
+        for j, state in zip(js, states):
+            feed = self._feeds[j]
+            sent_before = feed.num_blocks_sent
+            batch = feed.next_batch(state.owed)
+            num_blocks += feed.num_blocks_sent - sent_before
+            batches.append(batch)
+            if batch.events:
+                for column, value in zip(self._rows, (replica_number(feed.replica_id),
+                                                      batch.next_seq, state.owed_since_s)):
+                    column.append(value)
+            state.owed, state.in_flight = 0, True
+        task = asyncio.get_running_loop().create_task(
+            self._publish_packed(index, js, states, batches, num_blocks))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish_packed(self, index, js: list[int], states: list[_Pending],
+                              batches: list[EventBatch], num_blocks: int) -> None:
+        feeds = [self._feeds[j] for j in js]
+        try:
+            stale = await index.publish_packed.remote(
+                PackedBatches.pack(batches), {f.replica_id: f.stats() for f in feeds})
+            for feed in feeds:
+                if feed.replica_id in stale:
+                    self.num_snapshots += 1
+                    await index.publish_snapshot.remote(feed.snapshot(), feed.stats())
+        finally:
+            for state in states:
+                state.in_flight = False
+            self.num_publishes += 1
+            self.num_blocks_acked += num_blocks
+            self.last_ack_s = time.time()
+
     async def _publish(self, index, feed: ReplicaFeed, state: _Pending, batch: EventBatch,
                        num_blocks: int) -> None:
         stats = feed.stats()
@@ -135,9 +181,10 @@ class FeedPublisher:
 
 @ray.remote(num_cpus=0)
 class MirrorProbe:
-    def __init__(self, router_id: str, apply_to_router: bool):
+    def __init__(self, router_id: str, apply_to_router: bool, packed: bool = True):
         self.router_id = router_id
         self._apply = apply_to_router
+        self._packed = packed  # bare polls: replies as columns (IndexMirror's always are)
         self._rows: tuple[array, array, array] = (array("q"), array("q"), array("d"))
         self._max_seq: dict[int, int] = {}
         self._num_blocks = 0
@@ -196,11 +243,17 @@ class MirrorProbe:
     async def _receive(self, index) -> None:
         cursors: dict[str, Cursor] = {}
         while True:
-            reply = await index.poll.remote(PollRequest(self.router_id, dict(cursors), 1.0))
+            reply = await index.poll.remote(PollRequest(self.router_id, dict(cursors), 1.0,
+                                                        packed=self._packed))
             for snap in reply.snapshots:
                 cursors[snap.replica_id] = Cursor(snap.epoch, snap.next_seq)
             for batch in reply.batches:
                 cursors[batch.replica_id] = Cursor(batch.epoch, batch.next_seq)
+            if reply.packed is not None:
+                packed = reply.packed
+                for replica_id, epoch, next_seq in zip(packed.replica_ids, packed.epochs,
+                                                       packed.next_seqs()):
+                    cursors[replica_id] = Cursor(epoch, next_seq)
             for replica_id in reply.removed_replica_ids:
                 cursors.pop(replica_id, None)
             self._record(reply)
@@ -209,6 +262,11 @@ class MirrorProbe:
         now_s = time.time()
         got = [(s.replica_id, s.next_seq, 0) for s in reply.snapshots]
         got += [(b.replica_id, b.next_seq, _num_blocks(b)) for b in reply.batches if b.events]
+        if reply.packed is not None:
+            packed = reply.packed
+            got += [(r, s, n) for r, s, n, e in zip(
+                packed.replica_ids, packed.next_seqs(), packed.num_blocks_per_batch(),
+                packed.num_events) if e]
         for replica_id, next_seq, num_blocks in got:
             k = replica_number(replica_id)
             for column, value in zip(self._rows, (k, next_seq, now_s)):

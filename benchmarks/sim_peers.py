@@ -10,10 +10,11 @@ client resends them as text) and one router. Prints hit/bound, load share and TT
 variant and seed, then each variant's mean over the seeds; a variant is
 LABEL:NAME=VALUE,... of RouterConfig fields. --rule adds a row decided by another rule at the
 default settings (benchmarks/peers/emulation.py: the peers' cache_aware, or kvroute's with
-continuation affinity):
+continuation affinity, optionally with a guard that lets the cost move a turn after all):
 
     python benchmarks/sim_peers.py --workload multi_turn --seeds 1,2,3,4,5,6,7,8 \
-        --variant default: --rule peer_cache_aware --rule continuation_affinity
+        --variant default: --rule peer_cache_aware --rule continuation_affinity \
+        --rule continuation_affinity:session_share=1.2
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_peers import MAX_BATCHED_TOKENS, MAX_SEQS  # noqa: E402
 from benchmarks.peers.emulation import RULES, install  # noqa: E402
+from benchmarks.peers.emulation import rule as parse_rule  # noqa: E402
 from benchmarks.peers.workloads import WORKLOADS, add_workload_flags, peer_workload  # noqa
 from benchmarks.simlib.cluster import ClusterConfig, ClusterSim  # noqa: E402
 from benchmarks.simlib.replica import ReplicaConfig  # noqa: E402
@@ -47,13 +49,19 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", action="append", choices=WORKLOADS, required=True)
     p.add_argument("--variant", action="append", default=[], metavar="LABEL:SETTINGS")
-    p.add_argument("--rule", action="append", default=[], choices=RULES,
-                   help="also route by this rule (repeat)")
+    p.add_argument("--rule", action="append", default=[], metavar="RULE[:GUARD]",
+                   help=f"also route by this rule (repeat): one of {', '.join(RULES)}, "
+                        "continuation_affinity with a guard as emulation.rule parses it")
     p.add_argument("--seeds", default="1")
     p.add_argument("--step-time-scale", type=float, default=1.1,
                    help="live steps on the shared box run this much slower (sim_vs_live fits)")
     add_workload_flags(p)
     args = p.parse_args(argv)
+    for spec in args.rule:
+        try:
+            parse_rule(spec)
+        except ValueError as err:
+            p.error(str(err))
     variants = [(*parse_variant(v), None) for v in args.variant]
     variants += [(rule, {}, rule) for rule in args.rule]
     if not variants:
@@ -77,11 +85,11 @@ def main(argv: list[str] | None = None) -> None:
                     install(sim, rule)
                 s = summarize(sim.run(), label, 0.0, 0.0, 0.0)
                 means[label].append((s.hit_rate_over_bound, s.load_share, s.ttft_p90_s))
-                print(f"{name:<13}s{seed:<3}{label:<22}hit/bound {s.hit_rate_over_bound:.4f}  "
+                print(f"{name:<13}s{seed:<3}{label:<22} hit/bound {s.hit_rate_over_bound:.4f}  "
                       f"share {s.load_share:.3f}  ttft p90 {s.ttft_p90_s:.3f}", flush=True)
         for label, rows in means.items():
             hit, share, p90 = (sum(col) / len(col) for col in zip(*rows))
-            print(f"{name:<13}mean {label:<22}hit/bound {hit:.4f}  share {share:.3f}  "
+            print(f"{name:<13}mean {label:<22} hit/bound {hit:.4f}  share {share:.3f}  "
                   f"ttft p90 {p90:.3f}  (min hit/bound {min(r[0] for r in rows):.4f}, "
                   f"max share {max(r[1] for r in rows):.3f})", flush=True)
 

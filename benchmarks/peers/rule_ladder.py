@@ -3,7 +3,8 @@
     python benchmarks/peers/rule_ladder.py continuation_affinity --workload multi_turn \
         --replicas 8 --ladder --jobs 1 --out-dir /tmp/ladders --tag _cont
 
-The first argument is a rule of benchmarks/peers/emulation.py; the rest go to
+The first argument is a rule of benchmarks/peers/emulation.py (with a guard:
+continuation_affinity:session_share=1.2, see emulation.rule); the rest go to
 benchmarks/sim_routing.py unchanged. Every cache_aware router that is fed events (not the
 approximate contender, not round robin) decides by the rule: a what-if on the workloads
 and rates the simulator's routing targets are set on, before anything becomes a default.
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import sim_routing  # noqa: E402
 from benchmarks.peers.emulation import RULES, install  # noqa: E402
+from benchmarks.peers.emulation import rule as parse_rule  # noqa: E402
 from benchmarks.simlib import experiment  # noqa: E402
 from benchmarks.simlib.cluster import ClusterConfig, ClusterSim  # noqa: E402
 from benchmarks.simlib.workloads import Workload  # noqa: E402
@@ -34,9 +36,13 @@ def with_rule(rule: str) -> type[ClusterSim]:
 
 
 def main(argv: list[str]) -> dict:
-    if not argv or argv[0] not in RULES:
-        raise SystemExit(f"usage: rule_ladder.py RULE [sim_routing.py args]; RULE one of "
-                         f"{', '.join(RULES)}")
+    if not argv:
+        raise SystemExit(f"usage: rule_ladder.py RULE[:GUARD] [sim_routing.py args]; RULE "
+                         f"one of {', '.join(RULES)}")
+    try:
+        parse_rule(argv[0])
+    except ValueError as err:
+        raise SystemExit(f"rule_ladder.py: {err}") from None
     if "--jobs" in argv and argv[argv.index("--jobs") + 1] != "1":
         raise SystemExit("rule_ladder.py runs in this process: --jobs 1")
     experiment.ClusterSim = with_rule(argv[0])

@@ -10,7 +10,7 @@ so load stays bounded. Decisions run on a simulated clock advancing 5 ms per req
 requests/s into one router), so pending marks live their full 2 s TTL without events.
 
     python benchmarks/bench_router.py [--quick] [--decisions N] [--policy NAME]
-                                      [--mark-whole-prompt true|false]
+                                      [--mark-whole-prompt true|false] [--gc-freeze]
 
     python benchmarks/bench_router.py --replicas 256 --blocks 4000000 --decisions 5000
 
@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kv.events import BlockRemoved, BlockStored, EventBatch, EventLog, Snapshot  # noqa: E402
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
+from router.core.gc_policy import freeze_startup_heap  # noqa: E402
 from router.core.router import Router, RouterConfig  # noqa: E402
 
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE
@@ -161,6 +162,9 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=None, help="distinct indexed blocks")
     ap.add_argument("--policy", default="cache_aware")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="freeze the heap once built, as a router process does at start "
+                         "(router/core/gc_policy.py)")
     ap.add_argument("--mark-whole-prompt", choices=("true", "false"), default=None,
                     help="RouterConfig.mark_whole_prompt (default: RouterConfig's)")
     args = ap.parse_args()
@@ -208,6 +212,8 @@ def main() -> None:
     holdings = sum(len(router.index.held_view(r, m)) for r in replica_ids
                    for m in ("device", "host"))
     distinct = router.index.num_distinct_blocks()
+    if args.gc_freeze:
+        freeze_startup_heap()
 
     wall_ns: dict[str, list[int]] = {k: [] for k in KINDS}
     cpu_ns: dict[str, list[int]] = {k: [] for k in KINDS}  # immune to being descheduled
@@ -324,6 +330,7 @@ def main() -> None:
         "decision_cpu_max_us": round(all_cpu[-1] / 1000, 1),
         "full_gc_count": len(gc_pauses_ns),
         "full_gc_max_us": round(max_gc_us, 1),
+        "gc_freeze": args.gc_freeze,
         "gc_in_decisions": len(gc_in_decisions_ns),
         "gc_in_decisions_cpu_ms": round(sum(gc_in_decisions_ns) / 1e6, 1),
         "gc_in_decisions_max_us": round(max(gc_in_decisions_ns, default=0) / 1000, 1),

@@ -2,9 +2,14 @@
 
 Sending: the routing path only appends the decision's replica, the prompt's block hashes
 and the work it charged there to an outbox (no Ray call, no walk), and a request's end
-appends its `WorkEnd`. One send at a time carries the whole outbox to the index actor, on
-the router's event loop; messages queued while a send is in flight go with the next, so
-sends batch themselves under load and cost one round trip of delay when idle.
+appends its `WorkEnd`. A send carries the whole outbox to the index actor, on the router's
+event loop, as soon as the decision is done; up to `max_sends_in_flight` calls at a time,
+so a mark never waits for another's round trip while calls are few, and past that the
+outbox batches itself until one returns. (One call at a time cost a mark that round trip:
+live, a mark queued behind one reached the other router 9 ms late, after the whole next
+request of the same prefix had been routed there.) Calls in flight together may run out of
+order at the actor; marks do not mind, and a work end that overtakes its route is kept
+for it (remote_work.py).
 
 Receiving: each poll reply brings the other routers' messages, applied in their order. Marks
 become timed marks (`PendingMarks.mark`, expiring after the router's `pending_ttl_s`) on
@@ -37,9 +42,10 @@ class MarkSharingConfig:
     share_work: bool = True  # routed work and its ends
     max_outbox_blocks: int = 1 << 16  # hashes waiting to be sent; the oldest go first
     max_mark_blocks: int = 4096  # of one prompt (its first ones), as the actor keeps them
+    max_sends_in_flight: int = 4  # calls to the index actor at once
 
     def __post_init__(self):
-        for name in ("max_outbox_blocks", "max_mark_blocks"):
+        for name in ("max_outbox_blocks", "max_mark_blocks", "max_sends_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MarkSharingConfig: {name} must be >= 1, "
                                  f"got {getattr(self, name)}")
@@ -78,14 +84,16 @@ class MarkOutbox:
 
 
 class MarkSender:
-    """Sends a router's marks and work to the index actor, one call in flight at a time."""
+    """Sends a router's marks and work to the index actor, up to `max_sends_in_flight`
+    calls at a time."""
 
     def __init__(self, router_id: str, index: ActorLink, config: MarkSharingConfig):
         self.router_id = router_id
         self.config = config
         self._index = index
         self.outbox = MarkOutbox(config.max_outbox_blocks)
-        self._task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._starting = False  # a send task is created and has not taken the outbox yet
         self._started = False
         self.num_sends = 0
 
@@ -114,36 +122,46 @@ class MarkSender:
             self._send_soon()
 
     def _send_soon(self) -> None:
-        if self._started and self._task is None and self.outbox:
+        if (self._started and self.outbox and not self._starting
+                and len(self._tasks) < self.config.max_sends_in_flight):
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # called off the loop: sent with the next share on it
                 return
-            self._task = loop.create_task(self._send_all())
+            self._starting = True
+            task = loop.create_task(self._send())
+            self._tasks.add(task)
+            task.add_done_callback(self._sent)
 
-    async def _send_all(self) -> None:
+    async def _send(self) -> None:
+        """Sends what the outbox holds when this task runs: what the rest of the decision
+        (its expired records' ends) queued goes with its marks, in one call."""
+        self._starting = False
+        marks = self.outbox.take()
+        if not marks:
+            return
         try:
-            while self.outbox:
-                marks = self.outbox.take()
-                try:
-                    await self._index.call(
-                        lambda index, marks=marks: index.share_marks.remote(self.router_id,
-                                                                            marks))
-                    self.num_sends += 1
-                except Exception as err:  # the actor is away: these marks are lost (events
-                    # confirm the blocks later); the poll loop reports the outage
-                    log.debug("router %s: marks not shared: %r", self.router_id, err)
-        finally:
-            self._task = None
+            await self._index.call(
+                lambda index: index.share_marks.remote(self.router_id, marks))
+            self.num_sends += 1
+        except Exception as err:  # the actor is away: these marks are lost (events confirm
+            # the blocks later, the remote work's safety nets drop its routes); the poll
+            # loop reports the outage
+            log.debug("router %s: marks not shared: %r", self.router_id, err)
+
+    def _sent(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._send_soon()  # what queued while every call was in flight
 
     async def drain(self) -> None:
         """Returns once every queued mark was sent (or given up on)."""
-        while self._task is not None:
-            await asyncio.shield(self._task)
+        while self._tasks:
+            await asyncio.gather(*map(asyncio.shield, list(self._tasks)),
+                                 return_exceptions=True)
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
 
 
 def apply_shared_marks(router: Router, marks: Sequence[Shared],

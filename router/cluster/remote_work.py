@@ -7,6 +7,10 @@ idle. So each router shares every decision's work (`RoutedWork`) and its end (`W
 through the index actor, and every other router adds it to its `LoadTracker` as it adds its
 own (the same work, recent work and decode length), until the end comes.
 
+A sender's calls may reach the actor out of order (several in flight), so an end can come
+before its route: it is kept (at most `max_routes` of them), and the route, when it comes,
+is not counted.
+
 An end can be lost (the sender died, or this router did not poll within the actor's log
 horizon): then a remote route is dropped as the ledger drops a direct route whose end never
 came (router/core/ledger.py): after `idle_grace_s` on a replica whose fresh stats say it is
@@ -16,6 +20,7 @@ idle, and after `lost_after_s` in any case.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -28,7 +33,8 @@ from router.core.load import LoadTracker
 class RemoteWorkConfig:
     idle_grace_s: float = 5.0  # the ledger's idle_grace_s
     lost_after_s: float = 600.0  # the ledger's lost_after_s
-    max_routes: int = 1 << 16  # remote routes counted at once; the oldest go first
+    max_routes: int = 1 << 16  # remote routes counted at once (and early ends kept); the
+    # oldest go first
 
     def __post_init__(self):
         for name in ("idle_grace_s", "lost_after_s"):
@@ -56,13 +62,18 @@ class RemoteWork:
         self._clock = clock
         self._routes: dict[str, _Route] = {}  # insertion order: oldest first
         self._num_on: dict[str, int] = {}  # replica -> remote routes counted there
+        # ends that came before their route (the sender's calls overtook each other)
+        self._early_ends: OrderedDict[str, None] = OrderedDict()
         self.num_lost = 0  # routes dropped by a safety net, their end never seen
 
     def __len__(self) -> int:
         return len(self._routes)
 
     def add(self, replica_id: str, work: RoutedWork) -> None:
-        """Counts a route another router sent to `replica_id`."""
+        """Counts a route another router sent to `replica_id` (unless its end came first)."""
+        if work.route_id in self._early_ends:
+            del self._early_ends[work.route_id]
+            return
         self._drop(work.route_id)
         self.loads.add(work.route_id, replica_id, work.work_tokens, work.decode_tokens,
                        work.recent_tokens)
@@ -72,8 +83,12 @@ class RemoteWork:
             self._lose(next(iter(self._routes)))
 
     def end(self, end: WorkEnd) -> None:
-        """A remote route ended (unknown ids: never seen here, or dropped already)."""
+        """A remote route ended (unknown ids: its route comes later, was never seen here,
+        or was dropped already)."""
         if self._drop(end.route_id) is None:
+            self._early_ends[end.route_id] = None
+            if len(self._early_ends) > self.config.max_routes:
+                self._early_ends.popitem(last=False)
             return
         if end.withdrawn:
             self.loads.withdraw(end.route_id)
@@ -125,6 +140,8 @@ class RemoteWork:
             counts[route.replica_id] = counts.get(route.replica_id, 0) + 1
         assert counts == self._num_on, "remote counts per replica != remote routes"
         assert len(self._routes) <= self.config.max_routes, "over max_routes"
+        assert len(self._early_ends) <= self.config.max_routes, "early ends over max_routes"
+        assert self._early_ends.keys().isdisjoint(self._routes), "a counted route ended"
         for replica_id, n in counts.items():
             assert self.loads.num_outstanding(replica_id) >= n, (
                 f"{replica_id}: {n} remote routes, fewer outstanding in the load")

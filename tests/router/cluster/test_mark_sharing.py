@@ -9,10 +9,16 @@ import threading
 import pytest
 
 from kv.events import EventLog
+from router.cluster.actor_link import ActorLink
 from router.cluster.index_actor import KVIndex
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
-from router.cluster.mark_sharing import MarkOutbox, apply_shared_marks
-from router.cluster.shared_marks import RoutedWork, SharedMark
+from router.cluster.mark_sharing import (
+    MarkOutbox,
+    MarkSender,
+    MarkSharingConfig,
+    apply_shared_marks,
+)
+from router.cluster.shared_marks import RoutedWork, SharedMark, WorkEnd
 from router.core.config import RouterConfig
 from router.core.router import Router
 
@@ -176,3 +182,40 @@ async def test_a_shared_end_takes_the_work_back_off_the_other_routers(withdrawn)
     assert b.router.loads.load("r1") == a.router.loads.load("r1") == (0.0 if withdrawn
                                                                         else charged)
     b.remote.check_invariants()
+
+
+class _HeldCalls:
+    """An index actor whose `share_marks` calls wait until released, as slow round trips."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.release = asyncio.Event()
+        self.share_marks = self
+
+    def remote(self, router_id, marks):
+        self.calls.append(marks)
+
+        async def call():
+            await self.release.wait()
+        return call()
+
+
+async def test_a_mark_does_not_wait_for_the_previous_calls_round_trip():
+    index = _HeldCalls()
+    sender = MarkSender("router-a", ActorLink("test", lambda: index, index),
+                        MarkSharingConfig(max_sends_in_flight=2))
+    sender.start()
+    sender.share("r0", PREFIX[:2])
+    await asyncio.sleep(0)  # the decision's turn of the loop ends: its send starts
+    sender.share("r1", PREFIX[2:4])  # the first call has not come back
+    await asyncio.sleep(0)
+    assert index.calls == [(SharedMark("r0", tuple(PREFIX[:2])),),
+                           (SharedMark("r1", tuple(PREFIX[2:4])),)]
+    sender.share("r0", PREFIX[4:5])  # two in flight: this one waits, and batches
+    sender.share_end("q1")
+    await asyncio.sleep(0)
+    assert len(index.calls) == 2
+    index.release.set()
+    await sender.drain()
+    assert index.calls[2] == (SharedMark("r0", tuple(PREFIX[4:5])), WorkEnd("q1"))
+    assert sender.num_sends == 3 and len(sender.outbox) == 0

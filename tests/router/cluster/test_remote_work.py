@@ -31,7 +31,7 @@ def test_work_counts_until_its_end_and_a_withdrawal_takes_its_recent_work_too():
     assert (remote.num_on("r0"), remote.num_on("r1"), len(remote)) == (2, 1, 3)
     remote.end(WorkEnd("q1"))  # ran: its recent work stays, decaying
     remote.end(WorkEnd("q2", withdrawn=True))  # never ran: nothing stays
-    remote.end(WorkEnd("q9"))  # never seen here: ignored
+    remote.end(WorkEnd("q9"))  # its route comes later (or never): kept, nothing counted
     assert remote.loads.load("r0") == 300.0 and remote.loads.num_outstanding("r0") == 0
     assert (remote.num_on("r0"), len(remote)) == (0, 1)
     clock.now_s += 30.0  # one half-life
@@ -66,3 +66,12 @@ def test_routes_are_bounded_and_a_gone_replica_takes_its_routes():
     remote.check_invariants()
     with pytest.raises(ValueError, match="idle_grace_s"):
         RemoteWorkConfig(idle_grace_s=0)
+
+
+def test_an_end_that_overtakes_its_route_keeps_the_route_from_counting():
+    remote, _ = remote_work()
+    remote.end(WorkEnd("q1"))  # the sender's later call ran first at the actor
+    remote.add("r0", RoutedWork("q1", 300.0, 20.0, 300.0))
+    remote.add("r0", RoutedWork("q2", 100.0, 20.0, 100.0))
+    assert len(remote) == 1 and remote.loads.load("r0") == 100.0
+    remote.check_invariants()

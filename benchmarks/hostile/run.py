@@ -35,13 +35,18 @@ SERIES_AGE_S = 3.0
 @dataclass(frozen=True)
 class HostileConfig:
     baseline_s: float = 8.0
+    # With a router in front, the victim's baseline lasts until its stream has spread to a
+    # second replica (its prefix computed there too), up to this long: a lone stream moves
+    # once on its own load (the recent work it leaves), which is no attack's doing.
+    spread_timeout_s: float = 60.0
     fuzz_cases: int = 1000  # on this front
     settle_timeout_s: float = 60.0
     attacks: tuple[Attack, ...] = ()  # the single hostile requests, sent in turn
     multi_request: bool = True  # the quota race (direct) and the lying worker (workers)
 
     def __post_init__(self):
-        if self.baseline_s <= 0 or self.fuzz_cases < 0 or self.settle_timeout_s <= 0:
+        if (self.baseline_s <= 0 or self.fuzz_cases < 0 or self.settle_timeout_s <= 0
+                or self.spread_timeout_s < 0):
             raise ValueError(f"HostileConfig: bad values {self}")
 
 
@@ -96,9 +101,9 @@ def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float
     """Seconds from the attack's end until no request is outstanding and every replica's
     load is finite and at most its idle value plus its load at the attack's end decayed by
     the recent-work half-life, with 10% and the series' age to spare (a load that stays up
-    is a leak); None past the timeout, with
-    what was left then: the outstanding requests and the loads above their bound, by router
-    process and replica."""
+    is a leak), with the requests the replicas still count then (`_requests_beside`); None
+    past the timeout, with what was left then: the outstanding requests and the loads above
+    their bound, by router process and replica, and the same counts."""
     start = time.monotonic()
     at_end = watch.sample()
     left: dict = {}
@@ -110,7 +115,10 @@ def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float
         outstanding = front.outstanding_by_router()
         above = {k: v for k, v in loads.items() if not v <= bound[k]}
         if not any(outstanding.values()) and loads and not above:
-            return round(time.monotonic() - start, 2), {}
+            # what the replicas still count then: with nothing outstanding, a running
+            # request is one its routers saw end (or stats read late)
+            return round(time.monotonic() - start, 2), _requests_beside(
+                front, {replica for _, replica in loads})
         left = {"outstanding": {"/".join(k): v for k, v in outstanding.items() if v},
                 "load_above_bound": {"/".join(k): round(v, 1) for k, v in above.items()},
                 "their_idle_and_end": {"/".join(k): (round(idle.get(k, 0.0), 1),
@@ -120,6 +128,17 @@ def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float
                    else {})}
         time.sleep(0.25)  # polling a series that converges asynchronously
     return None, left
+
+
+def _await_spread(victim: Victim, timeout_s: float) -> float | None:
+    """Seconds waited past the baseline until one of the victim's baseline requests was
+    served off its cache (its stream spread to another replica); None past the timeout."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if victim.summary("baseline")["off_cache"]:
+            return round(time.monotonic() - start, 2)
+        time.sleep(0.25)  # polling the victim's thread, which runs on its own
+    return None
 
 
 def _requests_beside(front: Front, replicas: set[str]) -> dict:
@@ -148,6 +167,7 @@ def run_front(front: Front, config: HostileConfig) -> dict:
     victim.phase = "baseline"
     victim.start()
     time.sleep(config.baseline_s)  # the victim alone, for its baseline
+    spread_s = _await_spread(victim, config.spread_timeout_s) if front.routed else None
     victim.stop()
     idle = front.loads() if front.routed else {}
     misses_before = front.miss_tokens() if front.routed else {}
@@ -190,7 +210,7 @@ def run_front(front: Front, config: HostileConfig) -> dict:
              if attack["ttft_p50_s"] and base["ttft_p50_s"] else None)
     return {
         "front": front.name, "victim_baseline": base, "victim_attack": attack,
-        "victim_after": victim.summary("after"),
+        "victim_after": victim.summary("after"), "victim_spread_after_baseline_s": spread_s,
         "victim_failed": attack["failed"] + victim.summary("after")["failed"],
         "victim_off_cache": attack["off_cache"] + victim.summary("after")["off_cache"],
         "victim_ttft_p50_over_baseline": round(ratio, 3) if ratio else None,

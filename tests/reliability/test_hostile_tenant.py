@@ -47,52 +47,23 @@ def test_the_victims_ttft_stays_within_a_bound_of_its_baseline(result):
     assert result["victim_ttft_p50_over_baseline"] <= TTFT_RATIO_BOUND, result["hurt_by"]
 
 
-# A known open limit, seen on the default path in about one run in two: a valid request of
-# the hostile tenant with a large max_tokens is charged as that many tokens of decode work
-# on its replica until it ends, and a victim request meanwhile is placed on the other
-# replica, off its cache (the routers count it as a "placement" miss). The cost model
-# weighs a decode token like a prefill token (decode_weight 1.0); with continuous batching
-# another request's decode does not queue ahead of the victim's prefill. Other fronts are
-# held to the rule; this one reports the miss as expected until the charge is fixed.
-PLACED_OFF_CACHE = ("direct front: a valid max_tokens charged as decode work moved a victim "
-                    "request off its cache (a placement miss)")
-
-
-# A known open limit, seen in about one run in four on the default path: after the attacks,
-# with no request outstanding in any router, a replica's load stays a few percent to a few
-# hundred tokens above the bound for the whole settle window (547 tokens against 529 in one
-# run). Not yet told apart: a replica still publishing a running request the routers saw
-# end (its client left), or load read later than the bound assumes. A router-held leak
-# (anything outstanding) still fails.
-LOAD_LEFT_WITHOUT_REQUEST = ("direct front: a replica's load stayed above the decay with no "
-                             "request outstanding in any router")
-
-
-def _known_on_direct(result, holds: bool) -> None:
-    placed = (result.get("miss_tokens_under_attack") or {}).get("placement", 0)
-    if not holds and result["front"] == "direct" and placed > 0:
-        pytest.xfail(PLACED_OFF_CACHE + f" (misses under attack: "
-                     f"{result.get('miss_tokens_under_attack')}, beside: "
-                     f"{result.get('off_cache_beside')})")
-
-
 def test_the_victims_prefix_stays_where_it_is_cached(result):
+    # A hostile request's max_tokens is charged as the decode requests really produce
+    # (router/core/load.py), so it cannot outweigh the victim's cached prefix; the victim's
+    # own first move to a second replica falls in its baseline (benchmarks/hostile/run.py).
     # On the workers front, a victim request the lying worker got before its first lie
     # drained it is tried once more on an honest worker, which may not hold its prefix:
     # at most one such request per request the liar saw.
     num_liar_requests = result.get("lying_worker", {}).get("liar_requests", 0)
-    _known_on_direct(result, result["victim_off_cache"] <= num_liar_requests)
-    assert result["victim_off_cache"] <= num_liar_requests, result["hurt_by"]
+    assert result["victim_off_cache"] <= num_liar_requests, (
+        result["hurt_by"], result.get("miss_tokens_under_attack"),
+        result.get("off_cache_beside"))
 
 
 def test_the_routers_load_stays_finite_and_comes_back(result):
     assert result["load_nonfinite"] == 0
     if result["routed"]:  # a router in front: its load settles back
-        left = result["load_left_unsettled"]
-        if (result["load_leaked_after_s"] is None and result["front"] == "direct"
-                and not left.get("outstanding")):
-            pytest.xfail(LOAD_LEFT_WITHOUT_REQUEST + f" ({left})")
-        assert result["load_leaked_after_s"] is not None, left
+        assert result["load_leaked_after_s"] is not None, result["load_left_unsettled"]
 
 
 def test_no_engine_step_fails(result):

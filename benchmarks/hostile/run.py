@@ -99,31 +99,44 @@ class LoadWatch:
 def _settle_s(front: Front, watch: LoadWatch, idle: dict, timeout_s: float
               ) -> tuple[float | None, dict]:
     """Seconds from the attack's end until no request is outstanding and every replica's
-    load is finite and at most its idle value plus its load at the attack's end decayed by
-    the recent-work half-life, with 10% and the series' age to spare (a load that stays up
-    is a leak), with the requests the replicas still count then (`_requests_beside`); None
-    past the timeout, with what was left then: the outstanding requests and the loads above
-    their bound, by router process and replica, and the same counts."""
+    load is finite and at most its idle value plus its load when the last request ended,
+    decayed since by the recent-work half-life, with 10% and the series' age to spare (a
+    load that stays up is a leak), with the requests the replicas still count then
+    (`_requests_beside`); None past the timeout, with what was left then: the outstanding
+    requests and the loads above their bound, by router process and replica, and the same
+    counts.
+
+    The reference is the load once nothing is outstanding, not at the attack's end: a
+    request ending after that corrects its replica's recent work to the work it did
+    (router/core/load.py), which may add to it; once none is outstanding, nothing does."""
     start = time.monotonic()
     at_end = watch.sample()
+    quiet: tuple[float, dict] | None = None  # (when, the loads then): nothing outstanding
     left: dict = {}
     while time.monotonic() - start < timeout_s:
+        outstanding = front.outstanding_by_router()  # read first: the loads are as recent
         loads = watch.sample()
-        # a series read through the hub was computed up to SERIES_AGE_S before the read
-        decay = 0.5 ** (max(0.0, time.monotonic() - start - SERIES_AGE_S) / RECENT_HALF_LIFE_S)
-        bound = {k: idle.get(k, 0.0) + 1.1 * decay * at_end.get(k, 0.0) + 1.0 for k in loads}
-        outstanding = front.outstanding_by_router()
-        above = {k: v for k, v in loads.items() if not v <= bound[k]}
-        if not any(outstanding.values()) and loads and not above:
-            # what the replicas still count then: with nothing outstanding, a running
-            # request is one its routers saw end (or stats read late)
-            return round(time.monotonic() - start, 2), _requests_beside(
-                front, {replica for _, replica in loads})
+        if quiet is None and not any(outstanding.values()):
+            quiet = (time.monotonic(), loads)
+        above: dict = {}
+        if quiet is not None:
+            # a series read through the hub was computed up to SERIES_AGE_S before the read
+            decay = 0.5 ** (max(0.0, time.monotonic() - quiet[0] - SERIES_AGE_S)
+                            / RECENT_HALF_LIFE_S)
+            bound = {k: idle.get(k, 0.0) + 1.1 * decay * quiet[1].get(k, 0.0) + 1.0
+                     for k in loads}
+            above = {k: v for k, v in loads.items() if not v <= bound[k]}
+            if not any(outstanding.values()) and loads and not above:
+                # what the replicas still count then: with nothing outstanding, a running
+                # request is one its routers saw end (or stats read late)
+                return round(time.monotonic() - start, 2), _requests_beside(
+                    front, {replica for _, replica in loads})
         left = {"outstanding": {"/".join(k): v for k, v in outstanding.items() if v},
                 "load_above_bound": {"/".join(k): round(v, 1) for k, v in above.items()},
-                "their_idle_and_end": {"/".join(k): (round(idle.get(k, 0.0), 1),
-                                                     round(at_end.get(k, 0.0), 1))
-                                       for k in above},
+                "their_idle_end_and_quiet": {
+                    "/".join(k): (round(idle.get(k, 0.0), 1), round(at_end.get(k, 0.0), 1),
+                                  round(quiet[1].get(k, 0.0), 1) if quiet else None)
+                    for k in above},
                 **(_requests_beside(front, {replica for _, replica in above}) if above
                    else {})}
         time.sleep(0.25)  # polling a series that converges asynchronously

@@ -27,7 +27,7 @@ from router.cluster.actor_link import ActorLink
 from router.cluster.index_actor import PollReply, PollRequest, get_index_actor
 from router.cluster.mark_sharing import MarkSender, MarkSharingConfig, apply_shared_marks
 from router.cluster.remote_work import RemoteWork
-from router.cluster.shared_marks import RoutedWork
+from router.cluster.shared_marks import RoutedWork, SharedMark
 from router.core.router import Router
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ class IndexMirror:
                                                   share_work=self.config.share_work))
         # the routed work other routers shared, in `router.loads`
         self.remote = RemoteWork(router.loads, clock=router.clock)
+        self.num_shared_received = 0  # the other routers' decisions applied here
 
     def start(self) -> None:
         if self._first_poll is None:
@@ -208,6 +209,7 @@ class IndexMirror:
             if replica_id not in self._gone:
                 router.update_stats(replica_id, stats)
         self.worker_modes = reply.worker_modes
+        self.num_shared_received += sum(isinstance(m, SharedMark) for m in reply.shared_marks)
         if reply.shared_marks and (self.config.share_marks or self.config.share_work):
             apply_shared_marks(router, reply.shared_marks,
                                lambda rid: rid in self._gone or rid in self._grace,

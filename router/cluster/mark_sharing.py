@@ -96,6 +96,7 @@ class MarkSender:
         self._starting = False  # a send task is created and has not taken the outbox yet
         self._started = False
         self.num_sends = 0
+        self.num_shared_decisions = 0  # queued by `share`
 
     def start(self) -> None:
         """Sends from now on (with the mirror's polls; until then marks only queue)."""
@@ -112,6 +113,7 @@ class MarkSender:
         if not (hashes or work):
             return
         self.outbox.add(replica_id, hashes, work)
+        self.num_shared_decisions += 1
         self._send_soon()
 
     def share_end(self, route_id: str, withdrawn: bool = False,

@@ -69,11 +69,34 @@ class RouterMetrics:
                                    ("model", "gateway", "cause"), registry=r)
         for cause in CAUSES:
             self.miss_tokens.labels(model, gateway_id, cause)
+        # Decisions shared with the other routers (their pending marks and routed work),
+        # and theirs applied here (router/cluster/mark_sharing.py): with no traffic, each
+        # router has received every decision the others sent.
+        self.shared_decisions = Counter("kvroute_router_shared_decisions",
+                                        "Decisions shared with the other routers, by direction",
+                                        ("gateway", "direction"), registry=r)
+        self._shared_totals = {"sent": 0, "received": 0}
+        for direction in self._shared_totals:
+            self.shared_decisions.labels(gateway_id, direction)
+        # One more each time the series are refreshed for a push: a reader that sees it go
+        # up twice reads values taken after its first look.
+        self.refreshes = Counter("kvroute_router_series_refreshes",
+                                 "Refreshes of this router's series for a push", ("gateway",),
+                                 registry=r)
+        self.refreshes.labels(gateway_id)
         self.decision_seconds.labels(model, gateway_id, policy)
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(gateway_id, reason)
         for medium in MEDIA:
             self.index_blocks.labels(gateway_id, medium).set(0)
+
+    def set_shared_decisions(self, sent: int, received: int) -> None:
+        """The mirror's totals of decisions shared and received (the counters follow)."""
+        for direction, total in (("sent", sent), ("received", received)):
+            self.shared_decisions.labels(self._gateway, direction).inc(
+                max(0, total - self._shared_totals[direction]))
+            self._shared_totals[direction] = max(total, self._shared_totals[direction])
+        self.refreshes.labels(self._gateway).inc()
 
     def add_replica(self, replica_id: str) -> None:
         labels = (self._model, self._gateway, self._policy, replica_id)

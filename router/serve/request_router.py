@@ -312,6 +312,8 @@ class ServeRequestRouter(RequestRouter):
                      for r in self._replica_id_set}
             published = {r: self.router.loads.published(r) for r in loads}
         self.metrics.set_index_blocks(blocks)
+        self.metrics.set_shared_decisions(self.mirror.marks.num_shared_decisions,
+                                          self.mirror.num_shared_received)
         for replica_id, tokens in loads.items():
             self.metrics.set_load_tokens(replica_id, tokens)
             if (stats := published[replica_id]) is not None:

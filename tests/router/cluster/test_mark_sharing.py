@@ -83,6 +83,8 @@ async def test_the_second_router_follows_the_prefix_the_first_just_routed(share_
     assert (await a.poll_once()).shared_marks == (
         (SharedMark(expected, tuple(PREFIX)),) if share_marks else ())
     assert a.marks.num_sends == b.marks.num_sends == (1 if share_marks else 0)
+    # the counts kvroute_router_shared_decisions_total follows: one decision each way
+    assert a.marks.num_shared_decisions == a.num_shared_received == (1 if share_marks else 0)
 
 
 def test_blocks_confirmed_here_are_not_marked_and_unknown_replicas_are_skipped():

@@ -36,3 +36,17 @@ def test_a_replica_that_comes_back_reads_1_and_is_not_expired():
     metrics.add_replica("w1")  # an external worker back up, under its same id
     metrics.drop_expired(now_s=10_000.0)
     assert up(metrics, "w1") == 1.0
+
+
+def test_shared_decisions_follow_the_mirrors_totals_and_each_refresh_counts():
+    metrics = RouterMetrics("tiny", "g0", "cache_aware")
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"gateway": "g0", **labels})
+
+    assert sample("kvroute_router_shared_decisions_total", direction="sent") == 0.0
+    metrics.set_shared_decisions(sent=3, received=5)
+    metrics.set_shared_decisions(sent=4, received=5)
+    assert sample("kvroute_router_shared_decisions_total", direction="sent") == 4.0
+    assert sample("kvroute_router_shared_decisions_total", direction="received") == 5.0
+    assert sample("kvroute_router_series_refreshes_total") == 2.0

@@ -54,15 +54,17 @@ def test_routes_and_hits_match_the_hand_computation(policy, approximate, routes,
 
 
 def test_default_load_model_by_hand():
-    """The same script with the default load model (load_weight 0.5 kept). A adds 80 + 2 =
-    82 tokens of recent work to r0, 80.1 a second later (half-life 30 s). B: r0 costs
-    16 + 0.5 x 80.1 = 56 < 80 -> r0, and adds 16 + 0.1 x 64 + 100 = 122.4. C: r0's load is
-    its recent work, 80.1 + 122.4 = 202.5: 16 + 101.3 > 80 -> r1 (no hit). D: r0 202.5,
-    r1 C's 180, nobody holds T: 80 + 90 < 80 + 101.3 -> r1."""
+    """The same script with the default load model (load_weight 0.5 kept). A, before any
+    output is known, is charged its max_tokens: it adds 80 + 2 = 82 tokens of recent work
+    to r0, 80.1 a second later (half-life 30 s), and ends with 2 tokens: the mean output.
+    B: r0 costs 16 + 0.5 x 80.1 = 56 < 80 -> r0, and adds 16 + 0.1 x 64 + min(100, 2) =
+    24.4 (not 100 decode tokens: what requests here produce). C: r0's load is its recent
+    work, 80.1 + 24.4 = 104.5: 16 + 52.3 < 80 -> r0 (a hit). D: nobody holds T, r0 carries
+    128.9, r1 nothing: 80 + 64.5 > 80 -> r1."""
     sim = make_sim(script(), num_replicas=2, load_weight=0.5)
     recs = {r.request_id: r for r in sim.run().records}
-    assert [recs[k].replica_id for k in "ABCD"] == ["r0", "r0", "r1", "r1"]
-    assert [recs[k].cached_device_tokens for k in "ABCD"] == [0, 64, 0, 0]
+    assert [recs[k].replica_id for k in "ABCD"] == ["r0", "r0", "r0", "r1"]
+    assert [recs[k].cached_device_tokens for k in "ABCD"] == [0, 64, 64, 0]
 
 
 def test_the_router_index_holds_what_the_replicas_hold_once_events_arrive():

@@ -37,7 +37,7 @@ async def test_a_client_leaving_a_non_streamed_request_cancels_it_on_the_worker(
     async def endpoint(request: Request):
         await request.body()
         response = await until_disconnected(request, proxy.forward(
-            "/v1/completions", b"{}", lambda tried: spec, lambda *a: released.append(a)))
+            "/v1/completions", b"{}", lambda tried: spec, lambda *a, **_: released.append(a)))
         statuses.append(response.status_code)
         return response
 
@@ -110,7 +110,7 @@ async def test_what_the_worker_receives_has_no_extension_field():
     body = allowed_body(json.dumps({"model": "tiny", "prompt": "p", "kv_transfer_params": {
         "do_remote_decode": True}}).encode(), COMPLETION_FIELDS, "")
     try:
-        await proxy.forward("/v1/completions", body, lambda tried: spec, lambda *a: None)
+        await proxy.forward("/v1/completions", body, lambda tried: spec, lambda *a, **_: None)
     finally:
         await proxy.aclose()
         await worker.stop()

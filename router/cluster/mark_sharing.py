@@ -30,7 +30,14 @@ from dataclasses import dataclass
 from kv.hashing import BlockHash
 from router.cluster.actor_link import ActorLink
 from router.cluster.remote_work import RemoteWork
-from router.cluster.shared_marks import RoutedWork, Shared, SharedMark, WorkEnd, size_of
+from router.cluster.shared_marks import (
+    RoutedWork,
+    Shared,
+    SharedGap,
+    SharedMark,
+    WorkEnd,
+    size_of,
+)
 from router.core.router import Router
 
 log = logging.getLogger(__name__)
@@ -172,13 +179,16 @@ def apply_shared_marks(router: Router, marks: Sequence[Shared],
     """Applies other routers' messages in their order (call under the router's lock): marks
     (unless not `apply_marks`) as timed marks, skipping replicas this router does not know,
     routes on history, or `skip` names; routed work and its ends into `remote` (None:
-    ignored), skipping replicas `skip` names. Returns how many hashes were marked."""
+    ignored), skipping replicas `skip` names; after a gap, `remote` counts none of the
+    routes it had (their ends may have been dropped). Returns how many hashes were marked."""
     index = router.index
     num_marked = 0
     for message in marks:
-        if isinstance(message, WorkEnd):
-            if remote is not None:
+        if isinstance(message, (WorkEnd, SharedGap)):
+            if remote is not None and isinstance(message, WorkEnd):
                 remote.end(message)
+            elif remote is not None:
+                remote.lose_all()
             continue
         replica_id, block_hashes, work = message
         if skip(replica_id):

@@ -11,10 +11,11 @@ A sender's calls may reach the actor out of order (several in flight), so an end
 before its route: it is kept (at most `max_routes` of them), and the route, when it comes,
 is not counted.
 
-An end can be lost (the sender died, or this router did not poll within the actor's log
-horizon): then a remote route is dropped as the ledger drops a direct route whose end never
-came (router/core/ledger.py): after `idle_grace_s` on a replica whose fresh stats say it is
-idle, and after `lost_after_s` in any case.
+An end can be lost. When the actor dropped messages before this router took them (it
+polled late) it says so, and every route counted here goes (`lose_all`). Otherwise (the
+sender died, or its outbox or call lost it) a remote route is dropped as the ledger drops a
+direct route whose end never came (router/core/ledger.py): after `idle_grace_s` on a replica
+whose fresh stats say it is idle, and after `lost_after_s` in any case.
 """
 
 from __future__ import annotations
@@ -106,6 +107,16 @@ class RemoteWork:
         for route_id in overdue:
             self._lose(route_id)
         return len(overdue)
+
+    def lose_all(self) -> int:
+        """Drops every route (the actor dropped messages this router never took, and their
+        ends may be among them: each would count here for `lost_after_s` on a busy
+        replica); returns how many. The replicas' published stats count them a publish
+        interval later, as they would without sharing."""
+        route_ids = list(self._routes)
+        for route_id in route_ids:
+            self._lose(route_id)
+        return len(route_ids)
 
     def forget_replica(self, replica_id: str) -> None:
         """The replica is gone: the routes counted there leave the load (if

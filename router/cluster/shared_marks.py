@@ -18,9 +18,10 @@ interval and a poll late, and only once it is queued there.
 Everything is bounded: a mark carries at most `max_mark_blocks` hashes (a prompt's first
 ones: the prefix others may share), the actor keeps at most `max_kept_blocks` of them (a
 message with no hash counts one) and none older than `ttl_s` (the routers' own mark TTL: an
-older mark would expire on arrival; a router that did not poll for that long has its load's
-safety nets, remote_work.py), and one poll reply carries at most `max_reply_blocks` (the
-rest comes with the next).
+older mark would expire on arrival), and one poll reply carries at most `max_reply_blocks`
+(the rest comes with the next). A router whose next messages were dropped before it took
+them is told so (`SharedGap`): the work ends it missed cannot reach its load, so it drops
+the remote routes it counts (remote_work.py).
 A router that stops polling for `router_timeout_s` loses its cursor, as route ends do.
 """
 
@@ -63,7 +64,15 @@ class WorkEnd(NamedTuple):
     output_tokens: int | None = None
 
 
-Shared = SharedMark | WorkEnd
+class SharedGap(NamedTuple):
+    """Leads a poll's messages when the actor dropped some this router had not taken (past
+    `ttl_s` or `max_kept_blocks`: it polled late): ends of routes it counts may be among
+    them, so it cannot count those routes any longer (remote_work.py)."""
+
+    num_dropped: int  # log entries dropped unseen (its own among them)
+
+
+Shared = SharedMark | WorkEnd | SharedGap
 
 
 def size_of(message: Shared) -> int:
@@ -126,6 +135,8 @@ class SharedMarks:
                     continue
                 message = SharedMark(str(message.replica_id),
                                      tuple(message.block_hashes[:cap]), message.work)
+            elif not isinstance(message, WorkEnd):  # a gap is the actor's to tell
+                continue
             self._log.append(_Entry(self._next_seq, now, router_id, message))
             self._next_seq += 1
             self._num_blocks += size_of(message)
@@ -135,12 +146,15 @@ class SharedMarks:
 
     def take(self, router_id: str) -> tuple[Shared, ...]:
         """The other routers' messages this router has not seen, in the order they were
-        logged: up to `max_reply_blocks` hashes (or one mark, if that alone is more). A
-        router seen for the first time gets those still live."""
+        logged: up to `max_reply_blocks` hashes (or one mark, if that alone is more), after a
+        `SharedGap` when some it had not taken were dropped. A router seen for the first
+        time gets those still live."""
         now = self._clock()
         self._expire(now)
         first_seq = self._next_seq - len(self._log)
-        start = max(self._cursors.get(router_id, (first_seq, now))[0], first_seq)
+        start = self._cursors.get(router_id, (first_seq, now))[0]
+        gap = (SharedGap(first_seq - start),) if start < first_seq else ()
+        start = max(start, first_seq)
         out: list[Shared] = []
         budget = self.config.max_reply_blocks
         seq = start
@@ -154,7 +168,7 @@ class SharedMarks:
                 budget -= n
             seq = entry.seq + 1
         self._cursors[router_id] = (seq, now)
-        return tuple(out)
+        return gap + tuple(out)
 
     def num_blocks(self) -> int:
         return self._num_blocks

@@ -18,7 +18,15 @@ from router.cluster.mark_sharing import (
     MarkSharingConfig,
     apply_shared_marks,
 )
-from router.cluster.shared_marks import RoutedWork, SharedMark, WorkEnd
+from router.cluster.remote_work import RemoteWork
+from router.cluster.shared_marks import (
+    RoutedWork,
+    SharedGap,
+    SharedMark,
+    SharedMarks,
+    SharedMarksConfig,
+    WorkEnd,
+)
 from router.core.config import RouterConfig
 from router.core.router import Router
 
@@ -221,3 +229,27 @@ async def test_a_mark_does_not_wait_for_the_previous_calls_round_trip():
     await sender.drain()
     assert index.calls[2] == (SharedMark("r0", tuple(PREFIX[4:5])), WorkEnd("q1"))
     assert sender.num_sends == 3 and len(sender.outbox) == 0
+
+
+def test_ends_the_actor_dropped_unseen_take_the_remote_routes_with_them():
+    # b polls late (a stalled loop, a failed poll): a's end was older than the actor's TTL
+    # and is gone. Had b kept q1, it would count it on r0 for lost_after_s (600 s) while r0
+    # stays busy; told that it missed messages, it drops what it cannot know ended.
+    clock = Clock()
+    log = SharedMarks(SharedMarksConfig(ttl_s=2.0), clock=clock)
+    router = Router(RouterConfig(block_size=BLOCK_SIZE), clock)
+    remote = RemoteWork(router.loads, clock=clock)
+    assert log.take("b") == ()
+    log.add("a", [SharedMark("r0", (), RoutedWork("q1", 300.0, 20.0, 300.0))])
+    apply_shared_marks(router, log.take("b"), lambda rid: False, remote)
+    assert remote.num_on("r0") == 1
+    log.add("a", [WorkEnd("q1")])
+    clock.now_s += 2.5
+    log.add("a", [SharedMark("r1", (), RoutedWork("q2", 100.0, 20.0, 100.0))])
+    missed = log.take("b")
+    assert missed == (SharedGap(1), SharedMark("r1", (), RoutedWork("q2", 100.0, 20.0, 100.0)))
+    apply_shared_marks(router, missed, lambda rid: False, remote)
+    assert (remote.num_on("r0"), remote.num_on("r1"), remote.num_lost) == (0, 1, 1)
+    assert router.loads.num_outstanding("r0") == 0
+    assert log.take("b") == ()  # caught up: no gap
+    remote.check_invariants()

@@ -60,16 +60,21 @@ class MarkSharingConfig:
 
 class MarkOutbox:
     """The messages this router queued, not yet sent; at most `max_blocks` hashes (a
-    message with none counts one)."""
+    message with none counts one). Past that the oldest marks lose their hashes first (a
+    lost mark costs a prefill at worst) and keep their work; only then do the oldest work
+    and ends go (a lost end leaves its route counted on the other routers for their
+    `lost_after_s` while its replica is busy)."""
 
     def __init__(self, max_blocks: int):
         self._max_blocks = max_blocks
-        self._marks: deque[Shared] = deque()
+        self._bare: deque[Shared] = deque()  # the oldest messages, with no hashes left
+        self._marks: deque[Shared] = deque()  # the newer ones, as queued
         self._num_blocks = 0
-        self.num_dropped_blocks = 0  # sends that could not keep up
+        self.num_dropped_blocks = 0  # hashes dropped: sends that could not keep up
+        self.num_dropped_work = 0  # routed work and ends dropped, when that was not enough
 
     def __len__(self) -> int:
-        return len(self._marks)
+        return len(self._bare) + len(self._marks)
 
     def add(self, replica_id: str, block_hashes: tuple[BlockHash, ...],
             work: RoutedWork | None = None) -> None:
@@ -78,13 +83,24 @@ class MarkOutbox:
     def put(self, message: Shared) -> None:
         self._marks.append(message)
         self._num_blocks += size_of(message)
+        while self._num_blocks > self._max_blocks and self._marks:
+            oldest = self._marks.popleft()
+            self._num_blocks -= size_of(oldest)
+            if isinstance(oldest, SharedMark):
+                self.num_dropped_blocks += len(oldest.block_hashes)
+                if oldest.work is None:
+                    continue
+                oldest = oldest._replace(block_hashes=())
+            self._bare.append(oldest)  # it counts one now
+            self._num_blocks += 1
         while self._num_blocks > self._max_blocks:
-            n = size_of(self._marks.popleft())
-            self._num_blocks -= n
-            self.num_dropped_blocks += n
+            self._bare.popleft()
+            self._num_blocks -= 1
+            self.num_dropped_work += 1
 
     def take(self) -> tuple[Shared, ...]:
-        marks = tuple(self._marks)
+        marks = (*self._bare, *self._marks)
+        self._bare.clear()
         self._marks.clear()
         self._num_blocks = 0
         return marks

@@ -118,6 +118,23 @@ def test_the_outbox_drops_its_oldest_marks_past_its_bound():
     assert len(outbox) == 0
 
 
+def test_past_its_bound_the_outbox_drops_hashes_before_any_work_or_end():
+    # A dropped mark costs a prefill at worst; a dropped end leaves its route counted on the
+    # other routers for lost_after_s (600 s) while its replica is busy.
+    outbox = MarkOutbox(max_blocks=5)
+    w0, w1 = RoutedWork("q0", 100.0, 20.0, 100.0), RoutedWork("q1", 50.0, 20.0, 50.0)
+    outbox.add("r0", tuple(PREFIX[:3]), w0)
+    outbox.put(WorkEnd("q9"))
+    outbox.add("r1", tuple(PREFIX[3:6]), w1)  # 7 > 5: the oldest mark's hashes go
+    assert outbox.num_dropped_blocks == 3
+    assert outbox.take() == (SharedMark("r0", (), w0), WorkEnd("q9"),
+                             SharedMark("r1", tuple(PREFIX[3:6]), w1))
+    for i in range(7):  # work and ends alone past the bound: the oldest go
+        outbox.put(WorkEnd(f"e{i}"))
+    assert outbox.take() == tuple(WorkEnd(f"e{i}") for i in range(2, 7))
+    assert (outbox.num_dropped_blocks, outbox.num_dropped_work) == (3, 2)
+
+
 class Clock:
     def __init__(self):
         self.now_s = 100.0

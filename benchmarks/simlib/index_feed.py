@@ -257,6 +257,7 @@ class MirrorProbe:
             for replica_id in reply.removed_replica_ids:
                 cursors.pop(replica_id, None)
             self._record(reply)
+            await asyncio.sleep(MirrorConfig().poll_interval_s)  # paced as IndexMirror is
 
     def _record(self, reply: PollReply) -> None:
         now_s = time.time()

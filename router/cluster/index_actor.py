@@ -108,16 +108,23 @@ class PollReply:
     # with `PollRequest.packed`: the batches, as columns (router/cluster/packed_batches.py)
     packed: PackedBatches | None = None
 
+    # `stats` as each replica's field values, in its order (the actor keeps them made)
+    stats_values: tuple[tuple, ...] | None = field(default=None, repr=False, compare=False)
+
     def __reduce__(self):
         # Every replica's stats go with every poll: as EngineStats objects they were most
         # of a packed reply's pickling; as one tuple of values a replica, a fifth of it.
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        stats = fields.pop("stats")
-        return (_poll_reply, (fields, tuple(stats), tuple(
-            tuple(getattr(s, name) for name in _STATS_FIELDS) for s in stats.values())))
+        stats, values = fields.pop("stats"), fields.pop("stats_values")
+        return (_poll_reply, (fields, tuple(stats), values if values is not None else tuple(
+            map(values_of, stats.values()))))
 
 
 _STATS_FIELDS = tuple(f.name for f in dataclasses.fields(EngineStats))
+
+
+def values_of(stats: EngineStats) -> tuple:
+    return tuple(getattr(stats, name) for name in _STATS_FIELDS)
 
 
 def _poll_reply(fields: dict, replica_ids: tuple[str, ...], stats: tuple[tuple, ...]
@@ -130,6 +137,10 @@ class _Replica:
     log: ReplicaLog
     last_seen_s: float
     stats: EngineStats | None = None
+    stats_values: tuple = ()  # `stats` as `values_of` makes it, made once a publish
+
+    def set_stats(self, stats: EngineStats) -> None:
+        self.stats, self.stats_values = stats, values_of(stats)
 
 
 class KVIndex:
@@ -157,7 +168,7 @@ class KVIndex:
         rep = self._touch(batch.replica_id)
         news = bool(batch.events or ended_routes) or (stats is not None and stats != rep.stats)
         if stats is not None:
-            rep.stats = stats
+            rep.set_stats(stats)
         needs_snapshot = rep.log.publish(batch)
         if ended_routes:
             self.route_ends.add(ended_routes)
@@ -178,7 +189,7 @@ class KVIndex:
             stat = stats.get(batch.replica_id)
             news = news or bool(batch.events) or (stat is not None and stat != rep.stats)
             if stat is not None:
-                rep.stats = stat
+                rep.set_stats(stat)
             if rep.log.publish(batch, columns):
                 needs_snapshot.append(batch.replica_id)
         if news:
@@ -198,7 +209,7 @@ class KVIndex:
                     self.prefixes.adopt(record)
         rep = self._touch(snap.replica_id)
         if stats is not None:
-            rep.stats = stats
+            rep.set_stats(stats)
         rep.log.apply_snapshot(snap)
         self._notify()
 
@@ -330,12 +341,14 @@ class KVIndex:
             else:
                 batches.extend(delta)
         removed = tuple(sorted(set(request.cursors) - set(self._replicas)))
-        stats = {rid: rep.stats for rid, rep in self._replicas.items() if rep.stats is not None}
+        with_stats = [(rid, rep) for rid, rep in self._replicas.items() if rep.stats is not None]
+        stats = {rid: rep.stats for rid, rep in with_stats}
         packed = join(batches) if request.packed else None
         return PollReply(tuple(snapshots), () if request.packed else tuple(batches), stats,
                          removed, self.external_workers.modes(),
                          self.route_ends.take(request.router_id), self.incarnation,
-                         self.shared_marks.take(request.router_id), packed)
+                         self.shared_marks.take(request.router_id), packed,
+                         tuple(rep.stats_values for _, rep in with_stats))
 
     def _touch(self, replica_id: str) -> _Replica:
         rep = self._replicas.get(replica_id)

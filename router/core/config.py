@@ -27,7 +27,7 @@ class RouterConfig:
     # Pending marks cover the whole prompt, not only past its confirmed device run: the
     # request will hold all of it on its replica when it runs, so an eviction of the cached
     # part while it waits does not send the prompts that share it elsewhere. The confirmed
-    # part is marked only once events show it evicted (Router._pin_evicted), which costs a
+    # part is marked only once events show it evicted (router/core/pins.py), which costs a
     # decision nothing. (Mooncake at 2x: 0.991 of the bound, not 0.955; benchmarks/NOTEBOOK.md.)
     mark_whole_prompt: bool = True
     # > 0: a replica's load is at least the work routed to it lately, halving every this

@@ -30,6 +30,7 @@ from router.core.ledger import (
 )
 from router.core.load import LoadTracker, bounded_tokens
 from router.core.miss_causes import MissCauses, MissTokens
+from router.core.pins import PinnedRuns
 from router.core.policies import ReplicaView, RouteQuery, make_policy
 
 __all__ = ["RouteKind", "Router", "RouterConfig", "RoutingDecision"]
@@ -69,9 +70,7 @@ class Router:
         # request id -> where it went, how far it got and the blocks it holds pending
         # there, until it is ended or withdrawn (router.core.ledger)
         self.ledger = Ledger(ledger)
-        # replica -> {request id: its confirmed device run in blocks} for outstanding
-        # requests whose cached part is pinned (`mark_whole_prompt`, see `_pin_evicted`)
-        self._pins: dict[str, dict[str, int]] = {}
+        self.pins = PinnedRuns()  # confirmed runs of outstanding requests (`mark_whole_prompt`)
         self.misses = MissCauses(config.block_size, config.seen_window_blocks)
 
     @property
@@ -216,14 +215,14 @@ class Router:
             # Mark from the end of the confirmed device run: the blocks this request computes
             # or copies in, and pending ones it refreshes. The walk measured that run. With
             # `mark_whole_prompt` the run is pinned too: marked if evicted before the request
-            # finishes (`_pin_evicted`), not marked now, so a decision costs no more.
+            # finishes (router.core.pins), not marked now, so a decision costs no more.
             num_confirmed = confirmed.get(replica_id, match.num_device_blocks if match else 0)
             # a tuple of hashes: the collector untracks it at its first pass (a list slice
             # would be walked by every collection while the request is outstanding)
             held = tuple(block_hashes[num_confirmed:])
             self.index.mark_pending(replica_id, held, held=True)
             if num_confirmed and self.config.mark_whole_prompt:
-                self._pins.setdefault(replica_id, {})[request_id] = num_confirmed
+                self.pins.pin(replica_id, request_id, num_confirmed)
         decision_s = routed.decision_s if started_s is None else time.perf_counter() - started_s
         self.ledger.put(request_id, RouteRecord(  # positional: a decision pays no _replace
             replica_id, routed.kind, routed.state, routed.routed_at_s, block_hashes, held,
@@ -305,36 +304,9 @@ class Router:
         entry = self.ledger.pop(request_id)
         if entry is None:
             return
-        pins = self._pins.get(entry.replica_id)
-        if pins and pins.pop(request_id, None) is not None and not pins:
-            del self._pins[entry.replica_id]
+        self.pins.unpin(entry.replica_id, request_id)
         if entry.held:
             self.index.release_pending(entry.replica_id, entry.held, withdraw)
-
-    def _pin_evicted(self, replica_id: str) -> None:
-        """Outstanding requests on the replica whose confirmed run lost its end since they
-        were routed (evicted while they wait): their marks now cover the lost part too, as
-        the part they compute, for the request will hold its whole prompt there when it
-        runs. An engine evicts a cached run from its end (a block is used no later than its
-        parent, and a request frees its blocks tail first), so the run's last block tells."""
-        pins = self._pins.get(replica_id)
-        if not pins:
-            return
-        on_device = self.index.held_view(replica_id, "device")
-        for request_id, n in list(pins.items()):
-            entry = self.ledger.get(request_id)
-            hashes = entry.block_hashes
-            if hashes[n - 1] in on_device:
-                continue
-            k = self.index.num_confirmed_device_blocks(replica_id, hashes[:n - 1])
-            self.index.mark_pending(replica_id, hashes[k:n], held=True)
-            self.ledger.put(request_id, entry._replace(held=hashes[k:]))
-            if k:
-                pins[request_id] = k
-            else:
-                del pins[request_id]
-        if not pins:
-            del self._pins[replica_id]
 
     def _withdraw(self, request_id: str) -> None:
         """Drops a decision whose request did not go where it was recorded: its load, and
@@ -355,14 +327,14 @@ class Router:
         needs_snapshot = self.index.apply_batches(batches)
         for batch in batches:
             self.misses.on_events(batch.events)
-        for replica_id in {b.replica_id for b in batches} & self._pins.keys():
-            self._pin_evicted(replica_id)
+        for replica_id in {b.replica_id for b in batches} & self.pins.replica_ids():
+            self.pins.on_evictions(replica_id, self.index, self.ledger)
         return needs_snapshot
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
         self.index.apply_snapshot(snapshot)
-        if snapshot.replica_id in self._pins:
-            self._pin_evicted(snapshot.replica_id)
+        if snapshot.replica_id in self.pins.replica_ids():
+            self.pins.on_evictions(snapshot.replica_id, self.index, self.ledger)
 
     def remove_replica(self, replica_id: str) -> None:
         """Forgets the replica: its index entries, pending marks, history, stats and load."""
@@ -375,7 +347,7 @@ class Router:
         for request_id in self.ledger.on_replica(replica_id):
             self.ledger.pop(request_id)  # its marks went with the replica, its load too
             self.misses.forget(request_id)
-        self._pins.pop(replica_id, None)
+        self.pins.drop_replica(replica_id)
 
     def drop_index(self, replica_id: str) -> None:
         """Forgets what events said the replica holds, and its pending marks, but keeps its
@@ -386,7 +358,7 @@ class Router:
             entry = self.ledger.get(request_id)
             if entry.held:
                 self.ledger.put(request_id, entry._replace(held=()))  # its marks are gone
-        self._pins.pop(replica_id, None)  # nothing confirmed there any more
+        self.pins.drop_replica(replica_id)  # nothing confirmed there any more
 
     def set_fallback(self, active: bool) -> None:
         """While active, decide in approximate mode (the index is unreachable or stale).
@@ -425,14 +397,7 @@ class Router:
         return {"device": self.index.num_blocks("device"), "host": self.index.num_blocks("host")}
 
     def check_invariants(self) -> None:
-        for replica_id, pins in self._pins.items():
-            assert pins, f"empty pins of {replica_id}"
-            for request_id, n in pins.items():
-                entry = self.ledger.get(request_id)
-                assert entry.replica_id == replica_id, f"{request_id} pinned off its replica"
-                assert 0 < n == len(entry.block_hashes) - len(entry.held), (
-                    f"{request_id}: pinned run of {n} blocks, marks from "
-                    f"{len(entry.block_hashes) - len(entry.held)}")
+        self.pins.check_invariants(self.ledger)
         self.ledger.check_invariants()
         self.index.check_invariants()
         self.history.check_invariants()

@@ -180,7 +180,7 @@ def test_a_snapshot_missing_the_run_pins_it_and_a_finished_request_pins_nothing(
     router.on_finished("q0")
     evict(router, log, 0, 1, 2, 3)  # after q0: nothing of it is held any more
     assert router.index.pending_blocks("r2") == set(prompt(4, 5))  # its TTL marks only
-    assert router._pins == {}
+    assert len(router.pins) == 0
 
 
 def test_shared_first_block_spreads_under_cache_aware_and_piles_up_under_longest_match():

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from kv.events import EventBatch, Snapshot
 from kv.hashing import BlockHash
 from protocol.engine import EngineStats
+from router.core.approximate import ApproximateMode
 from router.core.config import RouterConfig
 from router.core.history import RoutedHistory
 from router.core.index import PrefixIndex, PrefixMatch
@@ -65,8 +66,8 @@ class Router:
         self.history = RoutedHistory(config.approx_capacity_blocks, config.approx_ttl_s, clock,
                                      active=config.approximate)
         self.loads = LoadTracker(config.decode_weight, config.recent_work_half_life_s, clock)
-        self._fallback = False
-        self._approximate_ids: set[str] = set()  # replicas routed on history, one by one
+        self.mode = ApproximateMode(config.approximate, self.history,
+                                    config.fallback_warmup_blocks)
         # request id -> where it went, how far it got and the blocks it holds pending
         # there, until it is ended or withdrawn (router.core.ledger)
         self.ledger = Ledger(ledger)
@@ -76,7 +77,7 @@ class Router:
     @property
     def approximate(self) -> bool:
         """True while decisions use routed history only (configured, or fallback)."""
-        return self.config.approximate or self._fallback
+        return self.mode.all_replicas
 
     def route(self, request_id: str, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
               replica_ids: Sequence[str], max_tokens: int = 0,
@@ -190,14 +191,7 @@ class Router:
         return expired
 
     def _on_history(self, replica_ids: Sequence[str]) -> frozenset[str]:
-        on_history = self._history_candidates(replica_ids)
-        if on_history and self.history.warming:
-            self.history.warm_step(self.config.fallback_warmup_blocks)
-            # While the history is still warming up, the last event data (stale, but better
-            # than a half-built history) decides, pending marks included.
-            if self.history.warming:
-                on_history = frozenset()
-        return on_history
+        return self.mode.on_history(replica_ids)
 
     def _record(self, routed: RouteRecord, request_id: str, match: PrefixMatch | None,
                 confirmed: dict[str, int], on_history: frozenset[str],
@@ -252,14 +246,6 @@ class Router:
                           + config.host_cost_fraction * host_tokens
                           + config.cached_load_fraction * (device_tokens + host_tokens))
         return prefill_tokens, self.loads.decode_tokens(routed.max_tokens)
-
-    def _history_candidates(self, replica_ids: Sequence[str]) -> frozenset[str]:
-        """The candidates to match on routed history rather than on events."""
-        if self.approximate:
-            return frozenset(replica_ids)
-        if not self._approximate_ids:
-            return frozenset()
-        return self._approximate_ids.intersection(replica_ids)
 
     def _match(self, block_hashes: Sequence[BlockHash], replica_ids: Sequence[str],
                on_history: frozenset[str], confirmed: dict[str, int]
@@ -341,9 +327,7 @@ class Router:
         self.index.remove_replica(replica_id)
         self.history.remove_replica(replica_id)
         self.loads.remove_replica(replica_id)
-        if replica_id in self._approximate_ids:
-            self._approximate_ids.discard(replica_id)
-            self._sync_history()
+        self.mode.remove_replica(replica_id)
         for request_id in self.ledger.on_replica(replica_id):
             self.ledger.pop(request_id)  # its marks went with the replica, its load too
             self.misses.forget(request_id)
@@ -367,8 +351,7 @@ class Router:
         routed, `fallback_warmup_blocks` hashes per decision; until every replica is
         replayed, decisions use the last event data (flagged approximate).
         """
-        self._fallback = active
-        self._sync_history()
+        self.mode.set_fallback(active)
 
     def set_replica_approximate(self, replica_id: str, approximate: bool) -> None:
         """Routes one replica on routed history (True: it publishes no events, or they went
@@ -376,19 +359,11 @@ class Router:
         replicas keep their own mode. The first approximate replica starts the history's
         LRU and index as `set_fallback` does; until they are replayed, the last event data
         decides for it (flagged approximate)."""
-        if approximate:
-            self._approximate_ids.add(replica_id)
-        else:
-            self._approximate_ids.discard(replica_id)
-        self._sync_history()
+        self.mode.set_replica(replica_id, approximate)
 
     def is_approximate(self, replica_id: str) -> bool:
         """True while decisions about the replica use routed history, not events."""
-        return self.approximate or replica_id in self._approximate_ids
-
-    def _sync_history(self) -> None:
-        self.history.set_active(self.config.approximate or self._fallback
-                                or bool(self._approximate_ids))
+        return self.mode.is_approximate(replica_id)
 
     def index_blocks(self) -> dict[str, int]:
         """Distinct block hashes in the index that decisions use, by medium."""

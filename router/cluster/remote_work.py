@@ -101,9 +101,18 @@ class RemoteWork:
         many. `idle_replica_ids`: the replicas whose fresh stats show nothing running."""
         now = self._clock()
         config = self.config
-        overdue = [rid for rid, (replica_id, received_s) in self._routes.items()
-                   if now - received_s > config.lost_after_s
-                   or (replica_id in idle_replica_ids and now - received_s > config.idle_grace_s)]
+        young_s = min(config.idle_grace_s, config.lost_after_s)
+        overdue = []
+        # oldest first (a route counted again moves to the end): each poll scans only the
+        # routes old enough to go, not all of them under the router's lock (5 ms at
+        # max_routes, 20 polls a second)
+        for route_id, (replica_id, received_s) in self._routes.items():
+            age_s = now - received_s
+            if age_s <= young_s:
+                break
+            if age_s > config.lost_after_s or (replica_id in idle_replica_ids
+                                               and age_s > config.idle_grace_s):
+                overdue.append(route_id)
         for route_id in overdue:
             self._lose(route_id)
         return len(overdue)
@@ -150,6 +159,8 @@ class RemoteWork:
         for route in self._routes.values():
             counts[route.replica_id] = counts.get(route.replica_id, 0) + 1
         assert counts == self._num_on, "remote counts per replica != remote routes"
+        times = [route.received_s for route in self._routes.values()]
+        assert times == sorted(times), "routes not oldest first (expire stops at a young one)"
         assert len(self._routes) <= self.config.max_routes, "over max_routes"
         assert len(self._early_ends) <= self.config.max_routes, "early ends over max_routes"
         assert self._early_ends.keys().isdisjoint(self._routes), "a counted route ended"

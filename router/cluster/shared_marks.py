@@ -20,8 +20,9 @@ ones: the prefix others may share), the actor keeps at most `max_kept_blocks` of
 message with no hash counts one) and none older than `ttl_s` (the routers' own mark TTL: an
 older mark would expire on arrival), and one poll reply carries at most `max_reply_blocks`
 (the rest comes with the next). A router whose next messages were dropped before it took
-them is told so (`SharedGap`): the work ends it missed cannot reach its load, so it drops
-the remote routes it counts (remote_work.py).
+them, or whose cursor the actor does not have (it restarted, or the router was silent
+past `router_timeout_s`), is told so (`SharedGap`): the work ends it missed cannot reach its
+load, so it drops the remote routes it counts (remote_work.py).
 A router that stops polling for `router_timeout_s` loses its cursor, as route ends do.
 """
 
@@ -66,10 +67,12 @@ class WorkEnd(NamedTuple):
 
 class SharedGap(NamedTuple):
     """Leads a poll's messages when the actor dropped some this router had not taken (past
-    `ttl_s` or `max_kept_blocks`: it polled late): ends of routes it counts may be among
-    them, so it cannot count those routes any longer (remote_work.py)."""
+    `ttl_s` or `max_kept_blocks`: it polled late), or does not know what it took (its first
+    poll here: a new router, one silent past `router_timeout_s`, or a restarted actor): ends
+    of routes it counts may be among them, so it cannot count those routes any longer
+    (remote_work.py)."""
 
-    num_dropped: int  # log entries dropped unseen (its own among them)
+    num_dropped: int | None  # log entries dropped unseen (its own among them); None: unknown
 
 
 Shared = SharedMark | WorkEnd | SharedGap
@@ -148,13 +151,14 @@ class SharedMarks:
         """The other routers' messages this router has not seen, in the order they were
         logged: up to `max_reply_blocks` hashes (or one mark, if that alone is more), after a
         `SharedGap` when some it had not taken were dropped. A router seen for the first
-        time gets those still live."""
+        time gets those still live, after a `SharedGap(None)`."""
         now = self._clock()
         self._expire(now)
         first_seq = self._next_seq - len(self._log)
-        start = self._cursors.get(router_id, (first_seq, now))[0]
-        gap = (SharedGap(first_seq - start),) if start < first_seq else ()
-        start = max(start, first_seq)
+        cursor = self._cursors.get(router_id)
+        start = first_seq if cursor is None else max(cursor[0], first_seq)
+        gap = (() if cursor is not None and cursor[0] == start
+               else (SharedGap(None if cursor is None else start - cursor[0]),))
         out: list[Shared] = []
         budget = self.config.max_reply_blocks
         seq = start

@@ -256,7 +256,7 @@ def test_ends_the_actor_dropped_unseen_take_the_remote_routes_with_them():
     log = SharedMarks(SharedMarksConfig(ttl_s=2.0), clock=clock)
     router = Router(RouterConfig(block_size=BLOCK_SIZE), clock)
     remote = RemoteWork(router.loads, clock=clock)
-    assert log.take("b") == ()
+    assert log.take("b") == (SharedGap(None),)
     log.add("a", [SharedMark("r0", (), RoutedWork("q1", 300.0, 20.0, 300.0))])
     apply_shared_marks(router, log.take("b"), lambda rid: False, remote)
     assert remote.num_on("r0") == 1
@@ -270,3 +270,19 @@ def test_ends_the_actor_dropped_unseen_take_the_remote_routes_with_them():
     assert router.loads.num_outstanding("r0") == 0
     assert log.take("b") == ()  # caught up: no gap
     remote.check_invariants()
+
+
+async def test_a_restarted_index_actor_takes_the_remote_routes_with_it():
+    # the actor's log, with the ends of the routes b counts, went with the actor
+    clock = Clock()
+    a, b = await two_sharing_work(clock)
+    route_shared(a, "q1", PREFIX, ["r1", "r0"])
+    await a.marks.drain()
+    await b.sync_once()
+    assert len(b.remote) == 1
+    restarted = KVIndex()
+    restarted.publish_snapshot(EventLog("r1", epoch="e0").snapshot([]))
+    b._index = ActorLink("test", lambda: LocalActor(restarted), LocalActor(restarted))
+    await b.sync_once()
+    assert len(b.remote) == 0 and b.router.loads.num_outstanding("r1") == 0
+    b.remote.check_invariants()

@@ -1,9 +1,11 @@
 """Event batches as columns: packed publishes and polls carry what EventBatch objects do."""
 
 import pytest
+from ray import cloudpickle
 
 from kv.events import AllBlocksCleared, BlockRemoved, BlockStored, Cursor, EventBatch, EventLog
-from router.cluster.index_actor import KVIndex, PollRequest
+from protocol.engine import EngineStats
+from router.cluster.index_actor import KVIndex, PollReply, PollRequest
 from router.cluster.packed_batches import PackedBatches, join, pack_one, split
 
 
@@ -75,3 +77,18 @@ async def test_a_packed_publish_and_a_packed_poll_carry_what_batches_do():
     # a gap asks that replica for a snapshot and keeps the batch for when it connects
     late = EventBatch("b", "b-0", 5, (BlockStored((h(7),), None),))
     assert index.publish_packed(PackedBatches.pack([late]), {}) == ("b",)
+
+
+async def test_polls_and_replies_pickle_to_equals_with_cursors_and_stats_as_columns():
+    index = KVIndex()
+    log = EventLog("a", epoch="a-0")
+    stats = EngineStats(1, 2, 3, 64, 10, 5, 0, 49, 0, 0)
+    index.publish_snapshot(log.snapshot((h(1),)), stats)
+    request = PollRequest("r1", {"a": Cursor("a-0", 0), "gone": Cursor("g-0", 7)}, 0.5,
+                          packed=True)
+    assert cloudpickle.loads(cloudpickle.dumps(request)) == request  # as Ray pickles calls
+    reply = await index.poll(request)
+    assert reply.stats == {"a": stats} and reply.removed_replica_ids == ("gone",)
+    assert cloudpickle.loads(cloudpickle.dumps(reply)) == reply
+    bare = PollReply((), (), {"a": stats}, ())  # built elsewhere: values made when pickled
+    assert cloudpickle.loads(cloudpickle.dumps(bare)).stats == {"a": stats}

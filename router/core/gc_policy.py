@@ -10,9 +10,9 @@ collection walks, so a full collection costs what was allocated since. The routi
 itself is numpy arrays and bytes, which the collector never tracks, so freezing before or
 after it is built makes no difference to it.
 
-Garbage is collected first, so nothing collectable is frozen; an object frozen here and
-dropped later is never freed (a start-up object rarely is). Objects created later are
-collected as usual.
+Garbage is collected first, so nothing collectable is frozen. A frozen object dropped later
+is still freed by its reference count, but a reference cycle of frozen objects never is (a
+start-up object is rarely dropped). Objects created later are collected as usual.
 """
 
 from __future__ import annotations

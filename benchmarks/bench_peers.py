@@ -132,9 +132,13 @@ def run_cell(args, spec: PeerWorkload, router: str, seed: int, log_dir: Path,
     workload = spec.build(seed)
     tokens = TokenSource(seed, 32, 127, workload.shared_keys())
     t0 = time.monotonic()
-    workers = [EngineWorker(worker_args) for _ in range(args.workers)]
+    workers: list[EngineWorker] = []
     running = recorder = None
     try:
+        # started one by one inside the try: a SIGTERM while the later ones start still
+        # stops the earlier ones
+        for _ in range(args.workers):
+            workers.append(EngineWorker(worker_args))
         for w in workers:
             w.wait_ready(timeout_s=300)
         urls = [w.url for w in workers]

@@ -185,6 +185,7 @@ class MarkSender:
                                  return_exceptions=True)
 
     def stop(self) -> None:
+        self._started = False  # a cancelled call's end starts no other
         for task in list(self._tasks):
             task.cancel()
 

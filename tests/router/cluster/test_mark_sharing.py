@@ -286,3 +286,20 @@ async def test_a_restarted_index_actor_takes_the_remote_routes_with_it():
     await b.sync_once()
     assert len(b.remote) == 0 and b.router.loads.num_outstanding("r1") == 0
     b.remote.check_invariants()
+
+
+async def test_a_stopped_sender_sends_nothing_more():
+    index = _HeldCalls()
+    sender = MarkSender("router-a", ActorLink("test", lambda: index, index),
+                        MarkSharingConfig(max_sends_in_flight=1))
+    sender.start()
+    sender.share("r0", PREFIX[:2])
+    await asyncio.sleep(0)  # its call is in flight
+    sender.share("r1", PREFIX[2:4])  # queued behind it
+    sender.stop()
+    for _ in range(3):  # the cancelled call ends; its end must not start the queued one
+        await asyncio.sleep(0)
+    assert index.calls == [(SharedMark("r0", tuple(PREFIX[:2])),)]
+    assert len(sender.outbox) == 1
+    index.release.set()
+    await sender.drain()

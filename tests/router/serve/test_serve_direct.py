@@ -11,6 +11,7 @@ replica.
 import concurrent.futures
 import json
 import math
+from collections import Counter
 
 import httpx
 import openai
@@ -18,6 +19,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
+from router.serve.route_tracking import ROUTED_BY_HEADER
 from tests.router.serve import shared_prefix_traffic as traffic
 from tests.router.serve.cli_server import kvroute_cli_server
 from tests.router.serve.serve_helpers import (
@@ -89,13 +91,19 @@ def test_shared_prefix_lands_on_the_replica_that_holds_it(server, oai):
     # mirror's first poll, which on a crowded box can outlast HAProxy's router timeout, so
     # HAProxy asks the other router too and the late decision is counted as well.
     traffic.wait_routed(server.base_url, {"Authorization": "Bearer key-a"})
+    base = traffic.settled(server)
     before = server.by_label("kvroute_router_requests_total", "replica")
     predicted_before = server.sum_metric("kvroute_router_predicted_hit_tokens_total")
-    cached = []
+    cached, decided = [], Counter()
     for i in range(5):
-        c = oai.completions.create(model="tiny", prompt=SHARED + f"Question {i}?",
-                                   max_tokens=2, temperature=0)
-        cached.append(c.usage.prompt_tokens_details.cached_tokens)
+        # each prompt once every router has the previous ones' pending marks (a prompt
+        # faster than that hop would race them: shared_prefix_traffic.py)
+        wait_until(lambda: traffic.applied_since(server, base, decided), 60,
+                   "every router to apply the decisions the others shared")
+        raw = oai.completions.with_raw_response.create(
+            model="tiny", prompt=SHARED + f"Question {i}?", max_tokens=2, temperature=0)
+        decided[raw.headers.get(ROUTED_BY_HEADER)] += 1
+        cached.append(raw.parse().usage.prompt_tokens_details.cached_tokens)
 
     # Each replica caches on its own: every later request hitting the shared prefix is the
     # proof that all five went to the replica that holds it.
@@ -240,26 +248,51 @@ def test_gateway_latency_histograms_observe_each_finished_request(server, oai):
     assert_latency_histograms_count_each_request(server, oai)
 
 
-def test_two_ingress_routers_hit_the_cache_as_one_does(server, tmp_path):
-    """The module's server (two ingress routers, the default) and one with a single router,
-    under the same shared-prefix traffic (shared_prefix_traffic.py)."""
+@pytest.mark.parametrize("gateways", [1, 4])
+def test_ingress_routers_hit_the_cache_as_one_does(server, tmp_path, gateways):
+    """The module's server (two ingress routers, the default) and one with `gateways`
+    routers, under the same shared-prefix traffic (shared_prefix_traffic.py): every one
+    delivers the workload's bound, to the token, as one router does. Several routers also
+    count each other's routed work: once the traffic has ended, each router's load on a
+    replica is the work all of them routed there (recent work, decaying alike)."""
     headers = {"Authorization": "Bearer key-a"}
-    two = traffic.send_groups(server.base_url, headers)
-    with kvroute_cli_server([*direct_flags(tmp_path), "--gateways", "1"], 2,
-                            tmp_path / "serve-one-router.log", routed_probe=headers) as one:
+    # the module's server has run this traffic before (another parametrization): new groups
+    two = traffic.send_groups(server, headers, first_group=10 * gateways)
+    log = tmp_path / f"serve-{gateways}-routers.log"
+    with kvroute_cli_server([*direct_flags(tmp_path), "--gateways", str(gateways)], 2,
+                            log, routed_probe=headers) as other:
         # HAProxy can route a probe before the CLI has finished deploying, then reload and
         # pass requests unrouted for a moment: wait until the CLI reports the app up
-        wait_until(lambda: "kvroute: up in" in (tmp_path / "serve-one-router.log").read_text(),
-                   120, "kvroute serve to report the app up")
-        single = traffic.send_groups(one.base_url, headers)
-    assert len({a.router_id for g in single for a in g}) == 1
+        wait_until(lambda: "kvroute: up in" in log.read_text(), 120,
+                   "kvroute serve to report the app up")
+        groups = traffic.send_groups(other, headers)
+        if gateways > 1:
+            wait_until(lambda: _loads_agree(other), 30,
+                       "every router's load to count the work all of them routed")
+    routers = {a.router_id for g in groups for a in g} - {None}
+    assert len(routers) == 1 if gateways == 1 else len(routers) > 1, routers
     assert len({a.router_id for g in two for a in g} - {None}) == 2  # both routers routed
     expected = [0] + [traffic.SYSTEM_TOKENS] * (traffic.PROMPTS_PER_GROUP - 1)
-    for groups in (single, two):
-        for answers in groups:
-            assert [a.cached_tokens for a in answers] == expected, answers
+    for answers in (*two, *groups):
+        assert [a.cached_tokens for a in answers] == expected, answers
     # Stated tolerance: none. Both deliver the workload's bound, to the token.
-    assert traffic.hit_rate(two) == traffic.hit_rate(single)
+    assert traffic.hit_rate(groups) == traffic.hit_rate(two)
+
+
+def _loads_agree(server) -> bool:
+    """With no request outstanding, every router's load on each replica within 10% of the
+    others' (the recent work decays 2.3% a second, and a router's gauges read through the
+    metrics hub may be a few seconds older than another's). Each router counting only its
+    own work would be far off: a group's first prompt (its whole prefill) is in the load of
+    the router that routed it only."""
+    if _outstanding(server) != 0:
+        return False
+    loads: dict[str, list[float]] = {}
+    for (name, labels), value in server.metrics().items():
+        if name == "kvroute_router_load_tokens":
+            loads.setdefault(dict(labels)["replica"], []).append(value)
+    return bool(loads) and all(len(v) > 1 and min(v) >= 0.9 * max(v) > 0
+                               for v in loads.values())
 
 
 def test_a_killed_replica_leaves_the_survivor_serving(server, oai):

@@ -246,7 +246,7 @@ class IndexMirror:
         if self.remote:
             self.remote.expire(frozenset(rid for rid, stats in reply.stats.items()
                                          if stats.num_running + stats.num_waiting == 0))
-        if reply.snapshots or reply.batches or reply.removed_replica_ids:
+        if reply.snapshots or batches or reply.removed_replica_ids:  # batches: packed too
             self._view_dirty = True
 
     def _on_removed(self, replica_id: str) -> None:

@@ -248,9 +248,12 @@ def test_the_admin_api_needs_the_admin_key_and_changes_where_requests_go(server,
 
 
 async def _stream(c: openai.AsyncOpenAI, i: int) -> str:
-    """One long stream: 'ok' when it completed, else the error the client raised."""
+    """One long stream: 'ok' when it completed, else the error the client raised. Its
+    prompt shares no prefix with the others: each stream is charged as the mean output the
+    module's short requests taught (not its max_tokens), so a shared cached prefix would
+    keep all twelve on the worker that holds it, and none would run on the one killed."""
     try:
-        stream = await c.completions.create(model="tiny", prompt=f"{SHARED} load {i}",
+        stream = await c.completions.create(model="tiny", prompt=f"stream {i} of the kill",
                                             max_tokens=300, stream=True,
                                             extra_body={"ignore_eos": True})
         finish = None

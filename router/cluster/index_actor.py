@@ -265,8 +265,9 @@ class KVIndex:
         self._router_views[request.router_id] = (time.monotonic(), dict(request.view))
         reply = self._delta(request)
         wait_s = min(request.wait_s, self._config.max_poll_wait_s)
-        if wait_s > 0 and not (reply.snapshots or reply.batches or reply.removed_replica_ids
-                               or reply.ended_route_ids or reply.shared_marks):
+        if wait_s > 0 and not (reply.snapshots or reply.batches or reply.packed
+                               or reply.removed_replica_ids or reply.ended_route_ids
+                               or reply.shared_marks):
             news = asyncio.get_running_loop().create_future()
             self._waiters[news] = request.router_id
             try:

@@ -1,6 +1,6 @@
 """Sustained load on a live simulated cluster while faults are injected on a schedule.
 
-    python benchmarks/bench_chaos.py [--duration-s 60] [--fuzz-cases 32]
+    python benchmarks/bench_chaos.py [--duration-s 60] [--fuzz-cases 40]
 
 `kvroute serve --engine sim` (preset tiny, 4 replicas, the gateway path, a local Ray
 instance in this process) under 8 clients sending completions (half streamed) for
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--fuzz-cases", type=int, default=32, help="per API operation")
+    p.add_argument("--fuzz-cases", type=int, default=40, help="per API operation")
     return p.parse_args(argv)
 
 

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from array import array
+from collections.abc import Coroutine
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,7 +117,9 @@ class FeedPublisher:
                 "num_snapshots": self.num_snapshots,
                 "final_seq": {replica_number(f.replica_id): f.next_seq for f in self._feeds}}
 
-    def _send(self, index, j: int, state: _Pending) -> None:
+    def _take(self, j: int, state: _Pending) -> tuple[EventBatch, int]:
+        """Replica j's next batch of what it owes, its blocks counted; its row recorded
+        when it carries events. The replica owes nothing and waits for the ack."""
         feed = self._feeds[j]
         sent_before = feed.num_blocks_sent
         batch = feed.next_batch(state.owed)
@@ -125,26 +128,19 @@ class FeedPublisher:
                                                   batch.next_seq, state.owed_since_s)):
                 column.append(value)
         state.owed, state.in_flight = 0, True
-        task = asyncio.get_running_loop().create_task(
-            self._publish(index, feed, state, batch, feed.num_blocks_sent - sent_before))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        return batch, feed.num_blocks_sent - sent_before
+
+    def _send(self, index, j: int, state: _Pending) -> None:
+        batch, num_blocks = self._take(j, state)
+        self._start(self._publish(index, self._feeds[j], state, batch, num_blocks))
 
     def _send_packed(self, index, js: list[int], states: list[_Pending]) -> None:
-        batches, num_blocks = [], 0
-        for j, state in zip(js, states):
-            feed = self._feeds[j]
-            sent_before = feed.num_blocks_sent
-            batch = feed.next_batch(state.owed)
-            num_blocks += feed.num_blocks_sent - sent_before
-            batches.append(batch)
-            if batch.events:
-                for column, value in zip(self._rows, (replica_number(feed.replica_id),
-                                                      batch.next_seq, state.owed_since_s)):
-                    column.append(value)
-            state.owed, state.in_flight = 0, True
-        task = asyncio.get_running_loop().create_task(
-            self._publish_packed(index, js, states, batches, num_blocks))
+        taken = [self._take(j, state) for j, state in zip(js, states)]
+        self._start(self._publish_packed(index, js, states, [b for b, _ in taken],
+                                         sum(n for _, n in taken)))
+
+    def _start(self, publish: Coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(publish)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -24,21 +24,21 @@ and operators can check that views converge.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import ray
 from prometheus_client import CollectorRegistry
 
-from kv.events import ContentsDigest, Cursor, EventBatch, Snapshot
+from kv.events import ContentsDigest, EventBatch, Snapshot
 from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actors import get_or_create_actor
 from router.cluster.external_workers import ExternalWorkers, ExternalWorkerStatus
 from router.cluster.metrics_hub import MetricsPusher
 from router.cluster.packed_batches import PackedBatches, join, split
 from router.cluster.pin_quota import PinQuota, PinRefusal
+from router.cluster.poll_messages import PollReply, PollRequest, values_of
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds
@@ -62,74 +62,6 @@ class IndexActorConfig:
             raise ValueError(f"max_logged_events must be >= 1, got {self.max_logged_events}")
         if not self.max_poll_wait_s >= 0:
             raise ValueError(f"max_poll_wait_s must be >= 0, got {self.max_poll_wait_s}")
-
-
-@dataclass(frozen=True)
-class PollRequest:
-    router_id: str
-    cursors: dict[str, Cursor]  # replica_id -> what this router has applied
-    wait_s: float = 0.0  # long poll: wait up to this long for news
-    view: dict[str, ContentsDigest] = field(default_factory=dict)  # the router's index
-    # the reply's batches as columns (`PollReply.packed`), not EventBatch objects
-    packed: bool = False
-
-    def __reduce__(self):
-        # The cursors travel as columns: a Cursor object each cost 1.7 us to pickle and
-        # unpickle, 1.4 ms a poll at 800 replicas (tuples of str and int take a fifth).
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        cursors = fields.pop("cursors")
-        return (_poll_request, (fields, tuple(cursors), tuple(c.epoch for c in cursors.values()),
-                                tuple(c.next_seq for c in cursors.values())))
-
-
-def _poll_request(fields: dict, replica_ids: tuple[str, ...], epochs: tuple[str, ...],
-                  next_seqs: tuple[int, ...]) -> PollRequest:
-    return PollRequest(cursors=dict(zip(replica_ids, map(Cursor, epochs, next_seqs))),
-                       **fields)
-
-
-@dataclass(frozen=True)
-class PollReply:
-    snapshots: tuple[Snapshot, ...]
-    batches: tuple[EventBatch, ...]
-    stats: dict[str, EngineStats]  # replica_id -> latest stats
-    removed_replica_ids: tuple[str, ...]  # in the request's cursors, not live any more
-    # external workers' KV event mode, "events" | "approximate" (approximate: route the
-    # worker from this router's own history; its index is a subset or stale)
-    worker_modes: dict[str, str] = field(default_factory=dict)
-    # direct-streaming requests this router routed that ended on their replica
-    ended_route_ids: tuple[str, ...] = ()
-    # the actor's incarnation: a new one means it restarted and forgot every replica, so
-    # routers hold their state for a grace period instead of dropping it (index_mirror.py)
-    incarnation: str = ""
-    # the pending marks (with their routed work) other routers set, and the ends of that
-    # work, since this router's last poll, in their order (shared_marks.py)
-    shared_marks: tuple[Shared, ...] = ()
-    # with `PollRequest.packed`: the batches, as columns (router/cluster/packed_batches.py)
-    packed: PackedBatches | None = None
-
-    # `stats` as each replica's field values, in its order (the actor keeps them made)
-    stats_values: tuple[tuple, ...] | None = field(default=None, repr=False, compare=False)
-
-    def __reduce__(self):
-        # Every replica's stats go with every poll: as EngineStats objects they were most
-        # of a packed reply's pickling; as one tuple of values a replica, a fifth of it.
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        stats, values = fields.pop("stats"), fields.pop("stats_values")
-        return (_poll_reply, (fields, tuple(stats), values if values is not None else tuple(
-            map(values_of, stats.values()))))
-
-
-_STATS_FIELDS = tuple(f.name for f in dataclasses.fields(EngineStats))
-
-
-def values_of(stats: EngineStats) -> tuple:
-    return tuple(getattr(stats, name) for name in _STATS_FIELDS)
-
-
-def _poll_reply(fields: dict, replica_ids: tuple[str, ...], stats: tuple[tuple, ...]
-                ) -> PollReply:
-    return PollReply(stats=dict(zip(replica_ids, (EngineStats(*v) for v in stats))), **fields)
 
 
 @dataclass

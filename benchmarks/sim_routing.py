@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.simlib import experiment as ex  # noqa: E402
-from benchmarks.simlib.cluster import ClusterConfig  # noqa: E402
+from benchmarks.simlib.cluster import MAX_TOKENS_SENT, ClusterConfig  # noqa: E402
 from benchmarks.simlib.gateway_ladder import (  # noqa: E402
     gateway_contenders,
     gateway_figures,
@@ -97,6 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rotate-candidates", action="store_true",
                    help="with --gateways: each router lists the replicas from its own offset "
                         "(full ties fall on different replicas at different routers)")
+    p.add_argument("--max-tokens-sent", default="workload_max", choices=MAX_TOKENS_SENT,
+                   help="the max_tokens clients send: the workload's longest answer (a cap, "
+                        "default), the context left after the prompt, or each request's "
+                        "exact answer length (an oracle); the answers are the same")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     p.add_argument("--trace", type=Path, default=ex.MOONCAKE_TRACE)
@@ -194,7 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
                                    num_routers=c.num_routers, router_spread=c.router_spread,
                                    share_pending_delay_s=c.share_pending_delay_s,
                                    share_work=c.share_work,
-                                   rotate_candidates=c.rotate_candidates),
+                                   rotate_candidates=c.rotate_candidates,
+                                   max_tokens_sent=args.max_tokens_sent),
                      ex.WorkloadSpec(args.workload, per_replica, args.replicas, args.seed,
                                      args.quick, args.trace), c.label)
              for per_replica in rates_per_replica(args, d) for c in entrants]

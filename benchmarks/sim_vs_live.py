@@ -83,7 +83,9 @@ def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLI
     config = ClusterConfig(summary["num_workers"], replica, router,
                            event_delay_s=event_delay_s, publish_interval_s=publish_interval_s,
                            model_name="tiny",
-                           num_routers=summary.get("num_gateways", num_routers))
+                           num_routers=summary.get("num_gateways", num_routers),
+                           # the live load sends each request's answer length as max_tokens
+                           max_tokens_sent="exact")
     sim = ClusterSim(config, Workload(summary["workload"], items))
     sim.prompts = ReplayPrompts(prompts, replica.block_size, sim.root)
     if classes is None:

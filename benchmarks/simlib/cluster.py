@@ -39,6 +39,7 @@ from router.core.router import RouterConfig
 from worker.engine.request import Request
 
 _ARRIVAL, _STEP_DONE, _PUBLISH, _DELIVER, _SHARE = range(5)
+MAX_TOKENS_SENT = ("workload_max", "context", "exact")  # ClusterConfig.max_tokens_sent
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class ClusterConfig:
     # (no cache, equal load) by listed order, so routers that know nothing of each other's
     # requests would otherwise all pick the first replica at once.
     rotate_candidates: bool = False
+    # The max_tokens the simulated clients send, the router's only hint of an answer's
+    # length (the replica still ends each answer at the workload's length, as the model's
+    # EOS would): "workload_max", the workload's longest answer (a client's cap);
+    # "context", the context left after the prompt (vLLM's default when a client sends
+    # none); "exact", each request's own answer length (an oracle no live router has).
+    max_tokens_sent: str = "workload_max"
 
     def __post_init__(self):
         if not 1 <= self.num_replicas <= 1024:
@@ -88,6 +95,9 @@ class ClusterConfig:
             raise ValueError(f"share_pending_delay_s must be finite and >= 0, got {delay_s}")
         if self.share_work and delay_s is None:
             raise ValueError("share_work needs share_pending_delay_s (the sharing's delay)")
+        if self.max_tokens_sent not in MAX_TOKENS_SENT:
+            raise ValueError(f"max_tokens_sent must be one of {', '.join(MAX_TOKENS_SENT)}, "
+                             f"got {self.max_tokens_sent!r}")
         if not (math.isfinite(self.event_delay_s) and self.event_delay_s >= 0):
             raise ValueError(f"event_delay_s must be finite and >= 0, got {self.event_delay_s}")
         if not (math.isfinite(self.publish_interval_s) and self.publish_interval_s > 0):
@@ -101,7 +111,7 @@ class RequestRecord:
     replica_id: str | None  # None: rejected before routing
     arrival_s: float
     num_prompt_tokens: int
-    max_tokens: int
+    max_tokens: int  # what the client sent (ClusterConfig.max_tokens_sent)
     predicted_hit_tokens: int = 0  # what the router expected (device + host)
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -154,6 +164,7 @@ class ClusterSim:
         self._histories: dict[str, tuple[list[int], list[bytes]]] = {}
         self._heap: list[tuple] = []
         self._seq = 0
+        self._max_output_tokens = max((it.max_tokens for it in workload.items), default=1)
         self._publish_due = [False] * config.num_replicas
         self.num_events = 0
         self.num_snapshots = 0
@@ -199,15 +210,19 @@ class ClusterSim:
         history = self._histories.pop(item.parent_id, ([], [])) if item.parent_id else ([], [])
         token_ids, hashes = self.prompts.build(item.segments, *history)
         n = len(token_ids)
-        rec = RequestRecord(item.request_id, None, self.now, n, item.max_tokens)
+        max_model_len = self.config.replica.max_model_len
+        sent = self.config.max_tokens_sent
+        max_tokens = (item.max_tokens if sent == "exact" else self._max_output_tokens
+                      if sent == "workload_max" else max(1, max_model_len - n))
+        rec = RequestRecord(item.request_id, None, self.now, n, max_tokens)
         self.records[item.request_id] = rec
-        if n >= self.config.replica.max_model_len:  # the engine would reject it
+        if n >= max_model_len:  # the engine would reject it
             self._end(rec, "rejected", token_ids, hashes)
             return
         gateway = self.gateways.pick(item)
         decision = self.routers[gateway].route(item.request_id, hashes, n,
-                                               self._candidates(gateway), item.max_tokens)
-        shared = self.gateways.shared_route(item.request_id, decision, hashes, item.max_tokens)
+                                               self._candidates(gateway), max_tokens)
+        shared = self.gateways.shared_route(item.request_id, decision, hashes, max_tokens)
         if shared is not None:
             self._push(self.now + self.config.share_pending_delay_s, _SHARE, shared)
         rec.replica_id = decision.replica_id
@@ -216,6 +231,7 @@ class ClusterSim:
         self.pooled.serve_prompt(hashes, n)
         i = self._index_of[decision.replica_id]
         rep = self.replicas[i]
+        # the answer ends at the workload's length (a live model's EOS), whatever was sent
         rep.add(Request(item.request_id, token_ids, SamplingParams(max_tokens=item.max_tokens),
                         rep.config.block_size, self.root, hashes, arrival_time=self.now))
         if not rep.is_busy:

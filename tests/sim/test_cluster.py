@@ -1,8 +1,11 @@
 """The simulated cluster: determinism, hits as kv/ counts them, load conservation."""
 
+import dataclasses
+
 import pytest
 
 from benchmarks.simlib import workloads as wl
+from benchmarks.simlib.cluster import ClusterSim
 from tests.sim.conftest import make_sim
 
 
@@ -100,3 +103,34 @@ def test_a_prompt_longer_than_a_replica_is_rejected_and_its_round_still_ends_onc
     recs = {r.request_id: r for r in sim.run().records}
     assert recs["big"].finish_reason == "rejected" and recs["big"].replica_id is None
     assert recs["ok"].finish_reason == "length"
+
+
+@pytest.mark.parametrize("sent, routed", [
+    ("workload_max", {"a": 9, "b": 9, "c": 9}),  # the default: a client's cap
+    ("context", {"a": 8 * 16 - 32, "b": 8 * 16 - 48, "c": 8 * 16 - 32}),
+    ("exact", {"a": 3, "b": 9, "c": 5})])
+def test_the_router_sees_the_max_tokens_sent_and_the_answers_keep_their_length(sent, routed):
+    items = (wl.WorkItem("a", 0.0, (wl.Segment("x", 32),), 3),
+             wl.WorkItem("b", 0.0, (wl.Segment("y", 48),), 9),
+             wl.WorkItem("c", 0.5, (wl.Segment("x", 32),), 5))
+    workload = wl.Workload("w", items)
+    sim = ClusterSim(dataclasses.replace(make_sim(workload, num_blocks=8).config,
+                                         max_tokens_sent=sent), workload)
+    seen = {}
+    route = sim.router.route
+
+    def spy(request_id, *args):
+        seen[request_id] = args[3]
+        return route(request_id, *args)
+
+    sim.router.route = spy
+    recs = {r.request_id: r for r in sim.run().records}
+    assert seen == routed
+    assert {k: r.max_tokens for k, r in recs.items()} == routed
+    assert {k: r.num_output_tokens for k, r in recs.items()} == {"a": 3, "b": 9, "c": 5}
+
+
+def test_an_unknown_max_tokens_sent_is_refused():
+    config = make_sim(grouped()).config
+    with pytest.raises(ValueError, match="max_tokens_sent"):
+        dataclasses.replace(config, max_tokens_sent="oracle")

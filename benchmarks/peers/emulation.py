@@ -7,24 +7,22 @@
   fewest blocks. Their balance override (in-flight requests: max - min > 64 and max > 1.5 x
   min) is left out: bench_peers' runs keep a few requests in flight a worker, far below it.
   Blocks, not characters: the same prefixes at block granularity.
-- `ContinuationAffinity`: kvroute's cache_aware, except that a prompt extending an earlier
-  routed prompt (that prompt's last full block is one of this prompt's, not its last: the
-  next turn of a conversation) goes where the longest such prompt went, whatever the load.
-  A `Guard` lets the cost move it after all: when that replica's load is too far above the
-  candidates' mean, when moving gains more than the history it leaves behind (hysteresis),
-  or when that replica holds too large a share of the recent sessions' context tokens.
-  `rule("continuation_affinity:load_over_mean=1.2,session_share=1.2")` names one.
+- `continuation_affinity`: kvroute's cache_aware with RouterConfig.continuation_affinity
+  (router/core/policies/continuation.py: a conversation's next turn goes where its last turn
+  went) under another guard than the product's: none by default (`NO_GUARD`), or
+  `rule("continuation_affinity:load_over_mean=1.2,session_share=1.2,min_turns=3")`.
+  (Guards measured and dropped: the gain over the history left behind, the load over the
+  mean of the busy candidates; benchmarks/results/bench_peers.txt.)
 
-All follow the policy contract (router.core.policies.base) and replace the policy of every
-Router of a ClusterSim (`install`). Neither is a kvroute setting.
+Both follow the policy contract (router.core.policies.base) and replace the policy of every
+Router of a ClusterSim (`install`).
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields, replace
 
 from benchmarks.simlib.cluster import ClusterSim
 from kv.hashing import BlockHash
@@ -32,6 +30,7 @@ from router.core.config import RouterConfig
 from router.core.policies import ReplicaView, RouteQuery
 from router.core.policies.base import RankingPolicy
 from router.core.policies.cache_aware import CacheAwarePolicy
+from router.core.policies.continuation import ContinuationGuard
 
 
 class PeerCacheAware(RankingPolicy):
@@ -63,133 +62,42 @@ class PeerCacheAware(RankingPolicy):
         return [best] + [rid for rid in ids if rid != best]
 
 
-@dataclass(frozen=True)
-class Guard:
-    """When a continuation may leave the replica its last turn went to (inf: never)."""
-
-    # that replica's load over the candidates' mean load
-    load_over_mean: float = math.inf
-    # the cost gained by moving over the cached history it leaves behind on that replica
-    gain_over_history: float = math.inf
-    # that replica's share of the recent sessions' context tokens, over the mean share
-    session_share: float = math.inf
-    session_window: int = 64  # the most recently routed sessions that count
-
-    def __post_init__(self):
-        for f in ("load_over_mean", "gain_over_history", "session_share"):
-            if not getattr(self, f) > 0:
-                raise ValueError(f"Guard.{f} must be > 0, got {getattr(self, f)!r}")
-        if self.session_window < 1:
-            raise ValueError(f"Guard.session_window must be >= 1, got {self.session_window!r}")
+# continuation_affinity with no guard: every continuation from the second turn on stays
+NO_GUARD = ContinuationGuard(min_turns=2, load_over_mean=math.inf, session_share=math.inf)
 
 
-class ContinuationAffinity(RankingPolicy):
-    name = "cache_aware"
-    uses_index = True
-
-    def __init__(self, config: RouterConfig, guard: Guard = Guard(),
-                 remembered_prompts: int = 1 << 16):
-        if remembered_prompts < 1:
-            raise ValueError(f"remembered_prompts must be >= 1, got {remembered_prompts!r}")
-        self.inner = CacheAwarePolicy(config)
-        self.guard = guard
-        self.remembered_prompts = remembered_prompts
-        # a routed prompt's last full block -> (where the prompt went, its tokens), oldest
-        # first; a continued prompt's entry gives way to its continuation's
-        self.last_block: OrderedDict[BlockHash, tuple[str, int]] = OrderedDict()
-        # the `guard.session_window` newest entries, and their tokens per replica
-        self.recent: OrderedDict[BlockHash, tuple[str, int]] = OrderedDict()
-        self.session_tokens: dict[str, float] = {}
-        self.num_kept = 0  # decisions where the continuation overruled the cost
-
-    def rank(self, query: RouteQuery, view: ReplicaView) -> list[str]:
-        order = self.inner.rank(query, view)
-        hashes = query.block_hashes
-        for h in reversed(hashes[:-1]):  # the longest earlier prompt first
-            entry = self.last_block.get(h)
-            if entry is not None and entry[0] in query.replica_ids:
-                self._leave_window(h)  # the session counts once: as its continuation
-                rid = entry[0]
-                if rid != order[0] and self._keeps(rid, order[0], query, view):
-                    self._move_credit(order[0], rid, query, view)
-                    order = [rid] + [r for r in order if r != rid]
-                    self.num_kept += 1
-                break
-        if hashes:
-            self._remember(hashes[-1], order[0], query.num_prompt_tokens)
-        return order
-
-    def _remember(self, h: BlockHash, rid: str, tokens: int) -> None:
-        self.last_block[h] = (rid, tokens)
-        self.last_block.move_to_end(h)
-        if len(self.last_block) > self.remembered_prompts:
-            self.last_block.popitem(last=False)
-        self._leave_window(h)
-        self.recent[h] = (rid, tokens)
-        self.session_tokens[rid] = self.session_tokens.get(rid, 0.0) + tokens
-        if len(self.recent) > self.guard.session_window:
-            self._leave_window(next(iter(self.recent)))
-
-    def _leave_window(self, h: BlockHash) -> None:
-        entry = self.recent.pop(h, None)
-        if entry is not None:
-            self.session_tokens[entry[0]] -= entry[1]
-
-    def _keeps(self, rid: str, best: str, query: RouteQuery, view: ReplicaView) -> bool:
-        """Whether the continuation stays on `rid` though the cost prefers `best`."""
-        g = self.guard
-        ids = query.replica_ids
-        if g.load_over_mean != math.inf:
-            mean = sum(map(view.load, ids)) / len(ids)
-            if view.load(rid) > g.load_over_mean * mean:
-                return False
-        if g.gain_over_history != math.inf:
-            n = query.num_prompt_tokens
-            prefill = {r: self.inner.prefill_cost_tokens(view.matches.get(r), n)
-                       for r in (rid, best)}
-            gain = (prefill[rid] + self.inner.load_weight * view.load(rid)
-                    - prefill[best] - self.inner.load_weight * view.load(best))
-            if gain > g.gain_over_history * (n - prefill[rid]):
-                return False
-        if g.session_share != math.inf:
-            mean = sum(self.session_tokens.get(r, 0.0) for r in ids) / len(ids)
-            if self.session_tokens.get(rid, 0.0) > g.session_share * mean:
-                return False
-        return True
-
-    def _move_credit(self, src: str, dst: str, query: RouteQuery, view: ReplicaView) -> None:
-        """The routed work the inner policy counted on `src` (its tie-break) goes to `dst`."""
-        routed = self.inner._routed_tokens
-        for rid, sign in ((src, -1.0), (dst, 1.0)):
-            prefill = self.inner.prefill_cost_tokens(view.matches.get(rid),
-                                                     query.num_prompt_tokens)
-            routed[rid] = routed.get(rid, 0.0) + sign * (prefill + query.max_tokens)
+def continuation_affinity(config: RouterConfig, guard: ContinuationGuard = NO_GUARD
+                          ) -> CacheAwarePolicy:
+    """kvroute's cache_aware with continuation affinity under `guard` (the product's code,
+    router.core.policies.continuation; RouterConfig.continuation_affinity uses its default
+    guard)."""
+    return CacheAwarePolicy(replace(config, continuation_affinity=True), guard)
 
 
 RULES: dict[str, Callable[[RouterConfig], RankingPolicy]] = {
-    "peer_cache_aware": PeerCacheAware, "continuation_affinity": ContinuationAffinity}
+    "peer_cache_aware": PeerCacheAware, "continuation_affinity": continuation_affinity}
 
 
 def rule(spec: str) -> Callable[[RouterConfig], RankingPolicy]:
-    """A rule by name, continuation_affinity with a Guard's fields after a colon:
-    "continuation_affinity:load_over_mean=1.2,session_window=32"."""
+    """A rule by name, continuation_affinity with ContinuationGuard fields after a colon
+    (the others as in NO_GUARD): "continuation_affinity:load_over_mean=1.2,min_turns=3"."""
     name, _, settings = spec.partition(":")
     make = RULES.get(name)
     if make is None:
         raise ValueError(f"unknown rule {spec!r}; choose one of {', '.join(RULES)}")
     if not settings:
         return make
-    if make is not ContinuationAffinity:
+    if make is not continuation_affinity:
         raise ValueError(f"rule {spec!r}: only continuation_affinity takes a guard")
-    kinds = {f.name: f.type for f in fields(Guard)}
+    kinds = {f.name: f.type for f in fields(ContinuationGuard)}
     kw: dict[str, float | int] = {}
     for item in settings.split(","):
         key, _, value = item.partition("=")
         if key not in kinds or not value:
             raise ValueError(f"rule {spec!r}: want NAME=VALUE, NAME one of {', '.join(kinds)}")
         kw[key] = int(value) if kinds[key] == "int" else float(value)
-    guard = Guard(**kw)
-    return lambda config: ContinuationAffinity(config, guard)
+    guard = replace(NO_GUARD, **kw)
+    return lambda config: continuation_affinity(config, guard)
 
 
 def install(sim: ClusterSim, spec: str) -> None:

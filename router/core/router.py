@@ -147,6 +147,7 @@ class Router:
             matches = self._match(entry.block_hashes, (replica_id,), on_history, confirmed)
             self._record(entry._replace(replica_id=replica_id, state=RouteState.MOVED),
                          request_id, matches.get(replica_id), confirmed, on_history)
+            self.policy.moved(entry.block_hashes, replica_id)
         return RoutingDecision(replica_id, *self.ledger.get(request_id).predicted_hit_tokens,
                                self.is_approximate(replica_id), (replica_id,))
 

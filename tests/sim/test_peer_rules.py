@@ -1,12 +1,15 @@
 """The simulator's other routing rules (benchmarks/peers/emulation.py): the peers'
-cache_aware as documented, and kvroute's cost with continuation affinity and its guards."""
+cache_aware as documented, and kvroute's continuation affinity under other guards (the
+guards themselves: tests/router/core/test_continuation.py)."""
+
+import math
 
 import pytest
 
 from benchmarks.peers.emulation import (
-    ContinuationAffinity,
-    Guard,
+    NO_GUARD,
     PeerCacheAware,
+    continuation_affinity,
     install,
 )
 from benchmarks.peers.emulation import (
@@ -15,7 +18,8 @@ from benchmarks.peers.emulation import (
 from benchmarks.simlib import workloads as wl
 from router.core.config import RouterConfig
 from router.core.policies import ReplicaView, RouteQuery
-from router.core.prefix_match import PrefixMatch
+from router.core.policies.cache_aware import CacheAwarePolicy
+from router.core.policies.continuation import ContinuationGuard
 from tests.sim.conftest import make_sim
 
 IDS = ("a", "b", "c")
@@ -46,72 +50,26 @@ def test_the_peer_rule_follows_a_long_match_and_fills_the_emptiest_history():
 
 
 def test_continuation_affinity_keeps_the_next_turn_where_the_last_one_went():
-    rule = ContinuationAffinity(RouterConfig())
+    rule = continuation_affinity(RouterConfig())
+    assert rule.continuations.guard == NO_GUARD
     first = blocks("p", 10)
     assert rule.rank(query("1", first, ("a", "b")), idle())[0] == "a"
     busy_a = ReplicaView({}, lambda rid: 1e6 if rid == "a" else 0.0)
     # on cost alone the next turn goes to b (nothing cached anywhere, a loaded) ...
-    assert rule.inner.rank(query("x", first + blocks("r", 4), ("a", "b")), busy_a)[0] == "b"
+    plain = CacheAwarePolicy(RouterConfig())
+    assert plain.rank(query("x", first + blocks("r", 4), ("a", "b")), busy_a)[0] == "b"
     # ... but it extends the prompt routed to a
     assert rule.rank(query("2", first + blocks("r", 4), ("a", "b")), busy_a) == ["a", "b"]
-    assert rule.num_kept == 1
+    assert rule.continuations.num_kept == 1
     # the same prompt again extends nothing (its last block is the earlier prompt's last)
     assert rule.rank(query("3", first, ("a", "b")), busy_a)[0] == "b"
 
 
-def loaded(a_tokens, matches=None):
-    return ReplicaView(matches or {}, lambda rid: a_tokens if rid == "a" else 0.0)
-
-
-def next_turn_goes_to(guard, a_tokens, matches=None):
-    """Where the turn after a 10-block prompt (routed to a) goes, a carrying `a_tokens`."""
-    policy = ContinuationAffinity(RouterConfig(), guard)
-    first = blocks("p", 10)
-    assert policy.rank(query("1", first, ("a", "b")), idle())[0] == "a"
-    return policy.rank(query("2", first + blocks("r", 4), ("a", "b")),
-                       loaded(a_tokens, matches))[0]
-
-
-def test_a_load_guard_moves_the_turn_only_off_a_replica_far_above_the_mean():
-    # a: 1,000 tokens, b: 0, mean 500: a is 2x the mean
-    assert next_turn_goes_to(Guard(load_over_mean=2.5), 1000.0) == "a"
-    assert next_turn_goes_to(Guard(load_over_mean=1.5), 1000.0) == "b"
-
-
-def test_hysteresis_moves_the_turn_only_when_the_gain_exceeds_the_history_left_behind():
-    held = {"a": PrefixMatch(10, 0)}  # the first prompt's 160 tokens cached on a
-    # cost: a 64 + 0.2 x 1,000 = 264, b 224 (all uncached): a gain of 40 < 160 cached
-    assert next_turn_goes_to(Guard(gain_over_history=1.0), 1000.0, held) == "a"
-    # a gain of 0.2 x 10,000 - 160 = 1,840 > 160
-    assert next_turn_goes_to(Guard(gain_over_history=1.0), 10_000.0, held) == "b"
-    # nothing cached on a: any gain moves it
-    assert next_turn_goes_to(Guard(gain_over_history=1.0), 1000.0) == "b"
-
-
-def test_a_session_share_guard_moves_turns_off_a_replica_holding_most_recent_context():
-    policy = ContinuationAffinity(RouterConfig(), Guard(session_share=1.5, session_window=2))
-    ids = ("a", "b")
-    busy_a, busy_b = loaded(1e6), ReplicaView({}, lambda rid: 1e6 if rid == "b" else 0.0)
-    s1, s2, s3 = blocks("s", 10), blocks("t", 10), blocks("u", 10)
-    for name, prompt in (("1", s1), ("2", s2)):
-        assert policy.rank(query(name, prompt, ids), busy_b)[0] == "a"
-    assert policy.session_tokens == {"a": 320.0}
-    # s1's next turn: a holds s2's 160 tokens, b none: 2x the mean share, so it moves
-    assert policy.rank(query("3", s1 + blocks("x", 2), ids), busy_a)[0] == "b"
-    assert policy.session_tokens == {"a": 160.0, "b": 192.0}
-    # s2's next turn: counted as itself no longer, a holds nothing: it stays
-    assert policy.rank(query("4", s2 + blocks("y", 2), ids), busy_a)[0] == "a"
-    assert policy.num_kept == 1
-    assert policy.session_tokens == {"a": 192.0, "b": 192.0}
-    # a third session on b; the window of 2 drops the oldest entry (s1's turn on b)
-    assert policy.rank(query("5", s3, ids), busy_a)[0] == "b"
-    assert policy.session_tokens == {"a": 192.0, "b": 160.0}
-
-
 def test_rule_names_a_guard_and_refuses_bad_ones():
-    make = parse_rule("continuation_affinity:load_over_mean=1.2,session_window=32")
+    make = parse_rule("continuation_affinity:load_over_mean=1.2,session_window=32,min_turns=3")
     policy = make(RouterConfig())
-    assert policy.guard == Guard(load_over_mean=1.2, session_window=32)
+    assert policy.continuations.guard == ContinuationGuard(
+        min_turns=3, load_over_mean=1.2, session_share=math.inf, session_window=32)
     assert parse_rule("peer_cache_aware") is PeerCacheAware
     for bad, match in (("continuation_affinity:nope=1", "want NAME=VALUE"),
                        ("continuation_affinity:load_over_mean=", "want NAME=VALUE"),
@@ -126,7 +84,7 @@ def test_install_routes_every_turn_of_a_client_to_one_replica():
     work = wl.multi_turn(num_clients=4, num_rounds=3, request_len=64, output_len=8,
                          rate_qps=50.0)
     for rule, cls in (("peer_cache_aware", PeerCacheAware),
-                      ("continuation_affinity", ContinuationAffinity)):
+                      ("continuation_affinity", CacheAwarePolicy)):
         sim = make_sim(work, num_replicas=2)
         install(sim, rule)
         assert all(type(router.policy) is cls for router in sim.routers)

@@ -48,6 +48,8 @@ class Policy(Protocol):
       - `name` is a short constant used as the `policy` metric label.
       - `uses_index` tells the router whether to compute `view.matches` (the walk over the
         prompt's hashes) before calling `rank`.
+      - `moved` hears that a ranked request runs on another replica than the first it
+        ranked (that one was full): a policy that remembers where requests went updates it.
     """
 
     name: ClassVar[str]
@@ -56,6 +58,8 @@ class Policy(Protocol):
     def rank(self, query: RouteQuery, view: ReplicaView) -> list[str]: ...
 
     def choose(self, query: RouteQuery, view: ReplicaView) -> str: ...
+
+    def moved(self, block_hashes: Sequence[BlockHash], replica_id: str) -> None: ...
 
 
 class RankingPolicy:
@@ -66,6 +70,9 @@ class RankingPolicy:
 
     def choose(self, query: RouteQuery, view: ReplicaView) -> str:
         return self.rank(query, view)[0]
+
+    def moved(self, block_hashes: Sequence[BlockHash], replica_id: str) -> None:
+        """Nothing remembered: nothing to update."""
 
 
 def by_load(replica_ids: Sequence[str], load: Callable[[str], float]) -> list[str]:

@@ -17,6 +17,9 @@ Imbalance guard: if the winner's load exceeds the least loaded candidate's by mo
 (not discounted by load_weight), or the request goes to the least loaded candidate. A
 modest load_weight routes for locality in steady state; the guard stops one hot prefix from
 building a queue that the discount would tolerate.
+
+Continuation affinity (RouterConfig.continuation_affinity): a conversation's next turn goes
+where its last turn went unless its guard lets the cost move it (policies/continuation.py).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kv.hashing import BlockHash
 from router.core.policies.base import RankingPolicy, ReplicaView, RouteQuery
+from router.core.policies.continuation import ContinuationGuard, Continuations
 from router.core.prefix_match import PrefixMatch, PrefixMatches
 
 if TYPE_CHECKING:
@@ -44,7 +49,8 @@ class CacheAwarePolicy(RankingPolicy):
     name = "cache_aware"
     uses_index = True
 
-    def __init__(self, config: RouterConfig):
+    def __init__(self, config: RouterConfig,
+                 continuation_guard: ContinuationGuard | None = None):
         self.block_size = config.block_size
         self.load_weight = config.load_weight
         self.host_cost_fraction = config.host_cost_fraction
@@ -54,6 +60,9 @@ class CacheAwarePolicy(RankingPolicy):
         self._routed_tokens: dict[str, float] = {}
         self._listed_ids: tuple[str, ...] = ()  # the last candidates ranked, and where each
         self._listed_positions: dict[str, int] = {}  # sits in that list
+        # where recent prompts went (continuation affinity on; guard: its defaults if None)
+        self.continuations = (Continuations(continuation_guard or ContinuationGuard())
+                              if config.continuation_affinity else None)
 
     def prefill_cost_tokens(self, match: PrefixMatch | None, num_prompt_tokens: int) -> float:
         """Tokens of prefill the request costs on a replica with this cached prefix."""
@@ -104,10 +113,21 @@ class CacheAwarePolicy(RankingPolicy):
                 order.remove(least)
                 order.insert(0, least)
                 best = least
+        if self.continuations is not None:
+            kept = self.continuations.follow(query.block_hashes, query.num_prompt_tokens, ids,
+                                             loads, best)
+            if kept != best:
+                order.remove(kept)
+                order.insert(0, kept)
+                best = kept
         best_id = ids[best]
         self._routed_tokens[best_id] = (self._routed_tokens.get(best_id, 0.0)
                                         + float(prefills[best]) + query.max_tokens)
         return list(map(ids.__getitem__, order))
+
+    def moved(self, block_hashes: Sequence[BlockHash], replica_id: str) -> None:
+        if self.continuations is not None:
+            self.continuations.moved(block_hashes, replica_id)
 
     def _positions(self, ids: Sequence[str]) -> dict[str, int]:
         """Each candidate's position in `ids`, kept while the candidates stay the same."""

@@ -220,7 +220,7 @@ class PrefixIndex:
         new = table.unique_rows(rows[(table.masks[rows, held.word] & held.bit) == 0])
         if new.size:
             self._num_blocks[medium] += int(np.count_nonzero(
-                self._none_on(medium, table.masks[new])))
+                self._none_on(medium, table.masks_of(new))))
             table.masks[new, held.word] |= held.bit
             held.append(new)
         self._confirm(rep, medium, block_hashes)
@@ -243,7 +243,7 @@ class PrefixIndex:
         if not rows.size:
             return
         table.masks[rows, held.word] &= ~held.bit
-        left = table.masks[rows]
+        left = table.masks_of(rows)
         self._num_blocks[medium] -= int(np.count_nonzero(self._none_on(medium, left)))
         held.count -= len(rows)
         table.free(rows[~rows_nonzero(left)])
@@ -300,11 +300,11 @@ class PrefixIndex:
         keys = key_words(block_hashes)
         # Most prompts' cached prefixes end early (every miss at its first block): look up
         # a first chunk, and the rest only if some run reaches the chunk's end.
-        masks = table.masks[table.lookup(keys[:_FIRST_CHUNK_BLOCKS])]
+        masks = table.masks_of(table.lookup(keys[:_FIRST_CHUNK_BLOCKS]))
         walk = PrefixWalk(candidates, block_hashes, pending)
         walk.walk(masks)
         if walk.going and len(keys) > len(masks):
-            walk.walk(np.concatenate((masks, table.masks[table.lookup(keys[len(masks):])])))
+            walk.walk(np.concatenate((masks, table.masks_of(table.lookup(keys[len(masks):])))))
         slots, device_runs, total_runs, carried = walk.runs()
         replica_of_slot = self._replica_of_slot
         if confirmed is not None:

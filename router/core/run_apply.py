@@ -20,11 +20,12 @@ counts): what the touched rows count after, minus before.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
 from kv.hashing import BlockHash
-from router.core.block_table import BlockTable, key_words, rows_nonzero
+from router.core.block_table import HASH_BYTES, BlockTable, rows_nonzero
 from router.core.held_rows import HeldRows
 
 _DEVICE_WORD = np.uint64(0x5555_5555_5555_5555)  # the device bits of a mask word
@@ -35,8 +36,12 @@ _ROW_BITS = 32  # a (pair, row) pair sorts as one int64: pair << 32 | row
 def _column(table: BlockTable, runs: Sequence[tuple[HeldRows, Sequence[BlockHash]]]
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(keys [n, 2], pair of each hash [n], word of each pair [P], bit of each pair [P])."""
-    keys = key_words([h for _, hashes in runs for h in hashes])
-    pair = np.repeat(np.arange(len(runs)), [len(hashes) for _, hashes in runs])
+    counts = [len(hashes) for _, hashes in runs]
+    joined = b"".join(chain.from_iterable(hashes for _, hashes in runs))  # no per-hash list
+    if len(joined) != HASH_BYTES * sum(counts):
+        raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
+    keys = np.frombuffer(joined, np.uint64).reshape(-1, 2)
+    pair = np.repeat(np.arange(len(runs)), counts)
     words = np.array([held.word for held, _ in runs], np.intp)
     bits = np.array([held.bit for held, _ in runs], np.uint64)
     return keys, pair, words, bits
@@ -66,9 +71,9 @@ def _scatter(table: BlockTable, pair: np.ndarray, rows: np.ndarray, words: np.nd
     bit. Returns (the touched rows once each, their masks after, per medium the change in
     rows holding it, then `pair` and `rows` once each, still in pair order)."""
     touched = table.unique_rows(rows)
-    before = table.masks[touched]
+    before = table.masks_of(touched)
     ufunc.at(table.masks.reshape(-1), rows * table.num_words + words[pair], bits[pair])
-    after = table.masks[touched]
+    after = table.masks_of(touched)
     if int(np.bitwise_count(after ^ before).sum()) != len(rows):  # some pair named a row twice
         pair, rows = _distinct(pair, rows)
     change = [a - b for a, b in zip(count_rows(after), count_rows(before))]

@@ -67,6 +67,11 @@ class ServeSettings(EngineSettings):
         _ROUTER_DEFAULTS.host_cost_fraction, ge=0, le=1,
         description="cache_aware: cost of a host-cached prompt token as a fraction of "
                     "recomputing it (0: as good as a device hit, 1: no better than a miss)")
+    continuation_affinity: bool = Field(
+        _ROUTER_DEFAULTS.continuation_affinity,
+        description="cache_aware: a conversation's next turn goes where its last turn went "
+                    "(from its third turn on, unless that replica's load is over 1.2x the "
+                    "mean or it holds over 1.2x the mean share of the recent sessions)")
     pooled_sample_rate: float = Field(
         _BOUND_DEFAULTS.sample_rate, gt=0, le=1,
         description="the online pooled bound (kvroute_pooled_hit_ratio): the least fraction "
@@ -156,7 +161,8 @@ class ServeSettings(EngineSettings):
                 "load_weight": self.load_weight,
                 "imbalance_threshold": self.imbalance_threshold,
                 "pending_ttl_s": self.pending_ttl_s,
-                "host_cost_fraction": self.host_cost_fraction}
+                "host_cost_fraction": self.host_cost_fraction,
+                "continuation_affinity": self.continuation_affinity}
 
     def bound_args(self) -> dict[str, Any]:
         """HitCurveConfig's keyword arguments (the hit-bound actor's, from the routers)."""

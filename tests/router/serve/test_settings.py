@@ -151,3 +151,12 @@ def test_pooled_bound_settings_reach_the_request_routers():
     assert kwargs["bound"] == {"sample_rate": 0.25, "recent_window_s": 300.0}
     with pytest.raises(SettingsError, match="pooled_sample_rate"):
         load_settings(ServeSettings, {"pooled_sample_rate": "1.5"}, env={})
+
+
+def test_continuation_affinity_reaches_the_request_routers_and_the_worker_gateway():
+    app = build_app({"engine": "sim", "replicas": 1, "ingress": "gateway",
+                     "continuation_affinity": "true"})
+    _, engine = _deployments(app)
+    kwargs = engine._deployment_config.request_router_config.request_router_kwargs
+    assert kwargs["router"]["continuation_affinity"] is True
+    assert ServeSettings(workers=["http://w:1"]).router_args()["continuation_affinity"] is False

@@ -60,6 +60,7 @@ from benchmarks.simlib.openai_load import LoadConfig, LoadGenerator, summarize_h
 from benchmarks.simlib.prompts import TokenSource  # noqa: E402
 from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
+from router.core.config import RouterConfig  # noqa: E402
 
 MAX_BATCHED_TOKENS, MAX_SEQS = 8192, 1024
 
@@ -92,6 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--record-events", action="store_true",
                    help="follow the workers' KV events from the client too, and classify "
                         "each run's misses (benchmarks/peers/event_recorder.py)")
+    p.add_argument("--continuation-affinity", action=argparse.BooleanOptionalAction,
+                   default=RouterConfig().continuation_affinity,
+                   help="kvroute's routers: a conversation's next turn goes where its last "
+                        "went (RouterConfig.continuation_affinity; default: kvroute's)")
     add_workload_flags(p)
     return p.parse_args(argv)
 
@@ -145,7 +150,7 @@ def run_cell(args, spec: PeerWorkload, router: str, seed: int, log_dir: Path,
         if args.record_events:
             recorder = EventRecorder([w.kv_events_endpoint for w in workers], MODEL)
         running = start_router(router, workers, spec.num_blocks, log_dir, head,
-                               args.gateways)
+                               args.gateways, args.continuation_affinity)
         startup_s = time.monotonic() - t0
         warm_up(running.base_url, urls)
         before = [measure.worker_counters(u) for u in urls]
@@ -175,6 +180,7 @@ def run_cell(args, spec: PeerWorkload, router: str, seed: int, log_dir: Path,
     summary.update(workload=spec.name, router=router, seed=seed, num_workers=args.workers,
                    num_blocks=spec.num_blocks, sim_preset=args.sim_preset,
                    num_gateways=args.gateways,
+                   continuation_affinity=args.continuation_affinity,
                    max_num_batched_tokens=MAX_BATCHED_TOKENS, max_num_seqs=MAX_SEQS,
                    startup_s=startup_s,
                    wall_s=time.monotonic() - t0, load_1m_start=load0,

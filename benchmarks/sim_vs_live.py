@@ -79,7 +79,10 @@ def replay(summary: dict, records: list[dict], publish_interval_s: float = PUBLI
                             preset=summary["sim_preset"], step_time_scale=step_time_scale)
     approximate = summary["router"] == "kvroute_approximate"
     router = RouterConfig(approximate=approximate, approx_capacity_blocks=summary["num_blocks"],
-                          **(router_overrides or {}))
+                          # runs recorded before the setting existed had it off
+                          **{"continuation_affinity": summary.get("continuation_affinity",
+                                                                  False),
+                             **(router_overrides or {})})
     config = ClusterConfig(summary["num_workers"], replica, router,
                            event_delay_s=event_delay_s, publish_interval_s=publish_interval_s,
                            model_name="tiny",

@@ -91,9 +91,11 @@ class RunningRouter:
 
 
 def start_router(name: str, workers: Sequence[EngineWorker], num_blocks: int, log_dir: Path,
-                 head: RayHead | None, num_gateways: int = 1) -> RunningRouter:
-    """`num_gateways`: kvroute serve's gateway processes, given explicitly so that a run
-    says what it measured whatever the default is (sim_vs_live.py replays as many)."""
+                 head: RayHead | None, num_gateways: int = 1,
+                 continuation_affinity: bool = False) -> RunningRouter:
+    """`num_gateways`: kvroute serve's gateway processes, and `continuation_affinity`, given
+    explicitly so that a run says what it measured whatever the default is (sim_vs_live.py
+    replays the same)."""
     if name == "none":
         return RunningRouter(name, None)
     if name in KVROUTE:
@@ -105,7 +107,9 @@ def start_router(name: str, workers: Sequence[EngineWorker], num_blocks: int, lo
         else:
             targets, flags = [w.url for w in workers], ["--approximate"]
         # routed history assumes each worker caches what its pool holds
-        flags += ["--num-blocks", str(num_blocks), "--gateways", str(num_gateways)]
+        flags += ["--num-blocks", str(num_blocks), "--gateways", str(num_gateways),
+                  "--continuation-affinity" if continuation_affinity
+                  else "--no-continuation-affinity"]
         gateway = start_gateway(targets, flags, log_dir / f"{name}.log", events=events,
                                 head=head)
         return RunningRouter(name, gateway.base_url, _gateway=gateway, _head=head)

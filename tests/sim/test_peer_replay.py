@@ -111,3 +111,21 @@ def test_two_routers_each_keep_their_own_marks_and_see_one_event_feed():
     # routed history split over two routers sends groups where the other router put them
     # less often: fewer hits than one router's
     assert two < one
+
+
+def test_a_replay_routes_with_the_live_run_s_continuation_affinity(monkeypatch):
+    seen = []
+
+    class Spy(ClusterSim):
+        def __init__(self, config, workload):
+            seen.append(config.router.continuation_affinity)
+            super().__init__(config, workload)
+
+    monkeypatch.setattr(sim_vs_live, "ClusterSim", Spy)
+    summary = {"workload": "t", "router": "kvroute_events", "num_workers": 2,
+               "num_blocks": 64, "max_num_seqs": 8, "max_num_batched_tokens": 512,
+               "sim_preset": "tiny"}
+    records = [{"request_id": "q0", "sent_s": 0.0, "prompt": "hello", "completion_tokens": 2}]
+    for recorded in ({"continuation_affinity": True}, {"continuation_affinity": False}, {}):
+        sim_vs_live.replay({**summary, **recorded}, records)
+    assert seen == [True, False, False]  # a run recorded before the setting had it off

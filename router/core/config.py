@@ -44,10 +44,10 @@ class RouterConfig:
     # A routed block counts as cached on its replica until an event confirms it, while its
     # request is outstanding and this long after it finished.
     pending_ttl_s: float = 2.0
-    # A conversation's next turn goes where its last turn went, unless it is one of the
-    # session's first turns or that replica carries too much of the load or of the recent
-    # sessions (cache_aware; router/core/policies/continuation.py): a turn moved on cost
-    # holds its history twice under memory pressure.
+    # A conversation's next turn goes where its last turn went, unless that replica carries
+    # too much of the load or of the recent sessions (cache_aware;
+    # router/core/policies/continuation.py): a turn moved on cost holds its history twice
+    # under memory pressure.
     continuation_affinity: bool = False
     approximate: bool = False  # ignore events, use routed history only
     approx_capacity_blocks: int = 16384  # per replica, for approximate mode

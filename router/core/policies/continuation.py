@@ -11,8 +11,8 @@ turn; benchmarks/results/bench_peers.txt).
 Never moving a turn leaves a replica that drew the longest sessions with too much of the
 work (the simulator's conversation ladder: load share 1.08 -> 1.80). The guard lets the
 cost move a turn after all:
-  - a session's first turns go by the cost (`min_turns`): its history is short, cheap to
-    move, and the sessions' lengths are not known yet;
+  - a session's first turns go by the cost if `min_turns` > 2 (off by default: on
+    multi_turn, the turns the cost moves are early ones);
   - the replica's load is above `load_over_mean` x the candidates' mean load;
   - the replica holds more than `session_share` x the candidates' mean of the context
     tokens of the `session_window` sessions routed most recently.
@@ -34,8 +34,8 @@ from kv.hashing import BlockHash
 class ContinuationGuard:
     """When a session's next turn may leave the replica its last turn went to."""
 
-    min_turns: int = 3  # affinity holds from this turn of a session on (1: the first)
-    load_over_mean: float = 1.2  # that replica's load over the candidates' mean (inf: any)
+    min_turns: int = 2  # affinity holds from this turn of a session on (1: the first)
+    load_over_mean: float = 1.25  # that replica's load over the candidates' mean (inf: any)
     session_share: float = 1.2  # its recent sessions' tokens over the mean (inf: any)
     session_window: int = 64  # the most recently routed sessions that count
     max_prompts: int = 1 << 16  # sessions remembered (oldest forgotten: cost alone)

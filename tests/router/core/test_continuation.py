@@ -16,7 +16,7 @@ from tests.router.core.core_helpers import FakeClock, h
 
 B = 16
 IDS = ("a", "b")
-OPEN = ContinuationGuard(load_over_mean=math.inf, session_share=math.inf)  # min_turns only
+OPEN = ContinuationGuard(load_over_mean=math.inf, session_share=math.inf)  # no guard
 
 
 def turns(session: int, n: int) -> list[list[bytes]]:
@@ -38,8 +38,8 @@ def busy(rid: str, tokens: float = 1e6) -> dict[str, float]:
     return {rid: tokens}
 
 
-def test_from_its_third_turn_a_session_stays_where_its_last_turn_went():
-    p = policy(OPEN)
+def test_with_min_turns_three_a_session_stays_where_its_last_turn_went_from_its_third():
+    p = policy(ContinuationGuard(min_turns=3, load_over_mean=math.inf, session_share=math.inf))
     t1, t2, t3, t4 = turns(0, 4)
     assert rank(p, "1", t1, {}) == "a"
     # the second turn goes by the cost: a is loaded, nothing cached anywhere
@@ -62,8 +62,8 @@ def test_off_by_default_every_turn_goes_by_the_cost():
         == ["a", "b", "a"]
 
 
-def test_min_turns_two_keeps_the_second_turn_too():
-    p = policy(ContinuationGuard(min_turns=2, load_over_mean=math.inf, session_share=math.inf))
+def test_by_default_the_second_turn_stays_too():
+    p = policy(OPEN)
     t1, t2 = turns(0, 2)
     assert rank(p, "1", t1, {}) == "a"
     assert rank(p, "2", t2, busy("a")) == "a"

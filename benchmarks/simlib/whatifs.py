@@ -19,6 +19,10 @@ default it runs the product's `Router` itself.
                                  routed and completed only); its prefill leaves the load
     running_decode_weight        the fraction of a running request's decode still counted
                                  (after its first token, and in the published stats)
+    decode_charge_max_tokens     a request's decode charged as its max_tokens until it
+                                 ends (the product charges the mean output when that is
+                                 less); with clients sending each answer's exact length
+                                 (sim_routing --max-tokens-sent exact), the oracle forecast
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class WhatIfs:
     recent_work_ends_when_idle: bool = False
     first_token_signal: bool = False
     running_decode_weight: float = 1.0
+    decode_charge_max_tokens: bool = False
 
     def __post_init__(self):
         for name in ("recent_prefill_fraction", "running_decode_weight"):
@@ -78,6 +83,11 @@ class WhatIfLoads(LoadTracker):
     def finish(self, request_id: str, output_tokens: int | None = None) -> None:
         self._first_token_tokens.pop(request_id, None)
         super().finish(request_id, output_tokens)
+
+    def decode_tokens(self, max_tokens: float) -> float:
+        if self.whatifs.decode_charge_max_tokens:
+            return bounded_tokens(max_tokens)
+        return super().decode_tokens(max_tokens)
 
     def first_token(self, request_id: str) -> None:
         """The request has its first token: its prefill work is done (unknown or already

@@ -159,3 +159,13 @@ def test_running_decode_weight_discounts_the_published_running_requests():
         r.update_stats("r0", _stats(num_running=4, num_waiting=2))
     assert product.loads.load("r0") == (4 + 2) * 5.0
     assert router.loads.load("r0") == (0.5 * 4 + 2) * 5.0
+
+
+def test_decode_charged_as_max_tokens_only_when_asked():
+    for as_max_tokens, charged in ((False, 20.0), (True, 500.0)):
+        router = whatif_router(decode_charge_max_tokens=as_max_tokens,
+                               router_kw=dict(cached_load_fraction=0.0))
+        router.route("a", prompt(0), B, REPLICAS, max_tokens=500)
+        router.on_finished("a", output_tokens=20)  # the mean output is 20 now
+        router.route("b", prompt(1), B, REPLICAS, max_tokens=500)
+        assert router.loads.load(router.ledger.get("b").replica_id) == B + charged

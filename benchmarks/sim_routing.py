@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", required=True, choices=WORKLOAD_NAMES)
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--policy", default="cache_aware", choices=POLICY_NAMES)
+    p.add_argument("--policy-only", action="store_true",
+                   help="run the policy alone: no round_robin or approximate baseline (no "
+                        "ratios, no saturation rate), a third of the time")
     p.add_argument("--others", default="",
                    help="more policies to compare, comma-separated, or 'all'")
     p.add_argument("--qps", type=float, default=None,
@@ -118,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.spread = args.spread.split(",")
         if not set(args.spread) <= set(SPREADS):
             p.error(f"--spread: each of {', '.join(SPREADS)}")
+        if args.policy_only:
+            p.error("--policy-only runs one router: not with --gateways")
     elif args.share_pending_delay_s is not None or args.rotate_candidates:
         p.error("--share-pending-delay-s and --rotate-candidates need --gateways")
     if args.share_work and args.share_pending_delay_s is None:
@@ -186,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
     whatifs = whatifs_of(args)
     if args.gateways is None:
         entrants = ex.contenders(args.policy, base, others)
+        if args.policy_only:
+            entrants = entrants[:1]
     else:
         entrants = gateway_contenders(args.policy, base, args.gateways, args.spread,
                                       args.share_pending_delay_s, args.share_work,

@@ -52,6 +52,22 @@ def test_a_ladder_writes_its_plot_and_summaries(tmp_path):
     assert replot(tmp_path / "multi_turn_r2.json") == png and png.stat().st_size > 10_000
 
 
+def test_policy_only_runs_the_policy_alone_with_the_max_tokens_sent(tmp_path, capsys):
+    argv = ["--workload", "mooncake", "--replicas", "2", "--quick", "--ladder", "1",
+            "--out-dir", str(tmp_path), "--policy-only"]
+    sim_routing.main(argv)
+    exact = sim_routing.main([*argv, "--max-tokens-sent", "exact", "--tag", "_exact",
+                              "--router", "decode_charge_max_tokens=true"])
+    dump = json.loads((tmp_path / "mooncake_r2_exact.json").read_text())
+    assert set(dump["runs"]) == {"cache_aware"} and dump["args"]["max_tokens_sent"] == "exact"
+    assert "worst_hit_minus_approximate" not in exact and exact["saturation_rate_qps"] is None
+    # the same requests and answers, routed on another forecast of their decode
+    runs = [json.loads((tmp_path / f).read_text())["runs"]["cache_aware"][0]
+            for f in ("mooncake_r2.json", "mooncake_r2_exact.json")]
+    assert runs[0]["num_requests"] == runs[1]["num_requests"] == 60
+    capsys.readouterr()
+
+
 def test_runs_repeat_exactly_across_processes_and_hash_seeds():
     def run(hash_seed: str) -> dict:
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}

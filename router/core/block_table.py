@@ -36,7 +36,6 @@ import numpy as np
 HASH_BYTES = 16
 SLOTS_PER_WORD = 32  # two bits (device, host) per replica slot in a 64-bit word
 _MIN_BUCKET_BITS = 10
-_COMPACT_PROBES_FROM = 4096  # hashes per lookup
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xBF58476D1CE4E5B9)
 _MASK64 = (1 << 64) - 1
@@ -85,7 +84,7 @@ class BlockTable:
             raise ValueError(f"BlockTable: num_words >= 1 and initial_rows >= 2, got "
                              f"{num_words}, {initial_rows}")
         self.keys = np.zeros((initial_rows, 2), np.uint64)
-        self._k1 = self.keys[:, 1]  # the word a probe compares (a view)
+        self._k0, self._k1 = self.keys[:, 0], self.keys[:, 1]  # views: a probe compares k1
         self.masks = np.zeros((initial_rows, num_words), np.uint64)
         self._next = np.zeros(initial_rows, np.int32)
         self._used = np.zeros(initial_rows, bool)  # rows holding a hash
@@ -130,21 +129,18 @@ class BlockTable:
             return np.zeros(0, np.intp)
         want = keys[:, 1]
         k1, nxt = self._k1, self._next
-        rows = self._heads[self._buckets(keys)]
-        if len(keys) > _COMPACT_PROBES_FROM:  # a snapshot: probe only the unresolved
-            active, probe = np.arange(len(keys)), rows.copy()
-            while probe.size:
-                done = (k1[probe] == want[active]) | (probe == 0)
-                rows[active[done]] = probe[done]
-                active, probe = active[~done], nxt[probe[~done]]
-        else:  # a prompt or an event: fewer numpy calls beat smaller arrays
-            while True:
-                done = (k1[rows] == want) | (rows == 0)
-                if done.all():
-                    break
-                rows = np.where(done, rows, nxt[rows])
-        rows = rows.astype(np.intp)
-        wrong = np.flatnonzero((self.keys[rows, 0] != keys[:, 0]) & (rows != 0))
+        rows = self._heads[self._buckets(keys)].astype(np.intp)
+        # Most hashes are settled by their chain's head (found, or an empty bucket): only
+        # the others walk on, each step over the ones still walking.
+        at = np.flatnonzero((k1[rows] != want) & (rows != 0))
+        probe = rows[at]
+        while at.size:
+            probe = nxt[probe]
+            end = (k1[probe] == want[at]) | (probe == 0)
+            rows[at[end]] = probe[end]
+            going = ~end
+            at, probe = at[going], probe[going]
+        wrong = np.flatnonzero((self._k0[rows] != keys[:, 0]) & (rows != 0))
         for i in wrong.tolist():
             rows[i] = self.lookup_one(keys[i].tobytes()) or 0
         return rows
@@ -246,11 +242,11 @@ class BlockTable:
     def _grow(self, num_rows: int) -> None:
         """Enlarges the row arrays in place (realloc: a large block is remapped, not copied,
         so growing a million rows is no stall); the new rows are zero. Nothing outside this
-        object keeps a view of them, and `_k1`, the one view, is taken again."""
+        object keeps a view of them, and `_k0` and `_k1`, the views, are taken again."""
         for name in ("keys", "masks", "_next", "_used", "_stamps"):
             getattr(self, name).resize((num_rows, *getattr(self, name).shape[1:]),
                                        refcheck=False)
-        self._k1 = self.keys[:, 1]
+        self._k0, self._k1 = self.keys[:, 0], self.keys[:, 1]
 
     def _rehash(self, bucket_bits: int) -> None:
         self._bucket_bits = bucket_bits

@@ -9,8 +9,9 @@ rest only if some run reaches past it), then a walk over the few blocks where so
 candidate's bits change (router.core.prefix_walk).
 
 Events feed it through one `kv.events.ReplicaEventTracker` per replica (gaps, reordering
-and restarts are the tracker's job); per-replica row lists (router.core.held_rows) make
-clears, snapshots and `remove_replica` cost what that replica held, not the whole index.
+and restarts are the tracker's job) into the contents (router.core.index_contents: the
+table, per-replica row lists that make clears, snapshots and `remove_replica` cost what
+that replica held, and the runs of events applied many replicas at once).
 The arrays hold no Python objects, so CPython's cyclic collector never walks them.
 """
 
@@ -21,33 +22,19 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
-from kv.events import MEDIA, EventBatch, Medium, ReplicaEventTracker, Snapshot
+from kv.events import EventBatch, Medium, ReplicaEventTracker, Snapshot
 from kv.hashing import BlockHash
-from router.core.block_table import SLOTS_PER_WORD, BlockTable, key_words, rows_nonzero
+from router.core.block_table import SLOTS_PER_WORD, key_words
 from router.core.held_rows import HeldRows, HeldView
+from router.core.index_contents import IndexContents, ReplicaContents, ReplicaSlots
 from router.core.pending import PendingMarks
 from router.core.prefix_match import PrefixMatch, PrefixMatches
-from router.core.prefix_walk import PrefixWalk, as_int
-from router.core.run_apply import add_runs, remove_runs
+from router.core.prefix_walk import PrefixWalk
 
 __all__ = ["PrefixIndex", "PrefixMatch"]
 
-_DEVICE_WORD = np.uint64(0x5555_5555_5555_5555)  # the device bits of a mask word
 _NO_RUNS = np.zeros(0, np.int64)
 _FIRST_CHUNK_BLOCKS = 32  # blocks of a prompt looked up before the rest (see `match`)
-
-
-class _Replica:
-    __slots__ = ("slot", "device_bit", "held", "tracker", "runs")
-
-    def __init__(self, slot: int, held: dict[Medium, HeldRows],
-                 tracker: ReplicaEventTracker):
-        self.slot = slot
-        self.device_bit = 1 << (2 * slot)  # the host bit is device_bit << 1
-        self.held = held
-        self.tracker = tracker
-        # per medium, the runs of events not applied yet, in order: (op, their hashes)
-        self.runs: dict[Medium, list[tuple[str, list[BlockHash]]]] = {}
 
 
 class PrefixIndex:
@@ -62,12 +49,10 @@ class PrefixIndex:
                  clock: Callable[[], float] = time.monotonic):
         self.clock = clock
         self.pending = PendingMarks(pending_ttl_s)
-        self._table = BlockTable()
-        self._device_bits = 0  # bit 2s of every slot s ever used: 0b0101...
-        self._num_blocks: dict[Medium, int] = {m: 0 for m in MEDIA}  # hashes with a bit set
-        self._replicas: dict[str, _Replica] = {}
-        self._replica_of_slot: dict[int, str] = {}
-        self._free_slots: list[int] = []  # freed by remove_replica, reused lowest first
+        self._contents = IndexContents()
+        self._table = self._contents.table
+        self._replicas: dict[str, ReplicaContents] = {}
+        self._slots = ReplicaSlots()
         # the last candidate list matched and its replicas' device bits (a router passes the
         # same list decision after decision); dropped when a replica comes or goes
         self._candidates: tuple[tuple[str, ...], int] = ((), 0)
@@ -90,37 +75,22 @@ class PrefixIndex:
         """The replica's slot, allocating one (and an unsynced tracker) on first sight."""
         return self._replica(replica_id).slot
 
-    def _replica(self, replica_id: str) -> _Replica:
+    def _replica(self, replica_id: str) -> ReplicaContents:
         rep = self._replicas.get(replica_id)
         if rep is not None:
             return rep
-        if self._free_slots:
-            self._free_slots.sort()
-            slot = self._free_slots.pop(0)
-        else:
-            slot = len(self._replica_of_slot)
+        slot = self._slots.take(replica_id)
         if slot >= SLOTS_PER_WORD * self._table.num_words:
             self._table.widen(slot // SLOTS_PER_WORD + 1)
-        held = {"device": HeldRows(2 * slot), "host": HeldRows(2 * slot + 1)}
-
-        def on_event(medium: Medium, op: str, hashes: tuple[BlockHash, ...]) -> None:
-            # Events are applied in runs: consecutive adds (or removes) on one medium
-            # commute, and the other medium's bits are apart, so a run costs one vectorised
-            # update instead of one per event (and `_apply_runs` takes many replicas' at once).
-            runs = rep.runs.setdefault(medium, [])
-            if runs and runs[-1][0] == op:
-                runs[-1][1].extend(hashes)
-            else:
-                runs.append((op, list(hashes)))
+        rep = ReplicaContents(slot)
 
         def on_clear() -> None:
             self._apply_runs([rep])  # the adds confirm pending marks, which a clear keeps
-            self._clear(rep)
+            self._contents.clear(rep.held)
 
-        rep = _Replica(slot, held, ReplicaEventTracker(on_event, on_clear))
+        # events queue runs, applied once a batch (or a poll's batches) is in
+        rep.tracker = ReplicaEventTracker(rep.queue, on_clear)
         self._replicas[replica_id] = rep
-        self._replica_of_slot[slot] = replica_id
-        self._device_bits |= rep.device_bit
         self._candidates = ((), 0)
         return rep
 
@@ -129,10 +99,9 @@ class PrefixIndex:
         rep = self._replicas.pop(replica_id, None)
         if rep is None:
             return
-        self._clear(rep)
+        self._contents.clear(rep.held)
         self.pending.forget(rep.device_bit)
-        del self._replica_of_slot[rep.slot]
-        self._free_slots.append(rep.slot)
+        self._slots.free(rep.slot)
         self._candidates = ((), 0)
 
     # -- feeding ---------------------------------------------------------------------------
@@ -159,100 +128,31 @@ class PrefixIndex:
         rep.tracker.apply_snapshot(snapshot)
         self._apply_runs([rep])
 
-    def _apply_runs(self, reps: Sequence[_Replica]) -> None:
-        """Applies the replicas' queued runs in rounds: round k takes the k-th run of every
-        (replica, medium); its adds go first (a row another pair empties in the same round
-        then stays, rather than being freed and interned again), then its removes."""
-        pending = [(rep, medium, runs) for rep in reps for medium, runs in rep.runs.items()]
-        for rep in reps:
-            rep.runs = {}
-        for k in range(max((len(runs) for _, _, runs in pending), default=0)):
-            adds: list[tuple[_Replica, Medium, list[BlockHash]]] = []
-            removes: list[tuple[_Replica, Medium, list[BlockHash]]] = []
-            for rep, medium, runs in pending:
-                if k < len(runs) and runs[k][1]:
-                    op, hashes = runs[k]
-                    (adds if op == "add" else removes).append((rep, medium, hashes))
-            if len(adds) == 1:
-                self._add(*adds[0])
-            elif adds:
-                self._count_change(add_runs(self._table, [(rep.held[medium], hashes)
-                                                          for rep, medium, hashes in adds]))
-                for rep, medium, hashes in adds:
-                    self._confirm(rep, medium, hashes)
-            if len(removes) == 1:
-                self._remove(*removes[0])
-            elif removes:
-                self._count_change(remove_runs(self._table, [(rep.held[medium], hashes)
-                                                             for rep, medium, hashes in removes]))
-
-    def _count_change(self, change: Sequence[int]) -> None:
-        for medium, n in zip(MEDIA, change):
-            self._num_blocks[medium] += n
+    def _apply_runs(self, reps: Sequence[ReplicaContents]) -> None:
+        """Applies the replicas' queued runs (IndexContents.apply_runs); the blocks they
+        store end the replicas' pending marks on them."""
+        for rep, medium, hashes in self._contents.apply_runs(reps):
+            self._confirm(rep, medium, hashes)
 
     def add_blocks(self, replica_id: str, medium: Medium, block_hashes: Sequence[BlockHash]
                    ) -> None:
         """Records blocks directly, without events (the approximate, history-fed index)."""
-        self._add(self._replica(replica_id), medium, block_hashes)
+        rep = self._replica(replica_id)
+        self._contents.add(rep.held[medium], medium, block_hashes)
+        self._confirm(rep, medium, block_hashes)
 
     def remove_blocks(self, replica_id: str, medium: Medium,
                       block_hashes: Iterable[BlockHash]) -> None:
         rep = self._replicas.get(replica_id)
         if rep is not None:
-            self._remove(rep, medium, block_hashes)
+            self._contents.remove(rep.held[medium], medium, block_hashes)
 
-    def _medium_bits(self, rep: _Replica, medium: Medium) -> tuple[int, int]:
-        """(the replica's bit for the medium, the bits of every replica for it)."""
-        if medium == "device":
-            return rep.device_bit, self._device_bits
-        return rep.device_bit << 1, self._device_bits << 1
-
-    def _none_on(self, medium: Medium, masks: np.ndarray) -> np.ndarray:
-        """Per mask row ([n, W] uint64), True when no replica holds it on the medium."""
-        medium_word = _DEVICE_WORD if medium == "device" else _DEVICE_WORD << np.uint64(1)
-        return ~rows_nonzero(masks & medium_word)
-
-    def _add(self, rep: _Replica, medium: Medium, block_hashes: Sequence[BlockHash]) -> None:
-        if not block_hashes:
-            return
-        table, held = self._table, rep.held[medium]
-        rows = table.intern(key_words(block_hashes))
-        new = table.unique_rows(rows[(table.masks[rows, held.word] & held.bit) == 0])
-        if new.size:
-            self._num_blocks[medium] += int(np.count_nonzero(
-                self._none_on(medium, table.masks_of(new))))
-            table.masks[new, held.word] |= held.bit
-            held.append(new)
-        self._confirm(rep, medium, block_hashes)
-
-    def _confirm(self, rep: _Replica, medium: Medium, block_hashes: Sequence[BlockHash]) -> None:
+    def _confirm(self, rep: ReplicaContents, medium: Medium,
+                 block_hashes: Sequence[BlockHash]) -> None:
         """Stored blocks end the replica's pending marks on them."""
         if medium == "device" and rep.device_bit in self.pending.by_bit:
             # each once: a run of events may store a hash twice, and confirm deletes per hash
             self.pending.confirm(rep.device_bit, list(dict.fromkeys(block_hashes)))
-
-    def _remove(self, rep: _Replica, medium: Medium, block_hashes: Iterable[BlockHash]) -> None:
-        keys = key_words(block_hashes)
-        if len(keys):
-            self._remove_rows(rep, medium, self._table.unique_rows(self._table.lookup(keys)))
-
-    def _remove_rows(self, rep: _Replica, medium: Medium, rows: np.ndarray) -> None:
-        """Clears the replica's bit on rows (unique; rows it does not hold are skipped)."""
-        table, held = self._table, rep.held[medium]
-        rows = rows[(table.masks[rows, held.word] & held.bit) != 0]
-        if not rows.size:
-            return
-        table.masks[rows, held.word] &= ~held.bit
-        left = table.masks_of(rows)
-        self._num_blocks[medium] -= int(np.count_nonzero(self._none_on(medium, left)))
-        held.count -= len(rows)
-        table.free(rows[~rows_nonzero(left)])
-        held.compact(table)
-
-    def _clear(self, rep: _Replica) -> None:
-        for medium, held in rep.held.items():
-            self._remove_rows(rep, medium, held.held(self._table).astype(np.intp))
-            held.clear()
 
     # -- pending marks ---------------------------------------------------------------------
 
@@ -306,7 +206,7 @@ class PrefixIndex:
         if walk.going and len(keys) > len(masks):
             walk.walk(np.concatenate((masks, table.masks_of(table.lookup(keys[len(masks):])))))
         slots, device_runs, total_runs, carried = walk.runs()
-        replica_of_slot = self._replica_of_slot
+        replica_of_slot = self._slots.replica_of_slot
         if confirmed is not None:
             for slot, num_blocks in carried.items():
                 confirmed[replica_of_slot[slot]] = num_blocks
@@ -332,19 +232,12 @@ class PrefixIndex:
         rep = self._replicas.get(replica_id)
         if rep is None or not block_hashes:
             return 0
-        held = rep.held["device"]
-        rows = self._table.lookup(key_words(block_hashes))
-        missing = np.flatnonzero((self._table.masks[rows, held.word] & held.bit) == 0)
-        return int(missing[0]) if missing.size else len(block_hashes)
+        return self._contents.num_leading_held(rep.held["device"], block_hashes)
 
     def holders(self, block_hash: BlockHash, medium: Medium = "device") -> set[str]:
         """Replicas holding the block on the medium (confirmed by events)."""
-        row = self._table.lookup_one(block_hash)
-        if row is None:
-            return set()
-        m = as_int(self._table.masks[row])
-        return {rid for rid, rep in self._replicas.items()
-                if m & self._medium_bits(rep, medium)[0]}
+        bits = self._contents.bits_of(block_hash) >> (1 if medium == "host" else 0)
+        return {rid for rid, rep in self._replicas.items() if bits & rep.device_bit}
 
     def held_view(self, replica_id: str, medium: Medium = "device") -> Collection[BlockHash]:
         """The replica's blocks as a live, read-only view (no copy): read it under the lock
@@ -356,11 +249,11 @@ class PrefixIndex:
         rep = self._replicas.get(replica_id)
         if rep is None:
             return frozenset()
-        return frozenset(self._table.hashes(rep.held[medium].held(self._table)))
+        return frozenset(self._contents.hashes_held(rep.held[medium]))
 
     def num_blocks(self, medium: Medium = "device") -> int:
         """Distinct block hashes indexed on the medium, over all replicas."""
-        return self._num_blocks[medium]
+        return self._contents.num_blocks[medium]
 
     def num_distinct_blocks(self) -> int:
         """Distinct block hashes indexed on either medium."""
@@ -368,30 +261,17 @@ class PrefixIndex:
 
     def nbytes(self) -> int:
         """Bytes of the arrays holding hashes, bitmasks and per-replica rows."""
-        return self._table.nbytes() + sum(held.nbytes() for rep in self._replicas.values()
-                                          for held in rep.held.values())
+        return self._contents.nbytes(self._helds())
+
+    def _helds(self) -> list[HeldRows]:
+        return [held for rep in self._replicas.values() for held in rep.held.values()]
 
     def check_invariants(self) -> None:
-        assert set(self._replica_of_slot.values()) == set(self._replicas), "slot map drifted"
-        assert not set(self._free_slots) & set(self._replica_of_slot), "a slot is used and free"
+        self._slots.check_invariants({rid: rep.slot for rid, rep in self._replicas.items()})
         used = 0
-        for rid, rep in self._replicas.items():
-            assert self._replica_of_slot[rep.slot] == rid, f"{rid} slot {rep.slot} mismapped"
+        for rep in self._replicas.values():
             assert rep.device_bit == 1 << (2 * rep.slot)
             used |= rep.device_bit
-        assert used & ~self._device_bits == 0, "a slot's bit is missing from device bits"
-        table = self._table
-        table.check_invariants()
-        masks = table.masks
-        expected = np.zeros_like(masks)
-        for rep in self._replicas.values():
-            for held in rep.held.values():
-                rows = held.held(table)
-                assert len(rows) == held.count, "a replica's row count drifted"
-                expected[rows, held.word] |= held.bit
-        assert (expected == masks).all(), "bitmasks != per-replica contents"
-        for medium in MEDIA:
-            n = int(np.count_nonzero(~self._none_on(medium, masks)))
-            assert self._num_blocks[medium] == n, f"{medium} block count drifted"
+        self._contents.check_invariants(self._helds())
         self.pending.check_invariants()
         assert self.pending.bits_mask & ~used == 0, "pending marks of a removed replica"

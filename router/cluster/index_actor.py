@@ -13,8 +13,9 @@ runtime; they never time out, and each one's mode (events | approximate) comes w
 poll reply. A restarted actor has forgotten them: whoever added them adds them again when
 `get_incarnation()` changes.
 
-With direct streaming, replicas also publish the ends of requests a router routed, and each
-router's poll takes its own (router/cluster/route_ends.py).
+With direct streaming, replicas also report the ends of requests a router routed, as soon as
+they end (`report_routes`, which wakes only those routers' long polls) and with each
+publish, and each router's poll takes its own (router/cluster/route_ends.py).
 
 The actor also keeps the named pinned prefixes (router/cluster/prefix_registry.py; rebuilt
 from the replicas' own pins after a restart) and the index digests routers report, so tests
@@ -107,6 +108,13 @@ class KVIndex:
         if news:  # a bare heartbeat wakes no router's long poll
             self._notify()
         return needs_snapshot
+
+    def report_routes(self, reports: dict[str, tuple[str, ...]]) -> None:
+        """Claims and ends of direct routes a replica reports at once (by router id, as
+        `publish` carries them): queued for those routers, whose long polls wake now."""
+        routers = self.route_ends.add(reports)
+        if routers:
+            self._notify(only_router_ids=frozenset(routers))
 
     def publish_packed(self, packed: PackedBatches, stats: dict[str, EngineStats]
                        ) -> tuple[str, ...]:
@@ -299,8 +307,10 @@ class KVIndex:
                            if rep.last_seen_s < cutoff and r not in external]:
             self.forget_replica(replica_id)
 
-    def _notify(self, skip_router_id: str | None = None) -> None:
-        for news in [f for f, r in self._waiters.items() if r != skip_router_id]:
+    def _notify(self, skip_router_id: str | None = None,
+                only_router_ids: frozenset[str] | None = None) -> None:
+        for news in [f for f, r in self._waiters.items() if r != skip_router_id
+                     and (only_router_ids is None or r in only_router_ids)]:
             if not news.done():
                 news.set_result(None)
             del self._waiters[news]

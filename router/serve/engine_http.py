@@ -74,7 +74,7 @@ class _DirectEngineReplica(EngineReplicaBody):
         self.route_reports = RouteReports()
         self.http_config = http_config
         await super().__init__(engine_config, publisher_config, metrics_config,
-                               take_route_ends=self.route_reports.take)
+                               route_reports=self.route_reports)
 
     def __serve_build_asgi_app__(self) -> Starlette:
         return build_engine_app(self)

@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from protocol.engine import (
 from router.cluster.hit_bound import HitBoundLink
 from router.cluster.index_actor import get_index_actor
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
-from router.serve.publisher import PublisherConfig, ReplicaPublisher
+from router.serve.publisher import PublisherConfig, ReplicaPublisher, RouteReportSource
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
 from worker.openai_server.vllm_metrics import VLLMGaugeCollector
@@ -72,14 +72,14 @@ class EngineReplicaBody:
     async def __init__(self, engine_config: EngineConfig,
                  publisher_config: PublisherConfig | None = None,
                  metrics_config: MetricsHubConfig | None = None,
-                 take_route_ends: Callable[[], dict[str, tuple[str, ...]]] | None = None):
+                 route_reports: RouteReportSource | None = None):
         start_s = time.monotonic()
         self.replica_id = serve.get_replica_context().replica_tag
         config = dataclasses.replace(engine_config, replica_id=self.replica_id)
         self.engine = await asyncio.to_thread(Engine.from_config, config)
         engine_s = time.monotonic() - start_s
         self._publisher = ReplicaPublisher(self.engine, get_index_actor, publisher_config,
-                                           take_route_ends)
+                                           route_reports)
         await self._publisher.publish_once()  # known to the index before the first request
         self._publisher.start()
         self._metrics = MetricsPusher(f"engine/{self.replica_id}",

@@ -9,13 +9,21 @@ second per replica, each waking every router's long poll, cost an idle `kvroute 
 actor answers that it saw a gap or a new epoch (or does not know the replica: it restarted),
 it sends a snapshot, with the prefixes the engine holds pinned. A failed send loses
 that batch on purpose: the actor sees the gap and asks for a snapshot, so nothing needs a
-retry buffer here. With direct streaming each publish also carries the routes that ended
-here since the last one (router/cluster/route_ends.py); a lost publish loses them too, and
-the routers release that load after a long timeout instead.
+retry buffer here.
+
+With direct streaming the replica also reports the routes it serves
+(router/serve/route_tracking.py): an end goes to the index actor at once (`report_routes`,
+one call in flight, what ends meanwhile goes with the next: a router's load holds an ended
+request for that round trip, not for up to a publish interval more); claims, which only need
+to arrive within the routers' claim window, go with it or with the next publish. A failed
+report is queued again for the next (the routers apply a claim or an end once however often
+it comes); a lost publish loses the claims it carried, and the routers release those routes
+after a timeout instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -53,35 +61,55 @@ class EventSource(Protocol):
     def pinned_prefixes(self) -> tuple[PinnedPrefix, ...]: ...
 
 
+class RouteReportSource(Protocol):
+    """The claims and ends of the routes a replica serves (router/serve/route_tracking.py)."""
+
+    def take(self) -> dict[str, tuple[str, ...]]: ...
+    def put_back(self, reports: dict[str, tuple[str, ...]]) -> None: ...
+    def on_end(self, listener: Callable[[], None] | None) -> None: ...
+
+
 class ReplicaPublisher:
     """Publishes one engine's events to the index actor that `get_index()` returns (called
     again after a failure: a dead actor is re-created under its name). The actor has the
-    remote methods `publish`, `publish_snapshot` and `forget_replica`."""
+    remote methods `publish`, `publish_snapshot`, `report_routes` and `forget_replica`."""
 
     def __init__(self, engine: EventSource, get_index: Callable[[], Any],
                  config: PublisherConfig | None = None,
-                 take_route_ends: Callable[[], dict[str, tuple[str, ...]]] | None = None):
+                 route_reports: RouteReportSource | None = None):
         self._engine = engine
         self._index = ActorLink("publishing KV events", get_index)
-        # direct-streaming requests that ended here since the last publish, by router id
-        self._take_route_ends = take_route_ends
+        # the direct-streaming requests claimed and ended here, by router id
+        self._route_reports = route_reports
         self._config = config or PublisherConfig()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one the reports go from
+        # the report task that runs: ends queued meanwhile go with it
+        self._report_task: asyncio.Task | None = None
+        self._report_failing = False  # the last report failed (logged once)
         self.num_snapshots_sent = 0
         self.num_publishes_sent = 0
+        self.num_reports_sent = 0
         self._last_stats: EngineStats | None = None  # as last sent
         self._last_sent_s = float("-inf")  # time.monotonic() of the last send
 
     def start(self) -> None:
         interval_s = self._config.publish_interval_s
         self._index.start(self._publish, interval_s, retry_interval_s=interval_s)
+        if self._route_reports is not None:
+            self._loop = asyncio.get_running_loop()
+            self._route_reports.on_end(self._report_soon)
 
     async def publish_once(self) -> None:
         """Publishes now, news or not."""
         await self._index.call(lambda index: self._publish(index, force=True))
 
     async def stop(self, replica_id: str) -> None:
-        """Stops publishing and tells the actor to forget this replica."""
+        """Stops publishing (the ends reported last sent first) and tells the actor to
+        forget this replica."""
         self._index.stop()
+        if self._route_reports is not None:
+            self._route_reports.on_end(None)
+            await self.drain_reports()
         index = self._index.found_handle
         try:
             if index is not None:
@@ -92,7 +120,7 @@ class ReplicaPublisher:
     async def _publish(self, index: Any, force: bool = False) -> None:
         batch = self._engine.drain_events()  # an empty drain takes no sequence number
         stats = self._engine.stats()
-        ended = self._take_route_ends() if self._take_route_ends is not None else None
+        ended = self._route_reports.take() if self._route_reports is not None else None
         now_s = time.monotonic()
         if (not force and not batch.events and not ended and stats == self._last_stats
                 and now_s - self._last_sent_s < self._config.heartbeat_interval_s):
@@ -104,3 +132,44 @@ class ReplicaPublisher:
             await index.publish_snapshot.remote(self._engine.snapshot(), stats,
                                                 self._engine.pinned_prefixes())
             self.num_snapshots_sent += 1
+
+    def _report_soon(self) -> None:
+        """A request ended (on any thread): its report leaves on the publisher's loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._start_report()
+        else:
+            loop.call_soon_threadsafe(self._start_report)
+
+    async def drain_reports(self) -> None:
+        """Returns once the claims and ends queued so far were sent (or failed to be)."""
+        while self._report_task is not None:
+            await asyncio.shield(self._report_task)
+
+    def _start_report(self) -> None:
+        if self._report_task is None:
+            self._report_task = self._loop.create_task(self._report())
+
+    async def _report(self) -> None:
+        """Sends the queued claims and ends, again while more queued during the call."""
+        try:
+            while reports := self._route_reports.take():
+                try:
+                    await self._index.call(lambda index: index.report_routes.remote(reports))
+                except Exception as err:  # the actor is away: they go with the next report
+                    # or publish (a publish's retry interval from now), not in a loop here
+                    self._route_reports.put_back(reports)
+                    if not self._report_failing:  # once an outage, not once a request
+                        log.warning("reporting route ends to the index actor failed: %r", err)
+                    self._report_failing = True
+                    return
+                self._report_failing = False
+                self.num_reports_sent += 1
+        finally:
+            self._report_task = None

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Histogram
 from ray import serve
 from ray.serve.request_router import (
     PendingRequest,
@@ -54,6 +55,11 @@ from router.front.router_metrics import RouterMetrics
 from router.serve.route_calls import RouteCall
 
 log = logging.getLogger(__name__)
+
+# From a direct request's end on its replica to its release here: the time this router's
+# load holds a request that has ended.
+END_DELAY_BUCKETS_S = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04,
+                       0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 def _max_tokens(call: Any) -> int:
@@ -91,6 +97,11 @@ class ServeRequestRouter(RequestRouter):
                                   on_routes_ended=self.routes_finished,
                                   on_poll=self._reconcile)
         self.metrics = RouterMetrics(model, self.gateway_id, self.router.policy.name)
+        self._end_delay = Histogram(
+            "kvroute_router_end_delay_seconds",
+            "From a direct request's end on its replica (its clock) to its release here",
+            ("gateway",), buckets=END_DELAY_BUCKETS_S,
+            registry=self.metrics.registry).labels(self.gateway_id)
         self._pusher = MetricsPusher(f"router/{self.gateway_id}", self.metrics.registry,
                                      MetricsHubConfig(**(metrics or {})),
                                      before_push=self._refresh_gauges)
@@ -202,8 +213,10 @@ class ServeRequestRouter(RequestRouter):
         """Direct-streaming requests that reached (claims) or ended on their replica, as the
         index actor relays them (router/cluster/route_ends.py). An end releases what the
         route charged (`refused`: it ran nothing, so its recent work goes too); the cached
-        tokens an end carries feed the miss causes, its output tokens the decode charge."""
+        tokens an end carries feed the miss causes, its output tokens the decode charge.
+        An end for a route released already (its replica died, a timeout) changes nothing."""
         reports = split_reports(reported)
+        now_s = time.time()  # the replicas' clock for the ends' times (same host or NTP)
         touched: set[str] = set()
         ended: list[str] = []  # for the other routers, after the lock
         refused: list[str] = []
@@ -231,6 +244,9 @@ class ServeRequestRouter(RequestRouter):
                 refused.append(route_id)
         for route_id in ended:
             self.mirror.share_end(route_id, output_tokens=reports.output_tokens.get(route_id))
+            ended_at_s = reports.ended_at_s.get(route_id)
+            if ended_at_s is not None:
+                self._end_delay.observe(max(0.0, now_s - ended_at_s))
         for route_id in refused:
             self.mirror.share_end(route_id, withdrawn=True)
         self._update_outstanding(touched)

@@ -7,8 +7,11 @@ The router charges a replica's load when it routes a request there; with direct 
 it sees neither the request arrive nor end. The claim tells it the request got here (a route
 no replica claims within a few seconds never will: HAProxy's client left, or the request went
 elsewhere, router/serve/request_router.py); the end releases the load, and a refusal all
-the router charged for it. They leave with the replica's next publish to the index actor
-(router/cluster/route_ends.py).
+the router charged for it. An end leaves at once (the publisher's `report_routes` call to
+the index actor, which wakes that router's long poll; one call in flight, what ends
+meanwhile goes with the next), and claims with it or with the replica's next publish
+(router/cluster/route_ends.py): an ended request's load counts on the router for that
+round trip, not for a publish interval too.
 
 A request whose route header does not verify (sent to the replica's port by anyone but
 HAProxy) is served as one no router routed, and counted.
@@ -21,6 +24,8 @@ request produced, which correct the decode the router charged it (router/core/lo
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 from router.cluster.route_ends import claim_of, end_of, refusal_of
@@ -39,13 +44,22 @@ _ROUTED_BY_HEADER_BYTES = ROUTED_BY_HEADER.encode()
 
 class RouteReports:
     """Claims and ends of routed requests since the publisher last took them, by router id
-    (a claim is its route id marked by `claim_of`)."""
+    (a claim is its route id marked by `claim_of`). Thread-safe: requests end on the HTTP
+    server's loop, the publisher takes them on its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        """`clock`: when a request ends (seconds; the routers read it with their time.time())."""
+        self._clock = clock
         self._reports: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        self._on_end: Callable[[], None] | None = None
+
+    def on_end(self, listener: Callable[[], None] | None) -> None:
+        """`listener()` is called after each end is queued (the publisher sends it soon)."""
+        self._on_end = listener
 
     def claim(self, route: Route) -> None:
-        self._reports.setdefault(route.router_id, []).append(claim_of(route.route_id))
+        self._add(route.router_id, claim_of(route.route_id))
 
     def end(self, route: Route, refused: bool = False, cached_tokens: int | None = None,
             output_tokens: int | None = None) -> None:
@@ -53,12 +67,25 @@ class RouteReports:
         `cached_tokens`: the prompt tokens the engine served from cache, when it ran;
         `output_tokens`: the tokens it produced, when it ran."""
         route_id = (refusal_of(route.route_id) if refused
-                    else end_of(route.route_id, cached_tokens, output_tokens))
-        self._reports.setdefault(route.router_id, []).append(route_id)
+                    else end_of(route.route_id, cached_tokens, output_tokens, self._clock()))
+        self._add(route.router_id, route_id)
+        if self._on_end is not None:
+            self._on_end()
 
     def take(self) -> dict[str, tuple[str, ...]]:
-        reports, self._reports = self._reports, {}
+        with self._lock:
+            reports, self._reports = self._reports, {}
         return {router_id: tuple(ids) for router_id, ids in reports.items()}
+
+    def put_back(self, reports: dict[str, tuple[str, ...]]) -> None:
+        """Reports a failed send took: ahead of those queued since."""
+        with self._lock:
+            for router_id, ids in reports.items():
+                self._reports[router_id] = [*ids, *self._reports.get(router_id, ())]
+
+    def _add(self, router_id: str, report: str) -> None:
+        with self._lock:
+            self._reports.setdefault(router_id, []).append(report)
 
 
 def _path(scope) -> str:

@@ -1,5 +1,7 @@
 """Route ends: queued per router by the index actor, taken by that router's next poll."""
 
+import asyncio
+
 from kv.events import EventBatch
 from router.cluster.index_actor import KVIndex, PollRequest
 from router.cluster.route_ends import RouteEnds, claim_of, end_of, refusal_of, split_reports
@@ -51,3 +53,39 @@ def test_an_end_carries_its_cached_and_output_tokens_each_when_known():
     assert split.ended == ["a1", "b2", "c3", "d4"]
     assert split.cached_tokens == {"a1": 48, "c3": 32}
     assert split.output_tokens == {"a1": 16, "b2": 7}
+
+
+def test_a_router_that_stopped_polling_gets_no_outbox_again(monkeypatch):
+    """Its ledger died with it: ends still reported for its routes are dropped, not queued
+    for another router_timeout_s each time its old outbox is dropped."""
+    now = [100.0]
+    monkeypatch.setattr("router.cluster.route_ends.time.monotonic", lambda: now[0])
+    ends = RouteEnds(router_timeout_s=10.0)
+    ends.take("router-a")
+    ends.take("router-b")
+    now[0] = 111.0  # router-a died; router-b polls on
+    ends.take("router-b")
+    for i in range(3):
+        news = ends.add({"router-a": [f"r{i}"], "router-b": [f"s{i}"]})
+        assert ends.num_queued() == 1 and news == ["router-b"]
+        now[0] += 20.0
+        assert ends.take("router-b") == (f"s{i}",)
+    assert ends.num_queued() == 0
+    assert ends.take("router-a") == ()  # polling again (it was only paused): kept from now
+    assert ends.add({"router-a": ["r9"]}) == ["router-a"]
+
+
+async def test_reported_ends_wake_only_their_routers_long_poll():
+    index = KVIndex()
+    for router_id in ("router-a", "router-b"):
+        await index.poll(PollRequest(router_id, {}))  # both known, outboxes empty
+    polls = {r: asyncio.ensure_future(index.poll(PollRequest(r, {}, wait_s=30.0)))
+             for r in ("router-a", "router-b")}
+    while len(index._waiters) < 2:
+        await asyncio.sleep(0)  # both polls wait
+    index.report_routes({"router-a": (claim_of("r1"), end_of("r1", 0, 4))})
+    reply = await polls["router-a"]
+    assert reply.ended_route_ids == (claim_of("r1"), end_of("r1", 0, 4))
+    await asyncio.sleep(0)
+    assert not polls["router-b"].done()  # nothing for it: still waiting
+    polls["router-b"].cancel()

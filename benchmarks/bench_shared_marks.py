@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
     cpus = {name: [] for name in routers}
     apply_ns: dict[str, list[int]] = {name: [] for name in senders}
     share_ns: dict[str, list[int]] = {name: [] for name in senders}
-    in_flight: list[str] = []
-    peers_in_flight: list[str] = []
+    in_flight: list[tuple[str, str]] = []  # (route id, its replica)
+    peers_in_flight: list[tuple[str, str]] = []
     num_marked = 0
     load_before = os.getloadavg()[0]
     for i, (_, hashes) in enumerate(prompts):
@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> dict:
             peer_id = f"p{j}"
             marks.append(SharedMark(peer_replicas[j], tuple(peer_prompts[j][1]),
                                     RoutedWork(peer_id, 4352.0, 256.0, 4352.0)))
-            peers_in_flight.append(peer_id)
+            peers_in_flight.append((peer_id, peer_replicas[j]))
             if len(peers_in_flight) > 256 * args.peers:
-                marks.append(WorkEnd(peers_in_flight.pop(0)))
+                marks.append(WorkEnd(*peers_in_flight.pop(0)))
         for name, sender in senders.items():
             sender.outbox.take()  # sent: the event loop's job, not the decision's
             reply = (tuple(m._replace(work=None) for m in marks if isinstance(m, SharedMark))
@@ -125,13 +125,13 @@ def main(argv: list[str] | None = None) -> dict:
             if i >= 500:
                 apply_ns[name].append(perf() - t0)
             num_marked += marked
-        in_flight.append(rid)
+        in_flight.append((rid, decision.replica_id))
         if len(in_flight) > 256:  # ~256 requests outstanding at any time
-            done = in_flight.pop(0)
+            done, done_replica_id = in_flight.pop(0)
             for name, router in routers.items():
                 router.on_finished(done)
                 if name == "marks+work":
-                    senders[name].share_end(done)
+                    senders[name].share_end(done, done_replica_id)
     load_after = os.getloadavg()[0]
     for v in (*wall.values(), *cpus.values(), *apply_ns.values(), *share_ns.values()):
         v.sort()

@@ -144,10 +144,11 @@ class IndexMirror:
         routers (queued: the decision path makes no call)."""
         self.marks.share(replica_id, block_hashes, work)
 
-    def share_end(self, route_id: str, withdrawn: bool = False,
+    def share_end(self, route_id: str, replica_id: str, withdrawn: bool = False,
                   output_tokens: int | None = None) -> None:
-        """The end of a route whose work was shared (`withdrawn`: it never ran)."""
-        self.marks.share_end(route_id, withdrawn, output_tokens)
+        """The end of a route whose work was shared, on `replica_id` (`withdrawn`: it never
+        ran)."""
+        self.marks.share_end(route_id, replica_id, withdrawn, output_tokens)
 
     async def wait_first_poll(self) -> None:
         """Waits (up to poll_timeout_s) until the mirror has been filled once, so the first

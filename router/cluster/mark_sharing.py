@@ -139,11 +139,12 @@ class MarkSender:
         self.num_shared_decisions += 1
         self._send_soon()
 
-    def share_end(self, route_id: str, withdrawn: bool = False,
+    def share_end(self, route_id: str, replica_id: str, withdrawn: bool = False,
                   output_tokens: int | None = None) -> None:
-        """Queues the end of a route whose work was shared (`withdrawn`: it never ran)."""
+        """Queues the end of a route whose work was shared, on `replica_id` (`withdrawn`: it
+        never ran)."""
         if self.config.share_work:
-            self.outbox.put(WorkEnd(route_id, withdrawn, output_tokens))
+            self.outbox.put(WorkEnd(route_id, replica_id, withdrawn, output_tokens))
             self._send_soon()
 
     def _send_soon(self) -> None:

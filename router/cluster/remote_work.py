@@ -9,7 +9,10 @@ own (the same work, recent work and decode length), until the end comes.
 
 A sender's calls may reach the actor out of order (several in flight), so an end can come
 before its route: it is kept (at most `max_routes` of them), and the route, when it comes,
-is not counted.
+is not counted. A route id can be placed twice (Serve spilled it down the ranking, or
+retried it), the first placement's end travelling with the second's route, ahead of the
+first's: an end names its replica, so it releases only the placement it ended, and one that
+matches no counted placement waits for its own.
 
 An end can be lost. When the actor dropped messages before this router took them (it
 polled late) it says so, and every route counted here goes (`lose_all`). Otherwise (the
@@ -63,18 +66,21 @@ class RemoteWork:
         self._clock = clock
         self._routes: dict[str, _Route] = {}  # insertion order: oldest first
         self._num_on: dict[str, int] = {}  # replica -> remote routes counted there
-        # ends that came before their route (the sender's calls overtook each other)
-        self._early_ends: OrderedDict[str, None] = OrderedDict()
+        # ends that came before their route (the sender's calls overtook each other), by
+        # (route id, replica id)
+        self._early_ends: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.num_lost = 0  # routes dropped by a safety net, their end never seen
 
     def __len__(self) -> int:
         return len(self._routes)
 
     def add(self, replica_id: str, work: RoutedWork) -> None:
-        """Counts a route another router sent to `replica_id` (unless its end came first)."""
-        if work.route_id in self._early_ends:
-            del self._early_ends[work.route_id]
-            return
+        """Counts a route another router sent to `replica_id` (unless its end came first;
+        an earlier placement of the same id is replaced)."""
+        key = (work.route_id, replica_id)
+        if key in self._early_ends:
+            del self._early_ends[key]
+            return  # ended already: a later placement counted meanwhile stays
         self._drop(work.route_id)
         self.loads.add(work.route_id, replica_id, work.work_tokens, work.decode_tokens,
                        work.recent_tokens)
@@ -84,13 +90,15 @@ class RemoteWork:
             self._lose(next(iter(self._routes)))
 
     def end(self, end: WorkEnd) -> None:
-        """A remote route ended (unknown ids: its route comes later, was never seen here,
-        or was dropped already)."""
-        if self._drop(end.route_id) is None:
-            self._early_ends[end.route_id] = None
+        """A remote route ended on `end.replica_id` (one not counted there: its route comes
+        later, was never seen here, or was dropped already)."""
+        route = self._routes.get(end.route_id)
+        if route is None or route.replica_id != end.replica_id:
+            self._early_ends[(end.route_id, end.replica_id)] = None
             if len(self._early_ends) > self.config.max_routes:
                 self._early_ends.popitem(last=False)
             return
+        self._drop(end.route_id)
         if end.withdrawn:
             self.loads.withdraw(end.route_id)
         else:
@@ -163,7 +171,9 @@ class RemoteWork:
         assert times == sorted(times), "routes not oldest first (expire stops at a young one)"
         assert len(self._routes) <= self.config.max_routes, "over max_routes"
         assert len(self._early_ends) <= self.config.max_routes, "early ends over max_routes"
-        assert self._early_ends.keys().isdisjoint(self._routes), "a counted route ended"
+        assert self._early_ends.keys().isdisjoint(
+            (route_id, route.replica_id) for route_id, route in self._routes.items()), (
+            "a counted placement ended")
         for replica_id, n in counts.items():
             assert self.loads.num_outstanding(replica_id) >= n, (
                 f"{replica_id}: {n} remote routes, fewer outstanding in the load")

@@ -57,10 +57,13 @@ class SharedMark(NamedTuple):
 
 
 class WorkEnd(NamedTuple):
-    """A shared route ended: its work leaves the load (`withdrawn`: it never ran, so its
-    recent work goes too); `output_tokens`, what it produced when its end said."""
+    """A shared route ended on `replica_id`: its work leaves the load (`withdrawn`: it never
+    ran, so its recent work goes too); `output_tokens`, what it produced when its end said.
+    A route id can be placed twice (Serve spilled it down the ranking, or retried it): the
+    replica tells which placement ended."""
 
     route_id: str
+    replica_id: str
     withdrawn: bool = False
     output_tokens: int | None = None
 

@@ -183,7 +183,7 @@ class ServeRequestRouter(RequestRouter):
             return
         if before.replica_id != record.replica_id:  # spilled down the ranking
             call = pending_request.args[0] if pending_request.args else None
-            self.mirror.share_end(request_id, withdrawn=True)  # not on the first one
+            self.mirror.share_end(request_id, before.replica_id, withdrawn=True)  # moved
             self.mirror.share_marks(record.replica_id,
                                     getattr(call, "block_hashes", None) or [], work)
         self.metrics.observe_routed(record)
@@ -195,7 +195,7 @@ class ServeRequestRouter(RequestRouter):
         with self._lock:
             replica_id = self.router.abandon(request_id)
         if replica_id is not None:
-            self.mirror.share_end(request_id, withdrawn=True)
+            self.mirror.share_end(request_id, replica_id, withdrawn=True)
             self._update_outstanding([replica_id])
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
@@ -203,10 +203,10 @@ class ServeRequestRouter(RequestRouter):
         gave up): either way its outstanding load and held marks go now (a retry routed
         under the same id since loses its record too, rather than keep its load for ever)."""
         with self._lock:
-            routed = internal_request_id in self.router.ledger
+            record = self.router.ledger.get(internal_request_id)
             self.router.on_finished(internal_request_id)
-        if routed:
-            self.mirror.share_end(internal_request_id)
+        if record is not None:  # where the other routers count it
+            self.mirror.share_end(internal_request_id, record.replica_id)
         self._update_outstanding([replica_id.unique_id])
 
     def routes_finished(self, reported: Sequence[str]) -> None:
@@ -218,8 +218,8 @@ class ServeRequestRouter(RequestRouter):
         reports = split_reports(reported)
         now_s = time.time()  # the replicas' clock for the ends' times (same host or NTP)
         touched: set[str] = set()
-        ended: list[str] = []  # for the other routers, after the lock
-        refused: list[str] = []
+        ended: list[tuple[str, str]] = []  # (route id, replica id), for the other routers
+        refused: list[tuple[str, str]] = []
         with self._lock:
             ledger = self.router.ledger
             for route_id in reports.claimed:
@@ -234,21 +234,22 @@ class ServeRequestRouter(RequestRouter):
                 if causes is not None:
                     self.metrics.observe_misses(causes)
                 touched.add(record.replica_id)
-                ended.append(route_id)
+                ended.append((route_id, record.replica_id))
             for route_id in reports.refused:
                 record = ledger.get(route_id)
                 if record is None or record.kind is not RouteKind.DIRECT:
                     continue
                 self.router.withdraw(route_id)
                 touched.add(record.replica_id)
-                refused.append(route_id)
-        for route_id in ended:
-            self.mirror.share_end(route_id, output_tokens=reports.output_tokens.get(route_id))
+                refused.append((route_id, record.replica_id))
+        for route_id, replica_id in ended:
+            self.mirror.share_end(route_id, replica_id,
+                                  output_tokens=reports.output_tokens.get(route_id))
             ended_at_s = reports.ended_at_s.get(route_id)
             if ended_at_s is not None:
                 self._end_delay.observe(max(0.0, now_s - ended_at_s))
-        for route_id in refused:
-            self.mirror.share_end(route_id, withdrawn=True)
+        for route_id, replica_id in refused:
+            self.mirror.share_end(route_id, replica_id, withdrawn=True)
         self._update_outstanding(touched)
 
     def _reconcile(self, reply: Any) -> None:
@@ -307,8 +308,8 @@ class ServeRequestRouter(RequestRouter):
 
     def _share_expired(self, expired: Iterable[Any]) -> None:
         """The ledger released these for want of their end: the other routers drop them."""
-        for request_id, _, release in expired:
-            self.mirror.share_end(request_id, withdrawn=release is not Release.END)
+        for request_id, replica_id, release in expired:
+            self.mirror.share_end(request_id, replica_id, withdrawn=release is not Release.END)
 
     def _update_outstanding(self, replica_ids: Iterable[str]) -> None:
         """The outstanding gauge counts this router's own requests, not the routes other

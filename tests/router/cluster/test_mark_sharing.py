@@ -124,14 +124,14 @@ def test_past_its_bound_the_outbox_drops_hashes_before_any_work_or_end():
     outbox = MarkOutbox(max_blocks=5)
     w0, w1 = RoutedWork("q0", 100.0, 20.0, 100.0), RoutedWork("q1", 50.0, 20.0, 50.0)
     outbox.add("r0", tuple(PREFIX[:3]), w0)
-    outbox.put(WorkEnd("q9"))
+    outbox.put(WorkEnd("q9", "r0"))
     outbox.add("r1", tuple(PREFIX[3:6]), w1)  # 7 > 5: the oldest mark's hashes go
     assert outbox.num_dropped_blocks == 3
-    assert outbox.take() == (SharedMark("r0", (), w0), WorkEnd("q9"),
+    assert outbox.take() == (SharedMark("r0", (), w0), WorkEnd("q9", "r0"),
                              SharedMark("r1", tuple(PREFIX[3:6]), w1))
     for i in range(7):  # work and ends alone past the bound: the oldest go
-        outbox.put(WorkEnd(f"e{i}"))
-    assert outbox.take() == tuple(WorkEnd(f"e{i}") for i in range(2, 7))
+        outbox.put(WorkEnd(f"e{i}", "r0"))
+    assert outbox.take() == tuple(WorkEnd(f"e{i}", "r0") for i in range(2, 7))
     assert (outbox.num_dropped_blocks, outbox.num_dropped_work) == (3, 2)
 
 
@@ -201,7 +201,7 @@ async def test_a_shared_end_takes_the_work_back_off_the_other_routers(withdrawn)
         a.router.withdraw("q1")
     else:
         a.router.on_finished("q1")
-    a.share_end("q1", withdrawn=withdrawn)
+    a.share_end("q1", "r1", withdrawn=withdrawn)
     await a.marks.drain()
     await b.sync_once()
     assert len(b.remote) == 0 and b.router.loads.num_outstanding("r1") == 0
@@ -239,12 +239,12 @@ async def test_a_mark_does_not_wait_for_the_previous_calls_round_trip():
     assert index.calls == [(SharedMark("r0", tuple(PREFIX[:2])),),
                            (SharedMark("r1", tuple(PREFIX[2:4])),)]
     sender.share("r0", PREFIX[4:5])  # two in flight: this one waits, and batches
-    sender.share_end("q1")
+    sender.share_end("q1", "r0")
     await asyncio.sleep(0)
     assert len(index.calls) == 2
     index.release.set()
     await sender.drain()
-    assert index.calls[2] == (SharedMark("r0", tuple(PREFIX[4:5])), WorkEnd("q1"))
+    assert index.calls[2] == (SharedMark("r0", tuple(PREFIX[4:5])), WorkEnd("q1", "r0"))
     assert sender.num_sends == 3 and len(sender.outbox) == 0
 
 
@@ -260,7 +260,7 @@ def test_ends_the_actor_dropped_unseen_take_the_remote_routes_with_them():
     log.add("a", [SharedMark("r0", (), RoutedWork("q1", 300.0, 20.0, 300.0))])
     apply_shared_marks(router, log.take("b"), lambda rid: False, remote)
     assert remote.num_on("r0") == 1
-    log.add("a", [WorkEnd("q1")])
+    log.add("a", [WorkEnd("q1", "r0")])
     clock.now_s += 2.5
     log.add("a", [SharedMark("r1", (), RoutedWork("q2", 100.0, 20.0, 100.0))])
     missed = log.take("b")

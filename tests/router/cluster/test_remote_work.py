@@ -29,9 +29,9 @@ def test_work_counts_until_its_end_and_a_withdrawal_takes_its_recent_work_too():
     remote.add("r1", RoutedWork("q3", 50.0, 20.0, 50.0))
     assert [remote.loads.load(r) for r in ("r0", "r1")] == [400.0, 50.0]
     assert (remote.num_on("r0"), remote.num_on("r1"), len(remote)) == (2, 1, 3)
-    remote.end(WorkEnd("q1"))  # ran: its recent work stays, decaying
-    remote.end(WorkEnd("q2", withdrawn=True))  # never ran: nothing stays
-    remote.end(WorkEnd("q9"))  # its route comes later (or never): kept, nothing counted
+    remote.end(WorkEnd("q1", "r0"))  # ran: its recent work stays, decaying
+    remote.end(WorkEnd("q2", "r0", withdrawn=True))  # never ran: nothing stays
+    remote.end(WorkEnd("q9", "r0"))  # its route comes later (or never): kept, nothing counted
     assert remote.loads.load("r0") == 300.0 and remote.loads.num_outstanding("r0") == 0
     assert (remote.num_on("r0"), len(remote)) == (0, 1)
     clock.now_s += 30.0  # one half-life
@@ -70,8 +70,38 @@ def test_routes_are_bounded_and_a_gone_replica_takes_its_routes():
 
 def test_an_end_that_overtakes_its_route_keeps_the_route_from_counting():
     remote, _ = remote_work()
-    remote.end(WorkEnd("q1"))  # the sender's later call ran first at the actor
+    remote.end(WorkEnd("q1", "r0"))  # the sender's later call ran first at the actor
     remote.add("r0", RoutedWork("q1", 300.0, 20.0, 300.0))
     remote.add("r0", RoutedWork("q2", 100.0, 20.0, 100.0))
     assert len(remote) == 1 and remote.loads.load("r0") == 100.0
+    remote.check_invariants()
+
+
+def test_an_end_releases_only_the_placement_it_ended():
+    """A route id placed twice (Serve spilled it from r0 to r1): the sender queues the
+    first placement's end and the second's route together, and that call reaches the
+    actor before the one with the first route. The end for r0 must not release r1."""
+    remote, _ = remote_work()
+    remote.end(WorkEnd("q1", "r0", withdrawn=True))  # r0's end, overtaking r0's route
+    remote.add("r1", RoutedWork("q1", 300.0, 20.0, 300.0))  # in the same call
+    remote.add("r0", RoutedWork("q1", 300.0, 20.0, 300.0))  # the earlier call, late
+    assert (remote.num_on("r0"), remote.num_on("r1")) == (0, 1)
+    assert [remote.loads.load(r) for r in ("r0", "r1")] == [0.0, 300.0]
+    remote.check_invariants()
+    remote.end(WorkEnd("q1", "r0"))  # a stale end for r0 again: r1 still counts
+    assert remote.num_on("r1") == 1 and remote.loads.load("r1") == 300.0
+    remote.end(WorkEnd("q1", "r1"))  # r1's own end releases it
+    assert (remote.num_on("r1"), len(remote), remote.loads.num_outstanding("r1")) == (0, 0, 0)
+    remote.check_invariants()
+
+
+def test_a_retried_routes_late_first_end_leaves_the_retry_counted():
+    """Routed to r0, failed there, retried on r1 under the same id: r0's end arrives after
+    r1's route."""
+    remote, _ = remote_work()
+    remote.add("r0", RoutedWork("q1", 100.0, 20.0, 100.0))
+    remote.add("r1", RoutedWork("q1", 200.0, 20.0, 200.0))  # replaces r0's placement
+    remote.end(WorkEnd("q1", "r0", withdrawn=True))
+    assert (remote.num_on("r0"), remote.num_on("r1")) == (0, 1)
+    assert remote.loads.num_outstanding("r1") == 1
     remote.check_invariants()

@@ -101,9 +101,9 @@ def test_work_ends_follow_their_marks_in_order_and_count_one_each():
     marks = SharedMarks(config, clock=Clock())
     marks.take("b")
     work = RoutedWork("q1", 10.0, 2.0, 10.0)
-    assert marks.add("a", [SharedMark("r1", (H[0], H[1]), work), WorkEnd("q1")])
+    assert marks.add("a", [SharedMark("r1", (H[0], H[1]), work), WorkEnd("q1", "r1")])
     assert marks.add("a", [SharedMark("r2", (), RoutedWork("q2", 1.0, 0.0, 1.0))])
     assert marks.num_blocks() == 4  # two hashes, and one for each message without any
-    assert marks.take("b") == (SharedMark("r1", (H[0], H[1]), work), WorkEnd("q1"))
+    assert marks.take("b") == (SharedMark("r1", (H[0], H[1]), work), WorkEnd("q1", "r1"))
     assert marks.take("b") == (SharedMark("r2", (), RoutedWork("q2", 1.0, 0.0, 1.0)),)
     marks.check_invariants()

@@ -16,9 +16,11 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from benchmarks.hostile.attacks import Attack
 from benchmarks.hostile.fronts import Front, nonfinite
-from benchmarks.hostile.fuzz import fuzz_front
+from benchmarks.hostile.fuzz import fuzz_cases, fuzz_front
 from benchmarks.hostile.phases import lying_worker, quota_race
 from benchmarks.hostile.victim import PREFIX_CACHED_TOKENS, Victim
 
@@ -173,6 +175,7 @@ def _requests_beside(front: Front, replicas: set[str]) -> dict:
 
 
 def run_front(front: Front, config: HostileConfig) -> dict:
+    cases = fuzz_cases(config.fuzz_cases) if config.fuzz_cases else []  # before any timing
     victim = Victim(front.base_url, front.victim_headers)
     victim.results.append(victim.request())  # computes the shared prefix once
     steps_before, errors_before = front.step_failures(), front.engine_errors()
@@ -207,7 +210,7 @@ def run_front(front: Front, config: HostileConfig) -> dict:
         attacks_s = time.monotonic() - attack_start
         t0, watch.label = time.monotonic(), "fuzz"
         fuzz_sent: list[tuple[float, float, str]] = []
-        fuzz = (fuzz_front(front, config.fuzz_cases, sent=fuzz_sent) if config.fuzz_cases
+        fuzz = (fuzz_front(front, cases, sent=fuzz_sent) if cases
                 else {"cases": 0, "5xx": 0})
         windows.append((t0, time.monotonic(), "fuzz: schemathesis"))
         fuzz_s = time.monotonic() - t0
@@ -234,6 +237,7 @@ def run_front(front: Front, config: HostileConfig) -> dict:
         "engine_error_finishes": front.engine_errors() - errors_before,
         "logged_tracebacks": front.tracebacks() - tracebacks_before, "routed": front.routed,
         "attack_outcomes": {f: dict(c) for f, c in outcomes.items()},
+        "victim_ttft_p50_s_by_family": ttft_p50_by_family(victim, windows),
         "hurt_by": blame(victim, windows, base["ttft_p50_s"]),
         "off_cache_beside": off_cache_beside(victim, fuzz_sent),
         # under attack, why prompt tokens missed: the hostile prompts are new ("cold"), so
@@ -252,6 +256,26 @@ def off_cache_beside(victim: Victim, sent: list[tuple[float, float, str]]
             + [what for t0, t1, what in sent if t0 < r.end_s and r.start_s < t1]
             for r in victim.of("attack")
             if r.ok and (r.cached_tokens or 0) < PREFIX_CACHED_TOKENS]
+
+
+def ttft_p50_by_family(victim: Victim, windows: list[tuple[float, float, str]]
+                       ) -> dict[str, dict]:
+    """The victim's served attack-phase requests grouped by the family whose span (its first
+    request's start to its last one's end) holds the request's start: how many, and their
+    TTFT p50 in ms. The families run one after the other, so each victim request falls in
+    at most one."""
+    spans: dict[str, list[float]] = {}
+    for t0, t1, name in windows:
+        family = name.split(":", 1)[0]
+        span = spans.setdefault(family, [t0, t1])
+        span[0], span[1] = min(span[0], t0), max(span[1], t1)
+    out = {}
+    for family, (t0, t1) in spans.items():
+        ttfts = [r.ttft_s for r in victim.of("attack")
+                 if r.ok and r.ttft_s is not None and t0 <= r.start_s < t1]
+        out[family] = {"requests": len(ttfts), "ttft_p50_ms": (
+            round(1e3 * float(np.median(ttfts)), 2) if ttfts else None)}
+    return out
 
 
 def blame(victim: Victim, windows: list[tuple[float, float, str]],

@@ -9,14 +9,19 @@ prefix (the first request of a run computes it).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[2]
 BLOCK_TOKENS = 16
 SHARED_PREFIX = "You are the victim's assistant; answer from the shared manual. " * 12
 # bytes + BOS, whole blocks only (the tiny model's tokenizer is byte level)
@@ -73,40 +78,88 @@ def stream_once(base_url: str, headers: dict[str, str], prompt: str,
     return True, ttft, cached, None
 
 
+def _question(i: int) -> str:
+    return SHARED_PREFIX + f"Victim question {i}?"
+
+
+def _one(base_url: str, headers: dict[str, str], phase: str, i: int) -> VictimResult:
+    start_s = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the box
+    with httpx.Client() as client:
+        ok, ttft, cached, error = stream_once(base_url, headers, _question(i), client)
+    return VictimResult(phase, start_s, time.monotonic(), ok, ttft, cached, error)
+
+
+def _main() -> None:
+    """The victim's own process (`python -m benchmarks.hostile.victim URL HEADERS PHASE I`):
+    requests back to back until its stdin closes, each result a JSON line on stdout as it
+    ends, after a first line "ready"."""
+    base_url, headers, phase, first_i = sys.argv[1:5]
+    stop = threading.Event()
+
+    def watch_stdin() -> None:
+        sys.stdin.read()  # returns at EOF: the harness closed it
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    print("ready", flush=True)
+    i = int(first_i)
+    while not stop.is_set():
+        print(json.dumps(dataclasses.asdict(_one(base_url, json.loads(headers), phase, i))),
+              flush=True)
+        i += 1
+
+
 class Victim:
-    """Streams back to back in a thread from `start()` to `stop()`; `phase` labels what
-    runs meanwhile."""
+    """Streams back to back from `start()` to `stop()`; `phase` labels what runs meanwhile.
+
+    The stream runs in a process of its own, as a real tenant's client would: in a thread of
+    the harness its timings shared one interpreter lock with the hostile tenant's client
+    (the fuzzer's case generation is CPU-bound), and measured that client as much as the
+    server. `request()` runs one request in this process (nothing else runs then)."""
 
     def __init__(self, base_url: str, headers: dict[str, str]):
         self.base_url, self.headers = base_url, headers
         self.phase = "warmup"
         self.results: list[VictimResult] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
         self._i = 0
 
     def request(self) -> VictimResult:
         self._i += 1
-        start_s = time.monotonic()
-        with httpx.Client() as client:
-            ok, ttft, cached, error = stream_once(
-                self.base_url, self.headers, SHARED_PREFIX + f"Victim question {self._i}?",
-                client)
-        return VictimResult(self.phase, start_s, time.monotonic(), ok, ttft, cached, error)
+        return _one(self.base_url, self.headers, self.phase, self._i)
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        """Returns once the victim's process is about to send its first request."""
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.hostile.victim", self.base_url,
+             json.dumps(self.headers), self.phase, str(self._i + 1)],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self._proc.stdout.readline().strip() != "ready":
+            self._proc.kill()
+            raise RuntimeError("the victim's process did not start")
+        self._reader = threading.Thread(target=self._collect, args=(self._proc.stdout,),
+                                        daemon=True)
+        self._reader.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.results.append(self.request())
+    def _collect(self, lines) -> None:
+        for line in lines:  # ends when the process exits
+            self.results.append(VictimResult(**json.loads(line)))
+            self._i += 1
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(DEADLINE_S + 10)
+        """Lets the request in flight end, then the process."""
+        if self._proc is None:
+            return
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(DEADLINE_S + 10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._reader is not None:
+            self._reader.join()
+        self._proc = None
 
     def of(self, phase: str) -> list[VictimResult]:
         return [r for r in self.results if r.phase == phase]
@@ -119,3 +172,7 @@ class Victim:
                                  for r in rs),
                 "ttft_p50_s": float(np.median(ttfts)) if ttfts else None,
                 "errors": sorted({r.error for r in rs if r.error})[:5]}
+
+
+if __name__ == "__main__":
+    _main()

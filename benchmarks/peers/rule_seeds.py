@@ -13,7 +13,9 @@ configured by default, once per --variant (LABEL:NAME=VALUE,... of RouterConfig 
 once per --rule (benchmarks/peers/emulation.py), each on each seed's own workload; with
 --approximate each variant's approximate mode too (the ladders' hit - approximate). No round
 robin baseline (rule_ladder.py runs sim_routing's whole ladder). Prints hit/bound, load
-share and TTFT p90 per rung, seed and contender, then each one's mean over the seeds.
+share, TTFT p90 and the decisions where continuation affinity overruled the cost ("kept":
+with none, the decisions are the default's) per rung, seed and contender, then each one's
+mean over the seeds.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from router.core.config import RouterConfig  # noqa: E402
 
 
 def run(spec: ex.WorkloadSpec, router: RouterConfig, rule: str | None
-        ) -> tuple[float, float, float]:
-    """(hit/bound, load share, TTFT p90 s) of one run."""
+        ) -> tuple[float, float, float, int]:
+    """(hit/bound, load share, TTFT p90 s, continuations kept against the cost) of one run."""
     num_blocks = ex.DEFAULTS[spec.name].num_blocks
     workload = spec.build()
     config = ClusterConfig(spec.num_replicas, ReplicaConfig(num_blocks=num_blocks), router,
@@ -46,7 +48,9 @@ def run(spec: ex.WorkloadSpec, router: RouterConfig, rule: str | None
     if rule is not None:
         install(sim, rule)
     s = summarize(sim.run(), "", ex.offered_qps(workload), 0.0, 0.0)
-    return s.hit_rate_over_bound, s.load_share, s.ttft_p90_s
+    kept = sum(r.policy.continuations.num_kept for r in sim.routers
+               if getattr(r.policy, "continuations", None) is not None)
+    return s.hit_rate_over_bound, s.load_share, s.ttft_p90_s, kept
 
 
 def contenders(args: argparse.Namespace) -> list[tuple[str, dict, str | None]]:
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = contenders(args)
     for rate in rates:
-        rows: dict[str, list[tuple[float, float, float]]] = {label: [] for label, *_ in runs}
+        rows: dict[str, list[tuple[float, float, float, int]]] = {label: []
+                                                                  for label, *_ in runs}
         for seed in seeds:
             spec = ex.WorkloadSpec(args.workload, rate, args.replicas, seed)
             for label, fields, rule in runs:
@@ -97,9 +102,10 @@ def main(argv: list[str] | None = None) -> None:
                 got = run(spec, replace(router, **fields), rule)
                 rows[label].append(got)
                 print(f"{args.workload} {rate:g}/replica s{seed} {label}: hit/bound "
-                      f"{got[0]:.4f} share {got[1]:.3f} ttft p90 {got[2]:.4f}", flush=True)
+                      f"{got[0]:.4f} share {got[1]:.3f} ttft p90 {got[2]:.4f} kept {got[3]}",
+                      flush=True)
         for label, got in rows.items():
-            hits, shares, p90s = zip(*got)
+            hits, shares, p90s, _ = zip(*got)
             print(f"{args.workload} {rate:g}/replica MEAN {label}: hit/bound "
                   f"{sum(hits) / len(hits):.4f} (min {min(hits):.4f})  share "
                   f"{sum(shares) / len(shares):.3f} (max {max(shares):.3f})  ttft p90 "

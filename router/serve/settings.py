@@ -70,7 +70,7 @@ class ServeSettings(EngineSettings):
     continuation_affinity: bool = Field(
         _ROUTER_DEFAULTS.continuation_affinity,
         description="cache_aware: a conversation's next turn goes where its last turn went "
-                    "(unless that replica's load is over 1.25x the mean or it holds over "
+                    "(unless that replica's load is over 1.2x the mean or it holds over "
                     "1.2x the mean share of the recent sessions)")
     pooled_sample_rate: float = Field(
         _BOUND_DEFAULTS.sample_rate, gt=0, le=1,

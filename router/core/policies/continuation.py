@@ -35,7 +35,7 @@ class ContinuationGuard:
     """When a session's next turn may leave the replica its last turn went to."""
 
     min_turns: int = 2  # affinity holds from this turn of a session on (1: the first)
-    load_over_mean: float = 1.25  # that replica's load over the candidates' mean (inf: any)
+    load_over_mean: float = 1.2  # that replica's load over the candidates' mean (inf: any)
     session_share: float = 1.2  # its recent sessions' tokens over the mean (inf: any)
     session_window: int = 64  # the most recently routed sessions that count
     max_prompts: int = 1 << 16  # sessions remembered (oldest forgotten: cost alone)

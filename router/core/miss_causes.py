@@ -79,6 +79,9 @@ def split_causes(num_prompt_tokens: int, cacheable_tokens: int, predicted_tokens
                       race=max(p - d, 0))
 
 
+_PENDING_BLOCKS = 1 << 16  # stored hashes a window keeps aside before adding them
+
+
 class SeenWindow:
     """Block hashes used or stored lately, in bounded memory: two generations of at most
     `capacity_blocks / 2` hashes each. New hashes go into the current one; when it
@@ -86,7 +89,13 @@ class SeenWindow:
     remembered for at least `capacity_blocks / 2` distinct block insertions after its last
     use and at most `capacity_blocks` hashes are held (about 100 bytes each: a dict entry
     and, at worst, the hash's own bytes object). Dicts with None values, not sets: they hold
-    no GC-tracked objects (router.core.index)."""
+    no GC-tracked objects (router.core.index).
+
+    Runs a replica stored (`add_later`) wait in a list until the window is read or added
+    to, or until they are `_PENDING_BLOCKS` hashes: then they go in, in their order, in one
+    stretch. Fed between the index's passes over its arrays, each run met a dict evicted
+    from cache by them: 282 ns a hash in a 256-replica index's build, against 110-150 in
+    one stretch."""
 
     def __init__(self, capacity_blocks: int):
         if capacity_blocks < 2:
@@ -94,9 +103,25 @@ class SeenWindow:
         self.capacity_blocks = capacity_blocks
         self._current: dict[BlockHash, None] = {}
         self._previous: dict[BlockHash, None] = {}
+        self._later: list[Sequence[BlockHash]] = []  # runs not added yet, in order
+        self._later_blocks = 0
+
+    def add_later(self, block_hashes: Sequence[BlockHash]) -> None:
+        """`add`, deferred until the window is next read or added to (same contents then)."""
+        self._later.append(block_hashes)
+        self._later_blocks += len(block_hashes)
+        if self._later_blocks >= _PENDING_BLOCKS:
+            self._add_pending()
+
+    def _add_pending(self) -> None:
+        later, self._later, self._later_blocks = self._later, [], 0
+        for block_hashes in later:
+            self._add(block_hashes)
 
     def num_leading_seen(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading blocks of the prompt the window holds."""
+        if self._later:
+            self._add_pending()
         current, previous = self._current, self._previous
         n = num_leading_in(current, block_hashes)
         while n < len(block_hashes) and (block_hashes[n] in previous
@@ -107,6 +132,11 @@ class SeenWindow:
     def add(self, block_hashes: Sequence[BlockHash]) -> None:
         """Remembers the hashes (of a long run, its last `capacity_blocks / 2` only): no
         generation ever holds more than half the capacity."""
+        if self._later:
+            self._add_pending()
+        self._add(block_hashes)
+
+    def _add(self, block_hashes: Sequence[BlockHash]) -> None:
         half = self.capacity_blocks // 2
         if len(block_hashes) > half:
             block_hashes = block_hashes[-half:]
@@ -122,6 +152,8 @@ class SeenWindow:
             start += room
 
     def __len__(self) -> int:
+        if self._later:
+            self._add_pending()
         return len(self._current) + len(self._previous)
 
 
@@ -185,7 +217,7 @@ class MissCauses:
         request used is not taken for cold."""
         for event in events:
             if type(event) is BlockStored:
-                self.seen.add(event.block_hashes)
+                self.seen.add_later(event.block_hashes)
 
     def take(self, request_id: str) -> _Decision | None:
         """Removes and returns the request's view (to `keep` it again, as a moved request

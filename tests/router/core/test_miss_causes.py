@@ -160,3 +160,18 @@ def test_a_run_longer_than_half_the_window_keeps_its_last_half_and_the_bound():
     assert len(window) == 7 and window.num_leading_seen([h(i) for i in range(6, 10)]) == 4
     window.add([h(30), h(31)])  # h(30) fills it; h(31) starts a third: h(6..9) dropped
     assert window.num_leading_seen([h(6)]) == 0 and len(window) <= 8
+
+
+@given(capacity=st.integers(2, 12),
+       runs=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 24), max_size=14)),
+                     max_size=12))
+def test_stored_runs_added_later_leave_the_window_as_added_at_once(capacity, runs):
+    now, later = SeenWindow(capacity), SeenWindow(capacity)
+    for stored, run in runs:  # stored: a replica's event (deferred), else a request's end
+        now.add([h(i) for i in run])
+        (later.add_later if stored else later.add)([h(i) for i in run])
+    every = [h(i) for i in range(25)]
+    assert [later.num_leading_seen([x]) for x in every] == [
+        now.num_leading_seen([x]) for x in every]
+    assert len(later) == len(now)
+    assert (later._current, later._previous) == (now._current, now._previous)

@@ -38,6 +38,8 @@ from router.cluster.actor_link import ActorLink
 
 log = logging.getLogger(__name__)
 
+_DRAIN_REPORTS_S = 5.0  # at shutdown, the last route ends' report waits at most this long
+
 
 @dataclass(frozen=True)
 class PublisherConfig:
@@ -109,7 +111,10 @@ class ReplicaPublisher:
         self._index.stop()
         if self._route_reports is not None:
             self._route_reports.on_end(None)
-            await self.drain_reports()
+            try:  # bounded: a goodbye must not wait on an actor that does not answer
+                await asyncio.wait_for(self.drain_reports(), _DRAIN_REPORTS_S)
+            except asyncio.TimeoutError:
+                log.warning("the last route ends were not reported in time")
         index = self._index.found_handle
         try:
             if index is not None:

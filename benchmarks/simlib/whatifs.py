@@ -84,10 +84,10 @@ class WhatIfLoads(LoadTracker):
         self._first_token_tokens.pop(request_id, None)
         super().finish(request_id, output_tokens)
 
-    def decode_tokens(self, max_tokens: float) -> float:
+    def decode_tokens(self, max_tokens: float, num_sequences: int = 1) -> float:
         if self.whatifs.decode_charge_max_tokens:
             return bounded_tokens(max_tokens)
-        return super().decode_tokens(max_tokens)
+        return super().decode_tokens(max_tokens, num_sequences)
 
     def first_token(self, request_id: str) -> None:
         """The request has its first token: its prefill work is done (unknown or already

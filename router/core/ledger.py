@@ -63,6 +63,7 @@ class RouteRecord(NamedTuple):
     max_tokens: int
     predicted_hit_tokens: tuple[int, int] = (0, 0)  # device, host
     decision_s: float = 0.0  # what ranking and recording it took (perf counter seconds)
+    num_sequences: int = 1  # the completions max_tokens is over (n x a batch's prompts)
 
 
 class Expired(NamedTuple):

@@ -58,6 +58,7 @@ class _Charge(NamedTuple):
     recent_tokens: float  # to its recent work, decaying from `routed_at_s`
     decode_tokens: float  # of `work_tokens`: the decode tokens it was expected to produce
     routed_at_s: float
+    num_sequences: int = 1  # the completions it makes (n x the prompts of a batch)
 
 
 class LoadTracker:
@@ -80,22 +81,29 @@ class LoadTracker:
         # replica -> its published (queued prefill tokens, running, waiting), bounded
         self._stats: dict[str, tuple[float, float, float]] = {}
         self.mean_decode_tokens = 0.0  # of the decode tokens charged
-        # of the output tokens the ended requests produced; None before the first is known
+        # of the output tokens the ended requests produced, per sequence (a request with
+        # n = 8 makes 8 completions); None before the first is known
         self.mean_output_tokens: float | None = None
 
-    def decode_tokens(self, max_tokens: float) -> float:
-        """The decode tokens to charge a request that may produce up to `max_tokens`: the
-        mean output length, or `max_tokens` when that is less or no output is known yet."""
+    def decode_tokens(self, max_tokens: float, num_sequences: int = 1) -> float:
+        """The decode tokens to charge a request that may produce up to `max_tokens` over
+        its `num_sequences` completions: each the mean output length, or its share of
+        `max_tokens` when that is less or no output is known yet."""
         max_tokens = bounded_tokens(max_tokens)
+        num_sequences = max(1, num_sequences)
         mean = self.mean_output_tokens
-        return max_tokens if mean is None or mean > max_tokens else mean
+        if mean is None or mean * num_sequences > max_tokens:
+            return max_tokens
+        return mean * num_sequences
 
     def add(self, request_id: str, replica_id: str, work_tokens: float,
-            decode_tokens: float, recent_tokens: float | None = None) -> None:
+            decode_tokens: float, recent_tokens: float | None = None,
+            num_sequences: int = 1) -> None:
         """Records a routed request; routing the same id again replaces its old entry.
         `decode_tokens`: the decode tokens counted in `work_tokens` (at `decode_weight`),
         which `finish` corrects to the output produced. `recent_tokens` (default: all of
-        `work_tokens`) join the replica's recent work."""
+        `work_tokens`) join the replica's recent work. `num_sequences`: its completions
+        (its output teaches the mean per completion)."""
         self.finish(request_id)
         work_tokens = bounded_tokens(work_tokens)
         recent_tokens = (work_tokens if recent_tokens is None
@@ -103,7 +111,7 @@ class LoadTracker:
         decode_tokens = bounded_tokens(decode_tokens)
         now = self.clock() if self.recent_half_life_s else 0.0
         self._requests[request_id] = _Charge(replica_id, work_tokens, recent_tokens,
-                                             decode_tokens, now)
+                                             decode_tokens, now, max(1, num_sequences))
         self._local_tokens[replica_id] = self._local_tokens.get(replica_id, 0.0) + work_tokens
         self._num_local[replica_id] = self._num_local.get(replica_id, 0) + 1
         if self.recent_half_life_s:
@@ -113,18 +121,19 @@ class LoadTracker:
 
     def finish(self, request_id: str, output_tokens: int | None = None) -> None:
         """Drops a finished request's work; unknown ids (already dropped) are ignored.
-        `output_tokens`, what it produced when its end says: the mean output length learns
-        it, and the replica's recent work counts it in place of the decode charged, as if
-        it had been charged so when it was routed."""
+        `output_tokens`, what it produced when its end says (all its completions): the mean
+        output length learns it per completion, and the replica's recent work counts it in
+        place of the decode charged, as if it had been charged so when it was routed."""
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return
         replica_id, work_tokens = entry.replica_id, entry.work_tokens
         if output_tokens is not None:
             output_tokens = bounded_tokens(output_tokens)
+            per_sequence = output_tokens / entry.num_sequences
             mean = self.mean_output_tokens
-            self.mean_output_tokens = (output_tokens if mean is None
-                                       else mean + _OUTPUT_MEAN_ALPHA * (output_tokens - mean))
+            self.mean_output_tokens = (per_sequence if mean is None
+                                       else mean + _OUTPUT_MEAN_ALPHA * (per_sequence - mean))
             if entry.recent_tokens and replica_id in self._recent:
                 self._add_recent(entry, self.decode_weight * (output_tokens
                                                               - entry.decode_tokens))

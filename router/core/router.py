@@ -81,7 +81,7 @@ class Router:
 
     def route(self, request_id: str, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
               replica_ids: Sequence[str], max_tokens: int = 0,
-              kind: RouteKind = RouteKind.PROXIED) -> RoutingDecision:
+              kind: RouteKind = RouteKind.PROXIED, num_sequences: int = 1) -> RoutingDecision:
         """Ranks `replica_ids` and records the decision on the first, in the ledger: the
         prompt's blocks become pending on it, its outstanding work grows until it is ended
         (`on_finished`) or withdrawn. If the request then lands on another candidate (the
@@ -92,7 +92,8 @@ class Router:
         so its own pending marks and load do not count on its earlier replica.
 
         `max_tokens` counts up to `MAX_WORK_TOKENS` (router.core.load): the entry points
-        bound it, and whatever reaches here cannot make a load infinite.
+        bound it, and whatever reaches here cannot make a load infinite. It is the output of
+        all `num_sequences` completions (n x the prompts of a batch); each is charged.
 
         Raises ValueError when there is no candidate or the hashes cannot be the prompt's.
         """
@@ -123,7 +124,7 @@ class Router:
         if not policy.uses_index:  # every candidate's match too: the miss causes need them
             matches = self._match(block_hashes, replica_ids, on_history, confirmed)
         routed = RouteRecord(replica_id, kind, RouteState.ROUTED, self.clock(), block_hashes, (),
-                             num_prompt_tokens, max_tokens)
+                             num_prompt_tokens, max_tokens, num_sequences=num_sequences)
         device_tokens, host_tokens = self._record(routed, request_id, matches.get(replica_id),
                                                   confirmed, on_history, start_s)
         self.misses.on_route(request_id, block_hashes, num_prompt_tokens, matches)
@@ -222,7 +223,7 @@ class Router:
         self.ledger.put(request_id, RouteRecord(  # positional: a decision pays no _replace
             replica_id, routed.kind, routed.state, routed.routed_at_s, block_hashes, held,
             routed.num_prompt_tokens, routed.max_tokens, (device_tokens, host_tokens),
-            decision_s))
+            decision_s, routed.num_sequences))
         self.history.record(replica_id, block_hashes)
         self._add_load(request_id, routed, device_tokens, host_tokens)
         return device_tokens, host_tokens
@@ -234,7 +235,8 @@ class Router:
         (benchmarks/simlib/whatifs.py)."""
         prefill_tokens, decode_tokens = self._work(routed, device_tokens, host_tokens)
         self.loads.add(request_id, routed.replica_id,
-                       prefill_tokens + self.config.decode_weight * decode_tokens, decode_tokens)
+                       prefill_tokens + self.config.decode_weight * decode_tokens, decode_tokens,
+                       num_sequences=routed.num_sequences)
 
     def _work(self, routed: RouteRecord, device_tokens: int, host_tokens: int
               ) -> tuple[float, float]:
@@ -246,7 +248,7 @@ class Router:
         prefill_tokens = (routed.num_prompt_tokens - device_tokens - host_tokens
                           + config.host_cost_fraction * host_tokens
                           + config.cached_load_fraction * (device_tokens + host_tokens))
-        return prefill_tokens, self.loads.decode_tokens(routed.max_tokens)
+        return prefill_tokens, self.loads.decode_tokens(routed.max_tokens, routed.num_sequences)
 
     def _match(self, block_hashes: Sequence[BlockHash], replica_ids: Sequence[str],
                on_history: frozenset[str], confirmed: dict[str, int]

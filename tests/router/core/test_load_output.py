@@ -105,3 +105,27 @@ def test_a_withdraw_takes_back_what_is_left_of_its_recent_work_only():
     router.withdraw("b")  # b's 32 tokens, halved since: a's half is left, exactly
     assert router.loads.load("r1") == 16.0
     router.check_invariants()
+
+
+def test_a_request_of_n_completions_is_charged_n_of_them():
+    loads = LoadTracker()
+    loads.add("a", "r0", 10.0, decode_tokens=8 * 100, num_sequences=8)
+    loads.finish("a", output_tokens=8 * 20)  # 8 completions of 20 tokens
+    assert loads.mean_output_tokens == 20.0  # per completion
+    assert loads.decode_tokens(8 * 100, num_sequences=8) == 160.0
+    assert loads.decode_tokens(100) == 20.0
+    assert loads.decode_tokens(8 * 5, num_sequences=8) == 40.0  # max_tokens is less
+
+
+def test_the_router_charges_each_completion_of_a_request():
+    # no recent work: a replica's load is its outstanding work alone
+    router = make_router(FakeClock(), recent_work_half_life_s=0.0)
+    router.route("v0", victim(0), 51 * B, ["r1"], max_tokens=100)
+    router.on_finished("v0", output_tokens=20)  # requests here produce 20 tokens
+    router.route("one", [h(200)], B, ["r1"], max_tokens=100)
+    load_one = router.loads.load("r1")
+    router.on_finished("one", output_tokens=20)
+    router.route("eight", [h(201)], B, ["r1"], max_tokens=8 * 100, num_sequences=8)
+    # the same prefill (one uncached block), and 20 decode tokens for each completion
+    assert router.loads.load("r1") == load_one + 7 * 20 * router.config.decode_weight
+    router.check_invariants()

@@ -38,7 +38,7 @@ from router.cluster.metrics_hub import (
 from router.core.router import RouterConfig
 from router.front.admin_key import AdminAuth, load_admin_key
 from router.front.metrics import GatewayMetrics
-from router.front.routing_body import off_loop
+from router.front.routing_body import Context, off_loop
 from router.front.tenants import TenantAuth, load_api_keys
 from router.gateway.admin import change_body, spec_from_body, worker_body
 from router.gateway.external_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
@@ -48,7 +48,7 @@ from router.gateway.routed_body import RoutedBody, chat_body, completion_body
 from worker.openai.errors import APIError
 from worker.openai.front import FrontDoor, ready_body
 from worker.openai.latency import arrival_of, relayed
-from worker.openai.limits import RequestLimits
+from worker.openai.limits import RequestLimits, longest_token_chars
 from worker.openai.prompt import PromptBuilder
 from worker.openai.stream_slots import StreamSlot
 from worker.process_settings import ProcessSettings
@@ -59,14 +59,16 @@ log = logging.getLogger(__name__)
 _TOKENIZER_THREADS = 2  # reading large bodies for routing (router/front/routing_body.py)
 _MODELS_TIMEOUT_S = 2.0  # asking a worker's /v1/models for its context length
 
-BodyReader = Callable[[bytes, PromptBuilder, str, str, RequestLimits], RoutedBody]
+BodyReader = Callable[[bytes, PromptBuilder, str, str, RequestLimits, Context | None],
+                      RoutedBody]
 
 
 async def read_off_loop(threads: Executor, read: BodyReader, raw: bytes,
                         prompts: PromptBuilder, model: str, tenant: str,
-                        limits: RequestLimits) -> RoutedBody:
+                        limits: RequestLimits, context: Context | None = None) -> RoutedBody:
     """`read(raw, ...)`: on the loop when the body is small, else in one of `threads`."""
-    return await off_loop(threads, len(raw), lambda: read(raw, prompts, model, tenant, limits))
+    return await off_loop(threads, len(raw),
+                          lambda: read(raw, prompts, model, tenant, limits, context))
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ class ExternalGateway:
         self.admin = AdminAuth(load_admin_key(config.admin_key_file, process))
         self.proxy = ExternalProxy(config.proxy)
         self.limits = self.door.limits
+        self._longest_token_chars = longest_token_chars(
+            self.prompts.tokenizer.get_vocab(with_added_tokens=True))
         self._tokenizer_threads = ThreadPoolExecutor(_TOKENIZER_THREADS,
                                                      thread_name_prefix="tokenize")
         self._context: tuple[int, int | None] | None = None  # (worker set version, tokens)
@@ -127,8 +131,13 @@ class ExternalGateway:
         self._tokenizer_threads.shutdown(wait=False, cancel_futures=True)
 
     async def _routed(self, read: BodyReader, raw: bytes, tenant: str) -> RoutedBody:
+        """The body as routed: with the workers' context length when one lists it, a
+        prompt that cannot fit it is a 400 before it reaches the router's load."""
+        tokens = await self._workers_context()
+        context = (None if tokens is None
+                   else Context(tokens, self._longest_token_chars))
         return await read_off_loop(self._tokenizer_threads, read, raw, self.prompts,
-                                   self.model, tenant, self.limits)
+                                   self.model, tenant, self.limits, context)
 
     # ---- OpenAI API ----
 
@@ -238,7 +247,7 @@ class ExternalGateway:
             request_id = f"{base_id}~{len(tried)}"
             try:
                 worker, _ = self.router.route(request_id, hashes, len(routed.token_ids),
-                                              routed.max_tokens, tried)
+                                              routed.max_tokens, tried, routed.num_sequences)
             except NoWorkerAvailable as err:
                 log.warning("no worker can take request %s: %s", request_id, err)
                 raise APIError(503, "no worker can take the request",

@@ -82,9 +82,10 @@ class ExternalWorkerRouter:
         await self._first_view.wait()
 
     def route(self, request_id: str, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
-              max_tokens: int, exclude: frozenset[str] = frozenset()
+              max_tokens: int, exclude: frozenset[str] = frozenset(), num_sequences: int = 1
               ) -> tuple[WorkerSpec, RoutingDecision]:
-        """Picks a worker (not in `exclude`) and records it until `release`."""
+        """Picks a worker (not in `exclude`) and records it until `release`; `max_tokens`
+        is the output of all `num_sequences` completions (n x a batch's prompts)."""
         candidates = [w for w in self._routable if w not in exclude]
         if not candidates:
             raise NoWorkerAvailable(self._why_none(exclude))
@@ -92,7 +93,8 @@ class ExternalWorkerRouter:
             reason = self.mirror.check_stale()
             self._refresh_modes()
             decision = self.router.route(request_id, block_hashes, num_prompt_tokens,
-                                         candidates, max_tokens, RouteKind.PROXIED)
+                                         candidates, max_tokens, RouteKind.PROXIED,
+                                         num_sequences)
             record = self.router.ledger.get(request_id)
         self.mirror.share_marks(decision.replica_id, block_hashes)  # for the other gateways
         self.metrics.observe_routed(record)

@@ -1,7 +1,8 @@
 """What the gateway reads of a request it forwards to an external worker: what the routers'
 one body reader reads (router/front/routing_body.py: the prompt's token ids to hash and
 route, the output as the load term, every number bounded before it reaches the router),
-after the model check. Nothing else is checked here (the worker validates the rest: it may
+after the model check, and with the workers' context length when one lists it. Nothing
+else is checked here (the worker validates the rest: it may
 accept parameters kvroute's own engine does not), and the body goes out as it came, unless
 a tenant's cache salt must be set in it.
 """
@@ -12,7 +13,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from router.front.routing_body import RoutingRead, load_json, read_chat, read_completion
+from router.front.routing_body import (
+    Context,
+    RoutingRead,
+    load_json,
+    read_chat,
+    read_completion,
+)
 from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
@@ -27,6 +34,7 @@ class RoutedBody:
     max_tokens: int
     body: bytes  # what goes to the worker
     stream: bool = False  # asked for a stream (holds one of its tenant's stream slots)
+    num_sequences: int = 1  # n x the prompts of a batch: the completions it makes
 
 
 def _load(raw: bytes, model: str, limits: RequestLimits) -> dict[str, Any]:
@@ -42,18 +50,24 @@ def _routed(read: RoutingRead, data: dict[str, Any], raw: bytes, tenant: str) ->
     so tenants share no KV on the worker either; vLLM reads `cache_salt`)."""
     body = raw if not tenant else json.dumps({**data, "cache_salt": tenant},
                                              separators=(",", ":")).encode()
-    return RoutedBody(read.token_ids, read.output.total, body, read.stream)
+    return RoutedBody(read.token_ids, read.output.total, body, read.stream,
+                      read.output.num_sequences)
 
 
 def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
-                    limits: RequestLimits = DEFAULT_LIMITS) -> RoutedBody:
-    """A /v1/completions body. A batch of prompts is routed on its first one."""
+                    limits: RequestLimits = DEFAULT_LIMITS, context: Context | None = None
+                    ) -> RoutedBody:
+    """A /v1/completions body. A batch of prompts is routed on its first one. With the
+    workers' `context`, a prompt (text or ids) or output that cannot fit it is a 400 here,
+    before it is routed or charged to a worker's load."""
     data = _load(raw, model, limits)
-    return _routed(read_completion(data, prompts, limits), data, raw, tenant)
+    return _routed(read_completion(data, prompts, limits, context), data, raw, tenant)
 
 
 def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
-              limits: RequestLimits = DEFAULT_LIMITS) -> RoutedBody:
-    """A /v1/chat/completions body, through the model's chat template."""
+              limits: RequestLimits = DEFAULT_LIMITS, context: Context | None = None
+              ) -> RoutedBody:
+    """A /v1/chat/completions body, through the model's chat template (`context`: as for
+    `completion_body`)."""
     data = _load(raw, model, limits)
-    return _routed(read_chat(data, prompts, limits), data, raw, tenant)
+    return _routed(read_chat(data, prompts, limits, context), data, raw, tenant)

@@ -142,7 +142,8 @@ class ServeRequestRouter(RequestRouter):
         with self._lock:
             reason = self.mirror.check_stale()
             decision = self.router.route(request_id, block_hashes, len(token_ids),
-                                         list(by_id), _max_tokens(call), kind)
+                                         list(by_id), _max_tokens(call), kind,
+                                         getattr(call, "num_sequences", 1))
             record = self.router.ledger.get(request_id)
             work = self._work_of(request_id)
             # Due every so often and when many are kept, so a quiet router too releases

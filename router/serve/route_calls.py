@@ -32,6 +32,7 @@ class RouteCall:
     prompt_token_ids: list[int]
     block_hashes: list[bytes]
     max_tokens: int  # the output of all its sequences
+    num_sequences: int = 1  # n x the prompts of a batch: each is charged
 
 
 class RouteCalls:
@@ -62,4 +63,5 @@ class RouteCalls:
         else:
             read = read_completion(data, self.prompts, self.limits, self.context)
         return RouteCall(uuid.uuid4().hex, read.token_ids,
-                         self.prompts.block_hashes(read.token_ids, tenant), read.output.total)
+                         self.prompts.block_hashes(read.token_ids, tenant), read.output.total,
+                         read.output.num_sequences)

@@ -48,9 +48,10 @@ def test_a_batch_routes_on_its_first_prompt(prompts):
     text_batch = calls.of(_body(prompt=["first of two", "second"], n=2), None)
     assert text_batch.prompt_token_ids == prompts.encode_text("first of two")
     assert text_batch.max_tokens == 2 * 2 * DEFAULT_MAX_TOKENS  # the load of 4 choices
+    assert text_batch.num_sequences == 4  # each charged as a completion
     chat = calls.of(_body(messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=5),
                     None)
-    assert chat.max_tokens == 15
+    assert (chat.max_tokens, chat.num_sequences) == (15, 3)
     assert calls.of(_body(prompt=[[7, 8, 9], [1]]), None).prompt_token_ids == [7, 8, 9]
 
 

@@ -30,21 +30,20 @@ import uuid
 from dataclasses import dataclass
 
 import ray
-from prometheus_client import CollectorRegistry
 
 from kv.events import ContentsDigest, EventBatch, Snapshot
 from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actors import get_or_create_actor
-from router.cluster.external_workers import ExternalWorkers, ExternalWorkerStatus
+from router.cluster.external_workers import ExternalWorkers
+from router.cluster.index_actor_calls import ExternalWorkerCalls, PrefixCalls
 from router.cluster.metrics_hub import MetricsPusher
 from router.cluster.packed_batches import PackedBatches, join, split
-from router.cluster.pin_quota import PinQuota, PinRefusal
 from router.cluster.poll_messages import PollReply, PollRequest, values_of
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds
 from router.cluster.shared_marks import Shared, SharedMarks
-from router.cluster.vllm_subscriber_spec import SubscriberConfig, SubscriberSpec
+from router.cluster.vllm_subscriber_spec import SubscriberConfig
 
 INDEX_ACTOR_NAME = "kvroute-index"
 
@@ -76,7 +75,7 @@ class _Replica:
         self.stats, self.stats_values = stats, values_of(stats)
 
 
-class KVIndex:
+class KVIndex(PrefixCalls, ExternalWorkerCalls):
     """The actor's state and methods (plain class, also usable without Ray in tests)."""
 
     def __init__(self, config: IndexActorConfig | None = None):
@@ -172,27 +171,6 @@ class KVIndex:
         self._expire()
         return {rid: rep.log.digest() for rid, rep in self._replicas.items() if rep.log.synced}
 
-    # ---- external workers ----
-
-    async def add_external_worker(self, spec: SubscriberSpec) -> None:
-        """Follows a worker's vLLM-format KV events (again from scratch if followed)."""
-        await self.external_workers.add(spec)
-        if self._external_metrics is None and ray.is_initialized():
-            registry = CollectorRegistry()
-            registry.register(self.external_workers)
-            self._external_metrics = MetricsPusher("index/external-workers", registry)
-            self._external_metrics.start()
-
-    async def remove_external_worker(self, worker_id: str) -> bool:
-        """Stops following a worker and drops its index; False when it was not followed."""
-        return await self.external_workers.remove(worker_id)
-
-    def external_worker_modes(self) -> dict[str, str]:
-        return self.external_workers.modes()
-
-    def external_worker_status(self) -> dict[str, ExternalWorkerStatus]:
-        return self.external_workers.status()
-
     # ---- routers ----
 
     def share_marks(self, router_id: str, marks: tuple[Shared, ...]) -> None:
@@ -226,30 +204,7 @@ class KVIndex:
             del self._router_views[router_id]
         return {rid: view for rid, (_, view) in self._router_views.items()}
 
-    # ---- pinned prefixes (router/cluster/prefix_registry.py) ----
-
-    def reserve_prefix(self, tenant: str, name: str, num_blocks: int, block_size: int,
-                       quota: PinQuota) -> PinRefusal | None:
-        return self.prefixes.reserve(tenant, name, num_blocks, block_size, quota)
-
-    def release_prefix(self, tenant: str, name: str) -> None:
-        self.prefixes.release(tenant, name)
-
-    def put_prefix(self, record: PrefixRecord) -> PrefixRecord | None:
-        return self.prefixes.put(record)
-
-    def pop_prefix(self, tenant: str, name: str) -> PrefixRecord | None:
-        return self.prefixes.pop(tenant, name)
-
-    async def claim_orphaned_prefixes(self, wait_s: float, lease_s: float = 60.0
-                                      ) -> list[PrefixRecord]:
-        return await self.prefixes.claim_orphans(wait_s, lease_s)
-
-    def place_prefix(self, orphan: PrefixRecord, placed: PrefixRecord) -> bool:
-        return self.prefixes.place(orphan, placed)
-
-    def release_claim(self, orphan: PrefixRecord) -> None:
-        self.prefixes.release_claim(orphan)
+    # ---- pinned prefixes (the other calls: router/cluster/index_actor_calls.py) ----
 
     def list_prefixes(self, tenant: str) -> list[PrefixRecord]:
         self._expire()

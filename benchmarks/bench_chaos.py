@@ -13,8 +13,16 @@ event), none hung past its deadline, none was lost (no answer at all), and once 
 routers' outstanding load is 0. Then a fuzz run of the gateway's OpenAPI document
 (schemathesis): any 5xx counts.
 
+Each request that failed is kept with its error (status, code, message), when it ran, the
+replica the error names, and how many events it streamed before it, against the faults'
+times: a stream that had started and was cut with an error event while a replica was
+killed is a kill cut (by design: once tokens reached the client nothing is replayed);
+anything else is not (a request not yet streaming when its replica died must be retried
+elsewhere).
+
 The last line is a JSON object: requests_sent, completed, failed_clearly, hung, lost,
-index_diverged_s_max, leaked_outstanding, fuzz_cases, fuzz_5xx.
+failed_kill_cut, failed_other, index_diverged_s_max, leaked_outstanding, fuzz_cases,
+fuzz_5xx, faults, failures.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -50,6 +59,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--fuzz-cases", type=int, default=40, help="per API operation")
     return p.parse_args(argv)
+
+
+REPLICA_IN_ERROR = re.compile(r"EngineReplica#(\w+)")
+
+
+def failure(result: dict | None, error: str | None, stream: bool, start_s: float,
+            end_s: float) -> dict:
+    """A failed request as kept: its status and OpenAI error (or what broke), when it ran
+    (seconds from the load's start), the replica its error names, and the events it
+    streamed before the error."""
+    events = (result or {}).get("events") or []
+    body = (result or {}).get("body")
+    err: dict = {}
+    if events:
+        try:
+            err = json.loads(events[-1]).get("error") or {}
+        except (ValueError, AttributeError):
+            err = {}
+    elif isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+    message = str(err.get("message") or error or "")
+    replica = REPLICA_IN_ERROR.search(message)
+    return {"stream": stream, "status": (result or {}).get("status"), "code": err.get("code"),
+            "message": message[:400], "replica": replica.group(1) if replica else None,
+            "events_before_error": max(0, len(events) - 1), "start_s": round(start_s, 2),
+            "end_s": round(end_s, 2)}
+
+
+def classify(failed: dict, faults: list[dict]) -> str:
+    """"kill cut": a stream that had started, ended by an error event while a replica kill
+    fell within the request (by design); "other" for anything else."""
+    killed = [f for f in faults if f["fault"] == "kill replica"
+              and failed["start_s"] <= f["at_s"] <= failed["end_s"]]
+    cut = (failed["stream"] and failed["status"] == 200 and failed["events_before_error"] >= 1
+           and failed["code"] == "replica_unavailable")
+    return "kill cut" if cut and killed else "other"
 
 
 def outcome(result: dict) -> str:
@@ -83,6 +128,8 @@ class Load:
         self.in_flight = 0
         self._lock = threading.Lock()
         self.outcomes: list[str] = []
+        self.failures: list[dict] = []
+        self.start_s = time.monotonic()
         self.pool = concurrent.futures.ThreadPoolExecutor(args.clients)
         self.futures = [self.pool.submit(self._client, c) for c in range(args.clients)]
 
@@ -93,12 +140,18 @@ class Load:
             i += 1
             with self._lock:
                 self.in_flight += 1
+            stream, start_s = i % 2 == 0, time.monotonic() - self.start_s
             try:
                 result = _complete(self.server, SHARED + f"client {c} request {i}",
-                                   self.args.max_tokens, stream=i % 2 == 0)
+                                   self.args.max_tokens, stream=stream)
                 self.outcomes.append(outcome(result))
-            except httpx.HTTPError:
+                if self.outcomes[-1] != "completed":
+                    self.failures.append(failure(result, None, stream, start_s,
+                                                 time.monotonic() - self.start_s))
+            except httpx.HTTPError as err:
                 self.outcomes.append("lost")  # no answer at all: the connection broke
+                self.failures.append(failure(None, repr(err), stream, start_s,
+                                             time.monotonic() - self.start_s))
             finally:
                 with self._lock:
                     self.in_flight -= 1
@@ -197,23 +250,30 @@ def main(argv: list[str] | None = None) -> dict:
             "stream": True, "ignore_eos": True})
         slow_stream.__enter__()  # the response is open; nothing reads it
         load = Load(server, args)
-        start = time.monotonic()
+        start = load.start_s
+        faults: list[dict] = []
+
+        def fault(what: str, replica: str | None = None) -> None:
+            at_s = time.monotonic() - start
+            faults.append({"fault": what, "replica": replica, "at_s": round(at_s, 2)})
+            print(f"{at_s:5.1f}s {what} {replica or ''}", flush=True)
+
         diverged: dict[str, float] = {}
         period = args.duration_s / 4
         time.sleep(period)  # steady load first
         victim = busiest(server)
         kill_replica(victim)
-        print(f"{time.monotonic() - start:5.1f}s killed replica {victim}", flush=True)
+        fault("kill replica", victim)
         diverged["kill replica"] = converge_s(server, index, load, victim, 4)
         before = _call(index.get_incarnation)
         ray.kill(index, no_restart=False)
-        print(f"{time.monotonic() - start:5.1f}s restarted the index actor", flush=True)
+        fault("restart index")
         wait_until(lambda: _call(index.get_incarnation) not in (None, before), 60,
                    "Ray to restart the index actor")
         diverged["restart index"] = converge_s(server, index, load, None, 4)
         victim = busiest(server)
         kill_replica(victim)
-        print(f"{time.monotonic() - start:5.1f}s killed replica {victim}", flush=True)
+        fault("kill replica", victim)
         diverged["kill replica again"] = converge_s(server, index, load, victim, 4)
         time.sleep(max(0.0, args.duration_s - (time.monotonic() - start)))
         hung = load.finish()
@@ -234,12 +294,16 @@ def main(argv: list[str] | None = None) -> dict:
                                                   "lost")}
     for fault, seconds in diverged.items():
         print(f"index equal to the replicas {seconds:.2f} s after: {fault}")
+    failures = [{**f, "class": classify(f, faults)} for f in load.failures]
     out = {"requests_sent": len(load.outcomes) + hung, "completed": counts["completed"],
            "failed_clearly": counts["failed_clearly"], "unclear": counts["unclear"],
            "hung": hung, "lost": counts["lost"],
+           "failed_kill_cut": sum(f["class"] == "kill cut" for f in failures),
+           "failed_other": sum(f["class"] == "other" for f in failures),
            "index_diverged_s_max": round(max(diverged.values()), 2),
            "leaked_outstanding": leaked, "fuzz_cases": fuzz_cases, "fuzz_5xx": fuzz_5xx,
-           "duration_s": args.duration_s, "load_avg_1m": round(os.getloadavg()[0], 2)}
+           "duration_s": args.duration_s, "load_avg_1m": round(os.getloadavg()[0], 2),
+           "faults": faults, "failures": failures}
     print(json.dumps(out))
     return out
 

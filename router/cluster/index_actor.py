@@ -41,7 +41,7 @@ from router.cluster.packed_batches import PackedBatches, join, split
 from router.cluster.poll_messages import PollReply, PollRequest, values_of
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
-from router.cluster.route_ends import RouteEnds
+from router.cluster.route_ends import RouteEnds, work_ends_of
 from router.cluster.shared_marks import Shared, SharedMarks
 from router.cluster.vllm_subscriber_spec import SubscriberConfig
 
@@ -83,7 +83,8 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         self.incarnation = uuid.uuid4().hex  # new after every (re)start of the actor
         self._replicas: dict[str, _Replica] = {}
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
-        self.route_ends = RouteEnds(self._config.router_timeout_s)
+        self.route_ends = RouteEnds(self._config.router_timeout_s,
+                                    on_dropped=self._relay_dropped_ends)
         self.shared_marks = SharedMarks()
         self.prefixes = PrefixRegistry()
         self._waiters: dict[asyncio.Future, str] = {}  # long polls waiting: router id
@@ -103,15 +104,16 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
             rep.set_stats(stats)
         needs_snapshot = rep.log.publish(batch)
         if ended_routes:
-            self.route_ends.add(ended_routes)
+            self.route_ends.add(ended_routes, batch.replica_id)
         if news:  # a bare heartbeat wakes no router's long poll
             self._notify()
         return needs_snapshot
 
-    def report_routes(self, reports: dict[str, tuple[str, ...]]) -> None:
+    def report_routes(self, reports: dict[str, tuple[str, ...]],
+                      replica_id: str | None = None) -> None:
         """Claims and ends of direct routes a replica reports at once (by router id, as
         `publish` carries them): queued for those routers, whose long polls wake now."""
-        routers = self.route_ends.add(reports)
+        routers = self.route_ends.add(reports, replica_id)
         if routers:
             self._notify(only_router_ids=frozenset(routers))
 
@@ -261,6 +263,13 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         for replica_id in [r for r, rep in self._replicas.items()
                            if rep.last_seen_s < cutoff and r not in external]:
             self.forget_replica(replica_id)
+
+    def _relay_dropped_ends(self, router_id: str, dropped: list[tuple[str | None, str]]
+                            ) -> None:
+        """A gone router's route ends, which it will never take nor share: the work the
+        other routers count for its routes goes with them, as if it had shared them."""
+        if self.shared_marks.add(router_id, work_ends_of(dropped)):
+            self._notify(skip_router_id=router_id)
 
     def _notify(self, skip_router_id: str | None = None,
                 only_router_ids: frozenset[str] | None = None) -> None:

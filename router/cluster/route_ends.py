@@ -10,7 +10,10 @@ router can route (and its request end) before its first poll reaches the actor: 
 router not yet polling are kept as for one that just polled. A router that stops polling
 (or never starts) for `router_timeout_s` loses its outbox and is remembered as gone (its
 ledger died with it, or it restarted under a new id: nothing would take them), so later
-ends for it are dropped rather than queued for another `router_timeout_s`.
+ends for it are dropped rather than queued for another `router_timeout_s`. Its routes'
+work still counts on the other routers (router/cluster/remote_work.py), and only its own
+`WorkEnd`s would release it: so the ends it can no longer take, queued or arriving, go to
+them instead, as work ends in its name (`on_dropped`, `work_ends_of`).
 
 A replica also reports each routed request when it arrives there (its claim: the route id
 marked by `claim_of`), through the same outboxes: a route no replica claims soon never
@@ -28,8 +31,10 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
+
+from router.cluster.shared_marks import WorkEnd
 
 CLAIM_MARK = "+"  # before a route id: its request reached its replica (route ids are hex)
 REFUSAL_MARK = "-"  # before a route id: its replica answered it with an error, ran nothing
@@ -91,26 +96,52 @@ def split_reports(reported: Sequence[str]) -> RouteReports:
     return out
 
 
+def work_ends_of(dropped: Sequence[tuple[str | None, str]]) -> list[WorkEnd]:
+    """The ends and refusals among a router's dropped reports ((replica id, report) pairs),
+    as the work ends it would have shared (claims, and reports of no known replica, go)."""
+    out: list[WorkEnd] = []
+    for replica_id, report in dropped:
+        if replica_id is None:
+            continue
+        split = split_reports([report])
+        out.extend(WorkEnd(r, replica_id, False, split.output_tokens.get(r))
+                   for r in split.ended)
+        out.extend(WorkEnd(r, replica_id, True) for r in split.refused)
+    return out
+
+
+Dropped = Callable[[str, list[tuple[str | None, str]]], None]  # router id, (replica, report)
+
+
 class RouteEnds:
-    def __init__(self, router_timeout_s: float, max_gone_routers: int = MAX_GONE_ROUTERS):
+    def __init__(self, router_timeout_s: float, max_gone_routers: int = MAX_GONE_ROUTERS,
+                 on_dropped: Dropped | None = None):
+        """`on_dropped(router_id, pairs)`: reports a gone router will not take, each with the
+        replica that reported it."""
         self._router_timeout_s = router_timeout_s
         self._max_gone_routers = max_gone_routers
-        self._outbox: dict[str, list[str]] = {}  # router id -> ended route ids
+        self._on_dropped = on_dropped
+        # router id -> (reporting replica id, claim or end), in their order
+        self._outbox: dict[str, list[tuple[str | None, str]]] = {}
         # router id -> last take, or the first end for a router not yet polling (monotonic s)
         self._last_poll_s: dict[str, float] = {}
         # routers that stopped polling: ends for them are dropped, not queued anew
         self._gone: OrderedDict[str, None] = OrderedDict()
 
-    def add(self, ended: Mapping[str, Sequence[str]]) -> list[str]:
-        """Queues route ids for their routers; returns the routers that got news."""
+    def add(self, ended: Mapping[str, Sequence[str]], replica_id: str | None = None
+            ) -> list[str]:
+        """Queues a replica's reports for their routers; returns the routers that got news."""
         now = time.monotonic()
         self._expire(now)
         news = []
         for router_id, route_ids in ended.items():
-            if not route_ids or router_id in self._gone:
+            if not route_ids:
+                continue
+            if router_id in self._gone:
+                self._drop(router_id, [(replica_id, r) for r in route_ids])
                 continue
             self._last_poll_s.setdefault(router_id, now)  # not polling yet: its grace
-            self._outbox.setdefault(router_id, []).extend(route_ids)
+            self._outbox.setdefault(router_id, []).extend((replica_id, r) for r in route_ids)
             news.append(router_id)
         return news
 
@@ -120,7 +151,7 @@ class RouteEnds:
         self._gone.pop(router_id, None)  # it polls: not gone after all
         self._last_poll_s[router_id] = now
         self._expire(now)
-        return tuple(self._outbox.pop(router_id, ()))
+        return tuple(report for _, report in self._outbox.pop(router_id, ()))
 
     def num_queued(self) -> int:
         return sum(len(ids) for ids in self._outbox.values())
@@ -129,7 +160,13 @@ class RouteEnds:
         cutoff = now - self._router_timeout_s
         for gone in [r for r, t in self._last_poll_s.items() if t < cutoff]:
             del self._last_poll_s[gone]
-            self._outbox.pop(gone, None)
             self._gone[gone] = None
             if len(self._gone) > self._max_gone_routers:
                 self._gone.popitem(last=False)
+            dropped = self._outbox.pop(gone, None)
+            if dropped:
+                self._drop(gone, dropped)
+
+    def _drop(self, router_id: str, dropped: list[tuple[str | None, str]]) -> None:
+        if self._on_dropped is not None:
+            self._on_dropped(router_id, dropped)

@@ -79,7 +79,7 @@ class EngineReplicaBody:
         self.engine = await asyncio.to_thread(Engine.from_config, config)
         engine_s = time.monotonic() - start_s
         self._publisher = ReplicaPublisher(self.engine, get_index_actor, publisher_config,
-                                           route_reports)
+                                           route_reports, self.replica_id)
         await self._publisher.publish_once()  # known to the index before the first request
         self._publisher.start()
         self._metrics = MetricsPusher(f"engine/{self.replica_id}",

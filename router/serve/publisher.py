@@ -78,8 +78,11 @@ class ReplicaPublisher:
 
     def __init__(self, engine: EventSource, get_index: Callable[[], Any],
                  config: PublisherConfig | None = None,
-                 route_reports: RouteReportSource | None = None):
+                 route_reports: RouteReportSource | None = None, replica_id: str | None = None):
+        """`replica_id`: this replica's, sent with its route reports (publishes carry it in
+        their batch)."""
         self._engine = engine
+        self._replica_id = replica_id
         self._index = ActorLink("publishing KV events", get_index)
         # the direct-streaming requests claimed and ended here, by router id
         self._route_reports = route_reports
@@ -166,7 +169,8 @@ class ReplicaPublisher:
         try:
             while reports := self._route_reports.take():
                 try:
-                    await self._index.call(lambda index: index.report_routes.remote(reports))
+                    await self._index.call(lambda index: index.report_routes.remote(
+                        reports, self._replica_id))
                 except Exception as err:  # the actor is away: they go with the next report
                     # or publish (a publish's retry interval from now), not in a loop here
                     self._route_reports.put_back(reports)

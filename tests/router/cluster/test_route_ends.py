@@ -5,6 +5,7 @@ import asyncio
 from kv.events import EventBatch
 from router.cluster.index_actor import KVIndex, PollRequest
 from router.cluster.route_ends import RouteEnds, claim_of, end_of, refusal_of, split_reports
+from router.cluster.shared_marks import WorkEnd
 
 
 def test_each_router_takes_its_own_ends_once():
@@ -89,3 +90,23 @@ async def test_reported_ends_wake_only_their_routers_long_poll():
     await asyncio.sleep(0)
     assert not polls["router-b"].done()  # nothing for it: still waiting
     polls["router-b"].cancel()
+
+
+def test_a_gone_routers_ends_go_to_the_other_routers_as_its_work_ends(monkeypatch):
+    """Its routes' work counts on the other routers until its work ends: the ends it can no
+    longer take, queued when it went or reported since, reach them in its name."""
+    now = [100.0]
+    monkeypatch.setattr("router.cluster.route_ends.time.monotonic", lambda: now[0])
+    index = KVIndex()
+    for router_id in ("router-a", "router-b"):
+        index.route_ends.take(router_id)
+        index.shared_marks.take(router_id)
+    now[0] = 105.0  # router-a dies with an end queued for it
+    index.publish(EventBatch("replica-1", "epoch", 0, ()), None,
+                  {"router-a": (claim_of("q1"), end_of("q1", 0, 7, 1.0))})
+    now[0] = 111.0
+    index.route_ends.take("router-b")  # router-a is gone: its queued end goes to the others
+    index.report_routes({"router-a": (refusal_of("q2"),)}, "replica-2")  # after it went
+    assert index.route_ends.num_queued() == 0
+    assert index.shared_marks.take("router-b") == (WorkEnd("q1", "replica-1", False, 7),
+                                                   WorkEnd("q2", "replica-2", True))

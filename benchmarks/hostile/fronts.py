@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.hostile.client import SSL_CONTEXT
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker, stop_all
 from benchmarks.simlib.gateway_server import GatewayServer, stop_gateway
 from tests.router.serve.serve_helpers import wait_until
@@ -53,7 +54,8 @@ class Front:
     workers: list[EngineWorker] = field(default_factory=list)
 
     def samples(self, url: str | None = None) -> list[tuple[str, dict, float]]:
-        text = httpx.get(url or f"{self.base_url}/metrics", timeout=30).text
+        text = httpx.get(url or f"{self.base_url}/metrics", timeout=30,
+                         verify=SSL_CONTEXT).text
         return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text)
                 for s in fam.samples]
 

@@ -8,6 +8,7 @@ import threading
 
 import httpx
 
+from benchmarks.hostile.client import SSL_CONTEXT
 from benchmarks.hostile.fronts import PIN_QUOTA_BLOCKS, PIN_QUOTA_NAMES, Front
 from benchmarks.hostile.liar import HugeBatchPublisher, LyingWorker
 from kv.hashing import DEFAULT_BLOCK_SIZE
@@ -27,6 +28,7 @@ def quota_race(front: Front) -> dict:
         body = {"model": "tiny", "name": f"race-{i}", "prompt": f"{i:03d}" + "p" * PIN_TOKENS}
         try:
             return httpx.post(f"{front.base_url}/v1/prefixes", json=body, headers=headers,
+                              verify=SSL_CONTEXT,
                               timeout=120).status_code
         except httpx.HTTPError:
             return 0
@@ -51,6 +53,7 @@ def _hostile_completion(front: Front, i: int) -> tuple[str, int]:
     received = 0
     try:
         with httpx.stream("POST", f"{front.base_url}/v1/completions", json=body,
+                          verify=SSL_CONTEXT,
                           headers=front.hostile_headers, timeout=60) as resp:
             for chunk in resp.iter_bytes():
                 received += len(chunk)

@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks.hostile.client import SSL_CONTEXT
+
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK_TOKENS = 16
 SHARED_PREFIX = "You are the victim's assistant; answer from the shared manual. " * 12
@@ -84,7 +86,7 @@ def _question(i: int) -> str:
 
 def _one(base_url: str, headers: dict[str, str], phase: str, i: int) -> VictimResult:
     start_s = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the box
-    with httpx.Client() as client:
+    with httpx.Client(verify=SSL_CONTEXT) as client:
         ok, ttft, cached, error = stream_once(base_url, headers, _question(i), client)
     return VictimResult(phase, start_s, time.monotonic(), ok, ttft, cached, error)
 

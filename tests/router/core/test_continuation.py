@@ -69,6 +69,16 @@ def test_by_default_the_second_turn_stays_too():
     assert rank(p, "2", t2, busy("a")) == "a"
 
 
+def test_a_turn_that_adds_more_than_max_turn_blocks_goes_by_the_cost():
+    for added, where in ((4, "a"), (5, "b")):
+        p = policy(ContinuationGuard(load_over_mean=math.inf, session_share=math.inf,
+                                     max_turn_blocks=4))
+        first = [h(i) for i in range(8)]
+        assert rank(p, "1", first, {}) == "a"
+        # the next prompt: 8 blocks + `added` (its last block is never a parent's)
+        assert rank(p, "2", first + [h(100 + i) for i in range(added)], busy("a")) == where
+
+
 def third_turn_goes_to(guard: ContinuationGuard, loads: dict[str, float]) -> str:
     """Where a session's third turn goes: its first two went to a."""
     p = policy(guard)
@@ -149,6 +159,7 @@ def test_memory_is_bounded_and_its_sums_hold_under_random_sessions():
     (dict(session_share=-1.0), "session_share must be > 0"),
     (dict(session_window=0), "session_window must be a positive integer"),
     (dict(max_prompts=0), "max_prompts must be a positive integer"),
+    (dict(max_turn_blocks=0), "max_turn_blocks must be a positive integer"),
 ])
 def test_guard_refuses_bad_settings(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -23,6 +23,7 @@ from router.core.prefix_walk import as_int
 from router.core.run_apply import add_runs, remove_runs
 
 DEVICE_WORD = np.uint64(0x5555_5555_5555_5555)  # the device bits of a mask word
+_JOIN_BELOW = 1024  # hashes a run: shorter runs of a round are applied joined
 
 
 
@@ -55,6 +56,13 @@ class ReplicaContents:
             runs[-1][1].extend(hashes)
         else:
             runs.append((op, list(hashes)))
+
+
+def _one_by_one(runs: Sequence[tuple]) -> bool:
+    """Whether a round's runs go one by one rather than joined (run_apply): a run costs
+    some 15 numpy calls alone, but the joined scatter costs more a hash (its unbuffered
+    `ufunc.at` and the counts over whole mask rows), so long runs go alone."""
+    return len(runs) <= 1 or sum(len(run[-1]) for run in runs) >= _JOIN_BELOW * len(runs)
 
 
 class ReplicaSlots:
@@ -113,15 +121,17 @@ class IndexContents:
                         adds.append((rep, rep.held[medium], medium, hashes))
                     else:
                         removes.append((rep.held[medium], medium, hashes))
-            if len(adds) == 1:
-                self.add(*adds[0][1:])
-            elif adds:
+            if _one_by_one(adds):
+                for _, rows, medium, hashes in adds:
+                    self.add(rows, medium, hashes)
+            else:
                 self._count_change(add_runs(self.table, [(rows, hashes)
                                                          for _, rows, _, hashes in adds]))
             added.extend((rep, medium, hashes) for rep, _, medium, hashes in adds)
-            if len(removes) == 1:
-                self.remove(*removes[0])
-            elif removes:
+            if _one_by_one(removes):
+                for rows, medium, hashes in removes:
+                    self.remove(rows, medium, hashes)
+            else:
                 self._count_change(remove_runs(self.table, [(rows, hashes)
                                                             for rows, _, hashes in removes]))
         return added

@@ -29,8 +29,8 @@ from typing import Any, NamedTuple, TypeVar
 from worker.openai.errors import APIError
 from worker.openai.limits import (
     RequestLimits,
+    check_body_shape,
     check_body_size,
-    check_json_depth,
     check_sequences,
     check_text_fits,
     check_text_length,
@@ -83,10 +83,13 @@ async def off_loop(threads: Executor, num_bytes: int, read: Callable[[], T]) -> 
     return await asyncio.get_running_loop().run_in_executor(threads, read)
 
 
-def load_json(raw: bytes, limits: RequestLimits) -> dict[str, Any]:
-    """The body as a JSON object, within the size and nesting limits (400/413 otherwise)."""
+def load_json(raw: bytes, limits: RequestLimits, max_model_len_tokens: int | None = None
+              ) -> dict[str, Any]:
+    """The body as a JSON object, within the size and nesting limits and holding no more
+    values than a request to the context needs (when known), else 400/413: checked before
+    it is parsed (worker/openai/limits.py: check_body_shape)."""
     check_body_size(len(raw), limits)
-    check_json_depth(raw, limits)
+    check_body_shape(raw, limits, max_model_len_tokens)
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:

@@ -37,8 +37,9 @@ class RoutedBody:
     num_sequences: int = 1  # n x the prompts of a batch: the completions it makes
 
 
-def _load(raw: bytes, model: str, limits: RequestLimits) -> dict[str, Any]:
-    data = load_json(raw, limits)
+def _load(raw: bytes, model: str, limits: RequestLimits, context: Context | None
+          ) -> dict[str, Any]:
+    data = load_json(raw, limits, None if context is None else context.max_model_len_tokens)
     if data.get("model") != model:
         raise APIError(404, f"the model {data.get('model')!r} does not exist; this server "
                             f"serves {model!r}", param="model", code="model_not_found")
@@ -60,7 +61,7 @@ def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
     """A /v1/completions body. A batch of prompts is routed on its first one. With the
     workers' `context`, a prompt (text or ids) or output that cannot fit it is a 400 here,
     before it is routed or charged to a worker's load."""
-    data = _load(raw, model, limits)
+    data = _load(raw, model, limits, context)
     return _routed(read_completion(data, prompts, limits, context), data, raw, tenant)
 
 
@@ -69,5 +70,5 @@ def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
               ) -> RoutedBody:
     """A /v1/chat/completions body, through the model's chat template (`context`: as for
     `completion_body`)."""
-    data = _load(raw, model, limits)
+    data = _load(raw, model, limits, context)
     return _routed(read_chat(data, prompts, limits, context), data, raw, tenant)

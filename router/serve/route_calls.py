@@ -55,10 +55,10 @@ class RouteCalls:
 
     def _call(self, body: bytes, authorization: str | None) -> RouteCall:
         tenant = self.auth.tenant_of(authorization)
-        data = load_json(body, self.limits)
+        data = load_json(body, self.limits, self.max_model_len)
         if "messages" in data:
             # routed only when the engine's schema takes it: the replica runs it then
-            parse_body(body, ChatCompletionRequest, self.limits)
+            parse_body(body, ChatCompletionRequest, self.limits, self.max_model_len)
             read = read_chat(data, self.prompts, self.limits, self.context)
         else:
             read = read_completion(data, self.prompts, self.limits, self.context)

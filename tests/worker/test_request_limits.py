@@ -95,3 +95,15 @@ def test_extreme_sampling_values_are_a_400_and_the_engine_keeps_serving(worker, 
     ok = post(worker, path, head + b'"max_tokens": 2}')
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
     assert httpx.get(worker.base_url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_a_million_prompt_ids_are_refused_before_parsing(worker):
+    """The engine front counts the body's values against its own context before parsing."""
+    context = httpx.get(worker.base_url + "/models", timeout=30).json()["data"][0][
+        "max_model_len"]
+    body = b'{"model": "tiny", "max_tokens": 1, "prompt": [' + b"7, " * 999_999 + b"7]}"
+    resp = post(worker, "/v1/completions", body)
+    assert_openai_error(resp, 400, "too_many_values")
+    assert resp.json()["error"]["message"].startswith(
+        f"the request body holds 1000001 list items and fields; no request needs more than "
+        f"{128 * context + 256 + 70060} (at most 128 prompts of {context} token ids")

@@ -21,7 +21,7 @@ the front's own and reaches the route table as handlers.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
 
@@ -34,6 +34,7 @@ from worker.openai.stream_slots import StreamSlots
 from worker.process_settings import ProcessSettings
 
 OWNED_BY = "kvroute"
+T = TypeVar("T")
 
 
 class Auth(Protocol):
@@ -121,13 +122,23 @@ class FrontDoor:
                            code="context_unknown")
         return tokens
 
+    async def known_context(self) -> int | None:
+        """The context length in tokens, None while nobody behind the front can say."""
+        return await self._context()
+
+    async def parse(self, request: Request, model_cls: type[T]) -> T:
+        """The request's body as `model_cls`: read within the size limit, its values
+        counted against what a request to the known context needs before it is parsed."""
+        return parse_body(await self.body(request), model_cls, self.limits,
+                          await self._context())
+
     async def completion_request(self, request: Request,
                                  context: Callable[[], Awaitable[int]]
                                  ) -> tuple[CompletionRequest, list[list[int]]]:
         """A /v1/completions request, checked (limits, schema, model) and its prompts as
         token ids; `context` gives the context length (text that cannot fit it is refused
         before it is tokenized)."""
-        body = parse_body(await self.body(request), CompletionRequest, self.limits)
+        body = await self.parse(request, CompletionRequest)
         self.check_model(body.model)
         return body, await self.encoder.completion(body.prompts(), await context())
 
@@ -135,7 +146,7 @@ class FrontDoor:
                            ) -> tuple[ChatCompletionRequest, list[int]]:
         """A /v1/chat/completions request, checked, and its messages through the chat
         template as token ids."""
-        body = parse_body(await self.body(request), ChatCompletionRequest, self.limits)
+        body = await self.parse(request, ChatCompletionRequest)
         self.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         return body, await self.encoder.chat(messages, await context())

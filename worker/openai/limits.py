@@ -1,18 +1,21 @@
 """Request limits every OpenAI entry point applies before it does real work.
 
-A body is refused before it is parsed when it is too large (413) or nested too deeply
-(400: the JSON parser recurses, and 5,000 levels crashed it into a 500); its text is
-refused before it is tokenized when it is too long. Stop strings are bounded because the
+A body is refused before it is parsed when it is too large (413), nested too deeply (400:
+the JSON parser recurses, and 5,000 levels crashed it into a 500), or holds more values
+than any request needs (400: parsing a million token ids held the event loop 170 ms, for
+every tenant of the process; counting them costs ~2-3 ms a MiB, worker/openai/json_scan.py);
+its text is refused before it is tokenized when it is too long. Stop strings are bounded because the
 detokenizer scans every one of them at every generated token.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from protocol.engine import MAX_STOP_TOKEN_IDS
 from worker.openai.errors import APIError
+from worker.openai.json_scan import json_shape
 
 
 @dataclass(frozen=True)
@@ -45,26 +48,70 @@ def check_body_size(num_bytes: int, limits: RequestLimits) -> None:
                        code="request_too_large")
 
 
-# Whole strings (an unrolled loop: runs of plain characters at C speed, so a multi-MB
-# string is one fast match) and structural characters outside them.
-_JSON_STRUCTURE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+MAX_MESSAGES = 4096  # per chat request; 100,000 empty ones took 2 s to template
+MAX_STOP_STRINGS = 4  # OpenAI's cap; the detokenizer scans each at every token
+LOGIT_BIAS_KEYS = 300  # OpenAI's cap on logit_bias entries
+# Strings and objects a chat message may need (one with a name and two text parts has 14).
+STRINGS_PER_MESSAGE = 16
+# Strings and objects of everything else one request may carry: its fields, a worker's tools
+# and response_format schema (the external gateway forwards them), stop strings.
+FIELD_STRINGS = 4096
+
+
+def max_strings_and_objects(limits: RequestLimits) -> int:
+    """The most strings and objects (counted as worker/openai/json_scan.py counts them) any
+    request needs: its messages, logit_bias keys, a batch's text prompts and its fields."""
+    return (STRINGS_PER_MESSAGE * MAX_MESSAGES + LOGIT_BIAS_KEYS + limits.max_sequences
+            + FIELD_STRINGS)
+
+
+def max_list_items(limits: RequestLimits, max_model_len_tokens: int) -> int:
+    """The most list items and fields (commas) any request to a context of
+    `max_model_len_tokens` needs: a batch of token-id prompts that each fit it, stop token
+    ids, and every string and object of `max_strings_and_objects` in a list."""
+    return (limits.max_sequences * max_model_len_tokens + MAX_STOP_TOKEN_IDS
+            + max_strings_and_objects(limits))
+
+
+def _too_deep(limits: RequestLimits) -> APIError:
+    return APIError(400, f"the request body nests deeper than {limits.max_json_depth} levels",
+                    code="invalid_json")
 
 
 def check_json_depth(raw: bytes, limits: RequestLimits) -> None:
     """400 when `raw` nests arrays/objects deeper than the limit (checked without parsing)."""
-    limit = limits.max_json_depth
-    if raw.count(b"[") + raw.count(b"{") <= limit:
+    if raw.count(b"[") + raw.count(b"{") <= limits.max_json_depth:
         return  # no deeper than its openers (counted at C speed): the common body, at once
-    depth = 0
-    for match in _JSON_STRUCTURE.finditer(raw):
-        c = raw[match.start()]
-        if c in b"[{":
-            depth += 1
-            if depth > limit:
-                raise APIError(400, f"the request body nests deeper than {limit} levels",
-                               code="invalid_json")
-        elif c in b"]}":
-            depth -= 1
+    if json_shape(raw).depth > limits.max_json_depth:
+        raise _too_deep(limits)
+
+
+def check_body_shape(raw: bytes, limits: RequestLimits,
+                     max_model_len_tokens: int | None = None) -> None:
+    """400 when `raw` nests deeper than the limit, or holds more strings and objects, or
+    more list items and fields, than any request needs (the items only when the context is
+    known: a batch of prompts of token ids fills it); counted without parsing, so a body no
+    request needs never holds the event loop in the JSON parser."""
+    words = max_strings_and_objects(limits)
+    items = None if max_model_len_tokens is None else max_list_items(limits,
+                                                                     max_model_len_tokens)
+    # each string or object takes 2 bytes or more, each item 1: a short body breaks neither
+    short = len(raw) <= 2 * min(words, items or words)
+    if short and raw.count(b"[") + raw.count(b"{") <= limits.max_json_depth:
+        return  # the common body: no count to make
+    shape = json_shape(raw)
+    if shape.depth > limits.max_json_depth:
+        raise _too_deep(limits)
+    if shape.strings + shape.objects > words:
+        raise APIError(400, f"the request body holds {shape.strings + shape.objects} strings "
+                            f"and objects; no request needs more than {words} (at most "
+                            f"{MAX_MESSAGES} messages, {LOGIT_BIAS_KEYS} logit_bias entries, "
+                            f"{limits.max_sequences} prompts)", code="too_many_values")
+    if items is not None and shape.commas > items:
+        raise APIError(400, f"the request body holds {shape.commas} list items and fields; "
+                            f"no request needs more than {items} (at most "
+                            f"{limits.max_sequences} prompts of {max_model_len_tokens} token "
+                            "ids, the model's context)", code="too_many_values")
 
 
 def check_text_length(num_chars: int, limits: RequestLimits, param: str) -> None:

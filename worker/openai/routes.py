@@ -71,7 +71,8 @@ def route_table(door: FrontDoor, own: OwnRoutes) -> list[Route]:
     async def detokenize_endpoint(request: Request) -> Response:
         door.tenant(request)
         return JSONResponse(detokenize(await door.body(request), door.prompts,
-                                       door.check_model, door.limits))
+                                       door.check_model, door.limits,
+                                       await door.known_context()))
 
     async def version(request: Request) -> Response:
         return JSONResponse(version_body())

@@ -32,9 +32,11 @@ from pydantic import (
 from protocol.engine import MAX_LOGPROBS, MAX_STOP_TOKEN_IDS
 from worker.openai.errors import APIError
 from worker.openai.limits import (
+    MAX_MESSAGES,
+    MAX_STOP_STRINGS,
     RequestLimits,
+    check_body_shape,
     check_body_size,
-    check_json_depth,
     check_sequences,
     check_stops,
     check_text_length,
@@ -46,8 +48,6 @@ DEFAULT_MAX_TOKENS = 16
 # Output tokens one choice may ask for, before the context check: a bound every integer
 # field downstream holds (the replica's context is the real limit; 400 over it).
 MAX_OUTPUT_TOKENS = 2**31 - 1
-MAX_STOP_STRINGS = 4  # OpenAI's cap; the detokenizer scans each at every token
-MAX_MESSAGES = 4096  # per chat request; 100,000 empty ones took 2 s to template
 INT64 = (-(2**63), 2**63 - 1)
 
 # A finite JSON number (an integer is fine), never a string or a boolean.
@@ -316,12 +316,14 @@ def _param_of(loc: tuple[str | int, ...]) -> str | None:
 
 
 def parse_body(raw: bytes, model_cls: type[BaseModel],
-               limits: RequestLimits = DEFAULT_LIMITS) -> Any:
+               limits: RequestLimits = DEFAULT_LIMITS,
+               max_model_len_tokens: int | None = None) -> Any:
     """The body as `model_cls`, or APIError (413 too large, else 400 naming the first bad
-    parameter). Size and nesting are checked before parsing, text length before anyone
-    tokenizes it (worker/openai/limits.py)."""
+    parameter). Size, nesting and the values it holds (with the context length when known:
+    what a batch of token ids may hold) are checked before parsing, text length before
+    anyone tokenizes it (worker/openai/limits.py)."""
     check_body_size(len(raw), limits)
-    check_json_depth(raw, limits)
+    check_body_shape(raw, limits, max_model_len_tokens)
     try:
         data = json.loads(raw)
     # ValueError: also an integer of more than 4,300 digits (Python's conversion limit)

@@ -85,9 +85,11 @@ def version_body() -> dict[str, str]:
 def tokenize(raw: bytes, prompts: PromptBuilder, check_model: Callable[[str | None], None],
              max_model_len_tokens: int, limits: RequestLimits) -> dict[str, Any]:
     body: TokenizeCompletionRequest | TokenizeChatRequest
-    parse_body(raw, _AnyBody, limits)  # size, nesting, JSON: an OpenAI error if bad
+    # size, nesting, values, JSON: an OpenAI error if bad
+    parse_body(raw, _AnyBody, limits, max_model_len_tokens)
     chat = "messages" in json.loads(raw)
-    body = parse_body(raw, TokenizeChatRequest if chat else TokenizeCompletionRequest, limits)
+    body = parse_body(raw, TokenizeChatRequest if chat else TokenizeCompletionRequest, limits,
+                      max_model_len_tokens)
     check_model(body.model)
     tokenizer = prompts.tokenizer
     if isinstance(body, TokenizeChatRequest):
@@ -109,8 +111,9 @@ def tokenize(raw: bytes, prompts: PromptBuilder, check_model: Callable[[str | No
 
 
 def detokenize(raw: bytes, prompts: PromptBuilder, check_model: Callable[[str | None], None],
-               limits: RequestLimits) -> dict[str, Any]:
-    body = parse_body(raw, DetokenizeRequest, limits)
+               limits: RequestLimits, max_model_len_tokens: int | None = None
+               ) -> dict[str, Any]:
+    body = parse_body(raw, DetokenizeRequest, limits, max_model_len_tokens)
     check_model(body.model)
     vocab_size = prompts.tokenizer.get_vocab_size(with_added_tokens=True)
     if any(not 0 <= t < vocab_size for t in body.tokens):

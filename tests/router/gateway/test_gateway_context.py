@@ -39,15 +39,19 @@ async def gateway():
         await worker.stop()
 
 
-@pytest.mark.parametrize("raw", [
-    body(prompt=list(range(1, 200_000)), max_tokens=4),  # ids: over the context
-    body(prompt=list(range(1, CONTEXT_TOKENS)), max_tokens=4),  # fits only without output
-    body(prompt="z" * 5000, max_tokens=1),  # text that no tokenizing can fit
-], ids=["200k ids", "63 ids and 4 more", "5000 chars"])
-async def test_a_prompt_over_the_workers_context_is_a_400_before_routing(gateway, raw):
+@pytest.mark.parametrize("raw, code", [
+    (body(prompt=list(range(1, 2_000)), max_tokens=4), "context_length_exceeded"),  # ids
+    # more ids than a batch of prompts that fit the context: refused before it is parsed
+    (body(prompt=list(range(1, 200_000)), max_tokens=4), "too_many_values"),
+    # fits only without output
+    (body(prompt=list(range(1, CONTEXT_TOKENS)), max_tokens=4), "context_length_exceeded"),
+    # text that no tokenizing can fit
+    (body(prompt="z" * 5000, max_tokens=1), "context_length_exceeded"),
+], ids=["2k ids", "200k ids", "63 ids and 4 more", "5000 chars"])
+async def test_a_prompt_over_the_workers_context_is_a_400_before_routing(gateway, raw, code):
     with pytest.raises(APIError) as err:
         await gateway._routed(completion_body, raw, "")
-    assert (err.value.status_code, err.value.code) == (400, "context_length_exceeded")
+    assert (err.value.status_code, err.value.code) == (400, code)
 
 
 async def test_a_chat_over_the_workers_context_is_a_400_before_routing(gateway):

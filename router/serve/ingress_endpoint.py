@@ -166,7 +166,8 @@ class IngressRouteEndpoint:
                                                   _reserve=False) as selection:
                 replica = selection._replica  # Serve LLM's LLMRouter reads the same fields
         except (DeploymentUnavailableError, RuntimeError) as err:
-            return 503, {"detail": f"no engine replica: {err}"}
+            log.warning("no engine replica to route to: %r", err)
+            return 503, {"detail": "no engine replica"}
         endpoint = replica.backend_http_endpoint
         if endpoint is None:
             return 503, {"detail": f"replica {selection.replica_id} has no HTTP port"}

@@ -20,8 +20,11 @@ def engine_failed(message: str | None) -> APIError:
                     code="engine_error")
 
 
-def lost(err: BaseException) -> APIError:
-    return APIError(503, f"the replica serving this request was lost mid-stream: {err}",
+def lost() -> APIError:
+    """A stream cut by its replica's loss, in words that name no host, process or actor (the
+    error itself, Ray's text, is logged where it was caught)."""
+    return APIError(503, "the replica serving this request was lost mid-stream; the output "
+                         "so far is all there is (retry the request)",
                     type_="service_unavailable_error", code="replica_unavailable")
 
 
@@ -79,8 +82,8 @@ async def _one_choice(shape: ResponseShape, choices: Choices, include_usage: boo
         if include_usage:
             yield sse(shape.usage_chunk(usage))
         yield DONE
-    except lost_errors as err:
-        yield sse(lost(err).body())
+    except lost_errors:
+        yield sse(lost().body())
     finally:
         await choices.aclose()
 
@@ -101,7 +104,7 @@ async def _many_choices(shape: ResponseShape, choices: Choices, include_usage: b
             index, delta, error = await queue.get()
             if error is not None:
                 if isinstance(error, lost_errors):
-                    yield sse(lost(error).body())
+                    yield sse(lost().body())
                     return
                 raise error
             if delta.finish_reason == "error":

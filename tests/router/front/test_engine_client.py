@@ -6,8 +6,11 @@ else is the production client.
 """
 
 import asyncio
+import json
+import logging
 
 import pytest
+import ray
 from ray.serve import context as serve_context
 
 from protocol.engine import (
@@ -17,8 +20,11 @@ from protocol.engine import (
     SamplingParams,
     TokenDelta,
 )
-from router.front.engine_client import EngineClient, RetryConfig
+from router.front.engine_client import EngineClient, ReplicaLost, RetryConfig
+from worker.openai.choices import Choices
 from worker.openai.errors import APIError
+from worker.openai.responses import ResponseShape
+from worker.openai.streaming import sse_events
 
 
 class _Stream:
@@ -108,3 +114,74 @@ def test_bad_input_is_a_400_and_is_not_retried():
         run(client.complete(request()))
     assert info.value.status_code == 400
     assert handle.request_ids == ["req"]
+
+
+# Ray's text for a killed Serve replica, as a gateway saw it: the actor's id, name, pid and
+# node IP, none of which is the client's business.
+RAY_ACTOR_DIED = (
+    "The actor died unexpectedly before finishing this task.\n"
+    "\tclass_name: ServeReplica:kvroute:EngineReplica\n"
+    "\tactor_id: 9f1c2a3b4c5d6e7f8a9b0c1d01000000\n\tpid: 43117\n"
+    "\tname: SERVE_REPLICA::kvroute#EngineReplica#x1y2z3\n\tnamespace: serve\n"
+    "\tip: 10.0.3.17\nThe actor is dead because it was killed by `ray.kill`.")
+INTERNALS = ("9f1c2a3b", "43117", "10.0.3.17", "SERVE_REPLICA", "EngineReplica", "x1y2z3",
+             "actor")
+
+
+def actor_died() -> ray.exceptions.RayActorError:
+    return ray.exceptions.RayActorError("9f1c2a3b4c5d6e7f8a9b0c1d01000000", RAY_ACTOR_DIED)
+
+
+class _CutStream(_Stream):
+    """One delta, then the replica's death."""
+
+    async def __anext__(self):
+        if not self._outcome:
+            raise actor_died()
+        return self._outcome.pop(0)
+
+
+def test_a_stream_cut_by_a_lost_replica_tells_the_client_no_internals(caplog):
+    handle = _Handle([])
+    handle.remote = lambda r: _CutStream([TokenDelta(r.request_id, [7], "x")])
+    client = EngineClient(handle, RetryConfig(max_attempts=1, backoff_s=0.0))
+
+    async def events() -> list[bytes]:
+        choices = Choices([request()], 1, client.stream)
+        await choices.start()
+        shape = ResponseShape.new("completion", "cmpl-1", "tiny")
+        return [e async for e in sse_events(shape, choices, False, None,
+                                            lost_errors=(ReplicaLost,))]
+
+    with caplog.at_level(logging.WARNING, logger="router.front.engine_client"):
+        sent = b"".join(run(events())).decode()
+    last = json.loads(sent.strip().split("\n\n")[-1].removeprefix("data: "))
+    assert last == {"error": {
+        "message": "the replica serving this request was lost mid-stream; the output so far "
+                   "is all there is (retry the request)",
+        "type": "service_unavailable_error", "param": None, "code": "replica_unavailable"}}
+    assert [s for s in INTERNALS if s in sent] == []
+    assert "pid: 43117" in caplog.text and "request req" in caplog.text  # kept, server-side
+
+
+class _DeadUnary:
+    """`handle.pin`: every `.remote(message)` fails as the replica died."""
+
+    async def remote(self, message):
+        raise actor_died()
+
+
+@pytest.mark.parametrize("method", ["complete", "call"])
+def test_no_replica_left_is_a_503_that_names_no_actor_host_or_pid(method, caplog):
+    handle = _Handle([actor_died(), actor_died()])
+    handle.pin = _DeadUnary()
+    client = EngineClient(handle, RetryConfig(max_attempts=2, backoff_s=0.0))
+    with caplog.at_level(logging.WARNING, logger="router.front.engine_client"), \
+            pytest.raises(APIError) as info:
+        run(client.complete(request()) if method == "complete"
+            else client.call("pin", "prefix"))
+    what = "request" if method == "complete" else "pin call"
+    assert (info.value.status_code, info.value.code, info.value.message) == (
+        503, "replica_unavailable", f"no engine replica could serve the {what} in 2 "
+                                    "attempts (its replica was lost); retry it")
+    assert "pid: 43117" in caplog.text

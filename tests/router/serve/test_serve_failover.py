@@ -26,6 +26,7 @@ from router.serve.publisher import ReplicaPublisher
 from tests.router.serve.serve_helpers import kvroute_server, wait_until
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
+from worker.openai.streaming import lost
 
 pytestmark = pytest.mark.slow
 
@@ -268,7 +269,8 @@ def test_killed_replica_under_load(server):
                 num_ok += 1
             else:
                 error = json.loads(events[-1])["error"]
-                assert error["code"] == "replica_unavailable" and "died" in error["message"]
+                # a stable error naming no host, pid or actor (Ray's text is logged only)
+                assert error == lost().body()["error"]
                 num_failed += 1
         else:  # refused before streaming: a clear 503
             assert result["status"] == 503

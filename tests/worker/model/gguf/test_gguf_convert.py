@@ -3,6 +3,9 @@ it was made from (names, q/k row order), its config, its tokenizer, converted on
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from worker.model.gguf.reader import hf_name
 from worker.model.loader import load_model_config
 from worker.model.random_weights import llama_weight_shapes, random_tensor
 
+ROOT = Path(__file__).resolve().parents[4]
 HF_CONFIG = {"vocab_size": len(TOKENS), "hidden_size": LLAMA["hidden"],
              "intermediate_size": LLAMA["ffn"], "num_hidden_layers": LLAMA["layers"],
              "num_attention_heads": LLAMA["heads"], "num_key_value_heads": LLAMA["kv_heads"],
@@ -115,3 +119,19 @@ def test_served_names():
     assert default_served_name("smollm2") == "smollm2"
     assert default_served_name("/models/SmolLM2-135M-Instruct.Q4_1.gguf") == (
         "SmolLM2-135M-Instruct.Q4_1")
+
+
+def test_the_gateways_tokenizer_part_loads_no_torch(tmp_path):
+    # A gateway builds its prompts from the tokenizer part alone: converting it must not
+    # import torch (hundreds of MB and seconds in every gateway) nor dequantize a weight.
+    path = write_gguf(tmp_path / "g.gguf", gguf_of(hf_weights()))
+    code = ("import sys; from worker.tokenizer.files import tokenizer_dir; "
+            f"out = tokenizer_dir({str(path)!r}); "
+            "assert 'torch' not in sys.modules, 'torch loaded'; "
+            "print(sorted(p.name for p in out.iterdir()))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=ROOT, env={**os.environ, "KVROUTE_CACHE_DIR": str(tmp_path)},
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["['.kvroute-gguf',", "'tokenizer.json',",
+                                     "'tokenizer_config.json']"]

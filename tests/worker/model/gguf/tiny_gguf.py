@@ -17,9 +17,11 @@ LLAMA = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, context=256)
 
 
 def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, GGMLQuantizationType | None]],
-               arch: str = "llama", pre: str = "gpt2", add_bos: bool = False) -> Path:
-    """A GGUF of `arch` with LLAMA's shape metadata, TOKENS' tokenizer and `tensors`
-    (name -> (array, raw GGML type of its bytes, None for a float array as is))."""
+               arch: str = "llama", pre: str = "gpt2", add_bos: bool = False,
+               tokens: list[str] = TOKENS, merges: list[str] = MERGES) -> Path:
+    """A GGUF of `arch` with LLAMA's shape metadata, a tokenizer (TOKENS' unless `tokens`
+    and `merges` are given; SPECIALS first in either) and `tensors` (name -> (array, raw
+    GGML type of its bytes, None for a float array as is))."""
     writer = GGUFWriter(str(path), arch)
     writer.add_block_count(LLAMA["layers"])
     writer.add_context_length(LLAMA["context"])
@@ -31,9 +33,9 @@ def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, GGMLQuantization
     writer.add_rope_freq_base(10000.0)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
-    writer.add_token_list(TOKENS)
-    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS)))
-    writer.add_token_merges(MERGES)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    writer.add_token_merges(merges)
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
     writer.add_add_bos_token(add_bos)

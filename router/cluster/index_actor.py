@@ -13,9 +13,10 @@ runtime; they never time out, and each one's mode (events | approximate) comes w
 poll reply. A restarted actor has forgotten them: whoever added them adds them again when
 `get_incarnation()` changes.
 
-With direct streaming, replicas also report the ends of requests a router routed, as soon as
-they end (`report_routes`, which wakes only those routers' long polls) and with each
-publish, and each router's poll takes its own (router/cluster/route_ends.py).
+With direct streaming, replicas also report the ends of requests a router routed, as they
+end (`report_routes`, which wakes only those routers' long polls, each at most once every
+`min_end_wake_gap_s` for ends alone) and with each publish, and each router's poll takes
+its own (router/cluster/route_ends.py).
 
 The actor also keeps the named pinned prefixes (router/cluster/prefix_registry.py; rebuilt
 from the replicas' own pins after a restart) and the index digests routers report, so tests
@@ -25,6 +26,7 @@ and operators can check that views converge.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from router.cluster.shared_marks import Shared, SharedMarks
 from router.cluster.vllm_subscriber_spec import SubscriberConfig
 
 INDEX_ACTOR_NAME = "kvroute-index"
+_ENDS_ONLY = object()  # a long poll woken for route ends alone (not other news)
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,15 @@ class IndexActorConfig:
     max_logged_events: int = 8192  # per replica, for router deltas
     max_poll_wait_s: float = 1.0
     router_timeout_s: float = 10.0  # a router silent this long leaves `router_views`
+    # A router's long poll returns with route ends alone (no other news) no sooner than
+    # this after its last reply with some: a router is woken for ends at most 1 / this
+    # times a second, however many replicas report them. An end waits at most this long
+    # here (one on a quiet router not at all). 0: each report wakes its routers.
+    min_end_wake_gap_s: float = 0.01
 
     def __post_init__(self):
+        if not self.min_end_wake_gap_s >= 0:
+            raise ValueError(f"min_end_wake_gap_s must be >= 0, got {self.min_end_wake_gap_s}")
         if not self.replica_timeout_s > 0:
             raise ValueError(f"replica_timeout_s must be > 0, got {self.replica_timeout_s}")
         if self.max_logged_events < 1:
@@ -84,7 +94,8 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         self._replicas: dict[str, _Replica] = {}
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
         self.route_ends = RouteEnds(self._config.router_timeout_s,
-                                    on_dropped=self._relay_dropped_ends)
+                                    on_dropped=self._relay_dropped_ends,
+                                    min_take_gap_s=self._config.min_end_wake_gap_s)
         self.shared_marks = SharedMarks()
         self.prefixes = PrefixRegistry()
         self._waiters: dict[asyncio.Future, str] = {}  # long polls waiting: router id
@@ -115,7 +126,7 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         `publish` carries them): queued for those routers, whose long polls wake now."""
         routers = self.route_ends.add(reports, replica_id)
         if routers:
-            self._notify(only_router_ids=frozenset(routers))
+            self._notify(only_router_ids=frozenset(routers), news=_ENDS_ONLY)
 
     def publish_packed(self, packed: PackedBatches, stats: dict[str, EngineStats]
                        ) -> tuple[str, ...]:
@@ -182,22 +193,32 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
             self._notify(skip_router_id=router_id)
 
     async def poll(self, request: PollRequest) -> PollReply:
-        self._router_views[request.router_id] = (time.monotonic(), dict(request.view))
-        reply = self._delta(request)
-        wait_s = min(request.wait_s, self._config.max_poll_wait_s)
-        if wait_s > 0 and not (reply.snapshots or reply.batches or reply.packed
-                               or reply.removed_replica_ids or reply.ended_route_ids
-                               or reply.shared_marks):
+        """Answers at once with news; else waits for some, up to `request.wait_s`. Route
+        ends alone are news once their router's gap since its last ends has passed
+        (`min_end_wake_gap_s`): until then they wait, and go with any other news."""
+        router_id = request.router_id
+        now_s = time.monotonic()
+        self._router_views[router_id] = (now_s, dict(request.view))
+        until_s = now_s + min(request.wait_s, self._config.max_poll_wait_s)
+        woken = False  # by news other than route ends (changed stats count)
+        while True:
+            reply = self._delta(request)
+            ends_due_s = self.route_ends.due_s(router_id)
+            if (woken or reply.snapshots or reply.batches or reply.packed
+                    or reply.removed_replica_ids or reply.shared_marks or now_s >= until_s
+                    or (ends_due_s is not None and ends_due_s <= now_s)):
+                return dataclasses.replace(reply,
+                                           ended_route_ids=self.route_ends.take(router_id))
             news = asyncio.get_running_loop().create_future()
-            self._waiters[news] = request.router_id
-            try:
-                await asyncio.wait_for(news, timeout=wait_s)
+            self._waiters[news] = router_id
+            wake_s = until_s if ends_due_s is None else min(until_s, ends_due_s)
+            try:  # until news, the ends' gap or the poll's end, whichever is first
+                woken = await asyncio.wait_for(news, wake_s - now_s) is not _ENDS_ONLY
             except asyncio.TimeoutError:
                 pass
             finally:
                 self._waiters.pop(news, None)
-            reply = self._delta(request)
-        return reply
+            now_s = time.monotonic()
 
     def router_views(self) -> dict[str, dict[str, ContentsDigest]]:
         """The index digests of the routers that polled in the last `router_timeout_s`."""
@@ -243,8 +264,7 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         stats = {rid: rep.stats for rid, rep in with_stats}
         packed = join(batches) if request.packed else None
         return PollReply(tuple(snapshots), () if request.packed else tuple(batches), stats,
-                         removed, self.external_workers.modes(),
-                         self.route_ends.take(request.router_id), self.incarnation,
+                         removed, self.external_workers.modes(), (), self.incarnation,
                          self.shared_marks.take(request.router_id), packed,
                          tuple(rep.stats_values for _, rep in with_stats))
 
@@ -272,12 +292,14 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
             self._notify(skip_router_id=router_id)
 
     def _notify(self, skip_router_id: str | None = None,
-                only_router_ids: frozenset[str] | None = None) -> None:
-        for news in [f for f, r in self._waiters.items() if r != skip_router_id
-                     and (only_router_ids is None or r in only_router_ids)]:
-            if not news.done():
-                news.set_result(None)
-            del self._waiters[news]
+                only_router_ids: frozenset[str] | None = None, news: object = None) -> None:
+        """Wakes the waiting long polls (of `only_router_ids`, but `skip_router_id`'s);
+        `news=_ENDS_ONLY`: all they get is route ends, which keep their gap."""
+        for waiter in [f for f, r in self._waiters.items() if r != skip_router_id
+                       and (only_router_ids is None or r in only_router_ids)]:
+            if not waiter.done():
+                waiter.set_result(news)
+            del self._waiters[waiter]
 
 
 IndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,

@@ -3,9 +3,11 @@ routed them.
 
 With direct streaming the request goes from HAProxy straight to the engine replica's HTTP
 port, so the router that picked the replica never sees it end. The replica tells it through
-the index actor: it sends the route ids that ended as soon as they end (`report_routes`,
-one call in flight; what ends meanwhile goes with the next), and each publish carries what
-is left, by router id; the actor wakes that router's long poll, which takes its own. A
+the index actor: it sends the route ids that ended as they end (`report_routes`, one call
+in flight and a gap between calls: what ends meanwhile goes with the next), and each publish
+carries what is left, by router id; the actor wakes that router's long poll, which takes its
+own, at most once a gap for ends alone (`min_take_gap_s`, `due_s`: on a busy router ends
+wait for it, or go with the poll's other news). A
 router can route (and its request end) before its first poll reaches the actor: ends for a
 router not yet polling are kept as for one that just polled. A router that stops polling
 (or never starts) for `router_timeout_s` loses its outbox and is remembered as gone (its
@@ -29,6 +31,7 @@ measures how late the end reached it (kvroute_router_end_delay_seconds).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -115,10 +118,14 @@ Dropped = Callable[[str, list[tuple[str | None, str]]], None]  # router id, (rep
 
 class RouteEnds:
     def __init__(self, router_timeout_s: float, max_gone_routers: int = MAX_GONE_ROUTERS,
-                 on_dropped: Dropped | None = None):
+                 on_dropped: Dropped | None = None, min_take_gap_s: float = 0.0):
         """`on_dropped(router_id, pairs)`: reports a gone router will not take, each with the
-        replica that reported it."""
+        replica that reported it. `min_take_gap_s`: a router's reports are due (`due_s`) no
+        sooner than this after it last took some."""
         self._router_timeout_s = router_timeout_s
+        self._min_take_gap_s = min_take_gap_s
+        # router id -> when it last took reports (monotonic s)
+        self._last_taken_s: dict[str, float] = {}
         self._max_gone_routers = max_gone_routers
         self._on_dropped = on_dropped
         # router id -> (reporting replica id, claim or end), in their order
@@ -151,7 +158,17 @@ class RouteEnds:
         self._gone.pop(router_id, None)  # it polls: not gone after all
         self._last_poll_s[router_id] = now
         self._expire(now)
-        return tuple(report for _, report in self._outbox.pop(router_id, ()))
+        taken = tuple(report for _, report in self._outbox.pop(router_id, ()))
+        if taken:
+            self._last_taken_s[router_id] = now
+        return taken
+
+    def due_s(self, router_id: str) -> float | None:
+        """When the router's queued reports should go to it (monotonic s: `min_take_gap_s`
+        after it last took some; in the past if they should go now), None if it has none."""
+        if router_id not in self._outbox:
+            return None
+        return self._last_taken_s.get(router_id, -math.inf) + self._min_take_gap_s
 
     def num_queued(self) -> int:
         return sum(len(ids) for ids in self._outbox.values())
@@ -160,6 +177,7 @@ class RouteEnds:
         cutoff = now - self._router_timeout_s
         for gone in [r for r, t in self._last_poll_s.items() if t < cutoff]:
             del self._last_poll_s[gone]
+            self._last_taken_s.pop(gone, None)
             self._gone[gone] = None
             if len(self._gone) > self._max_gone_routers:
                 self._gone.popitem(last=False)

@@ -7,11 +7,11 @@ The router charges a replica's load when it routes a request there; with direct 
 it sees neither the request arrive nor end. The claim tells it the request got here (a route
 no replica claims within a few seconds never will: HAProxy's client left, or the request went
 elsewhere, router/serve/request_router.py); the end releases the load, and a refusal all
-the router charged for it. An end leaves at once (the publisher's `report_routes` call to
-the index actor, which wakes that router's long poll; one call in flight, what ends
-meanwhile goes with the next), and claims with it or with the replica's next publish
-(router/cluster/route_ends.py): an ended request's load counts on the router for that
-round trip, not for a publish interval too.
+the router charged for it. An end leaves soon (the publisher's `report_routes` call to
+the index actor, which wakes that router's long poll; one call in flight and a short gap
+between calls, what ends meanwhile goes with the next: a lone end at once), and claims
+with it or with the replica's next publish (router/cluster/route_ends.py): an ended
+request's load counts on the router for that round trip, not for a publish interval too.
 
 A request whose route header does not verify (sent to the replica's port by anyone but
 HAProxy) is served as one no router routed, and counted.

@@ -3,7 +3,7 @@
 import asyncio
 
 from kv.events import EventBatch
-from router.cluster.index_actor import KVIndex, PollRequest
+from router.cluster.index_actor import IndexActorConfig, KVIndex, PollRequest
 from router.cluster.route_ends import RouteEnds, claim_of, end_of, refusal_of, split_reports
 from router.cluster.shared_marks import WorkEnd
 
@@ -110,3 +110,53 @@ def test_a_gone_routers_ends_go_to_the_other_routers_as_its_work_ends(monkeypatc
     assert index.route_ends.num_queued() == 0
     assert index.shared_marks.take("router-b") == (WorkEnd("q1", "replica-1", False, 7),
                                                    WorkEnd("q2", "replica-2", True))
+
+
+def test_a_routers_reports_are_due_a_gap_after_it_last_took_some(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("router.cluster.route_ends.time.monotonic", lambda: now[0])
+    ends = RouteEnds(router_timeout_s=60.0, min_take_gap_s=0.01)
+    assert ends.take("router-a") == () and ends.due_s("router-a") is None  # none queued
+    ends.add({"router-a": ["r1"]})
+    assert ends.due_s("router-a") == float("-inf")  # it took none yet: due now
+    assert ends.take("router-a") == ("r1",)
+    now[0] = 100.004
+    assert ends.take("router-a") == ()  # an empty take does not restart the gap
+    ends.add({"router-a": ["r2"]})
+    assert ends.due_s("router-a") == 100.01
+
+
+async def test_a_routers_poll_wakes_for_ends_alone_at_most_once_a_gap(monkeypatch):
+    """Ends alone wake a router's long poll once its gap since its last ends has passed;
+    until then they wait (the poll too), and go with any other news at once."""
+    now = [100.0]
+    for module in ("route_ends", "index_actor"):
+        monkeypatch.setattr(f"router.cluster.{module}.time.monotonic", lambda: now[0])
+    index = KVIndex(IndexActorConfig(min_end_wake_gap_s=10.0, max_poll_wait_s=60.0))
+    await index.poll(PollRequest("router-a", {}))
+    index.report_routes({"router-a": ("r1",)}, "replica-1")  # a quiet router: at once
+    assert (await index.poll(PollRequest("router-a", {}, 30.0))).ended_route_ids == ("r1",)
+
+    now[0] = 101.0  # within the gap: the next ends do not wake its poll
+    poll = asyncio.ensure_future(index.poll(PollRequest("router-a", {}, 30.0)))
+    await _until_waiting(index, 1)
+    index.report_routes({"router-a": ("r2",)}, "replica-1")
+    index.report_routes({"router-a": ("r3",)}, "replica-2")
+    await _until_waiting(index, 1)  # woken, and waiting again for the gap's rest
+    index.share_marks("router-b", (WorkEnd("q1", "replica-1", False, 3),))  # other news
+    reply = await poll
+    assert reply.ended_route_ids == ("r2", "r3")
+    assert reply.shared_marks == (WorkEnd("q1", "replica-1", False, 3),)
+
+    now[0] = 110.995  # a poll that finds ends queued in the gap waits for its end
+    index.report_routes({"router-a": ("r4",)}, "replica-1")
+    poll = asyncio.ensure_future(index.poll(PollRequest("router-a", {}, 30.0)))
+    await _until_waiting(index, 1)
+    now[0] = 111.0  # its wait (5 ms, the gap's rest) times out at the gap's end
+    assert (await poll).ended_route_ids == ("r4",)
+
+
+async def _until_waiting(index: KVIndex, num_polls: int) -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert len(index._waiters) == num_polls

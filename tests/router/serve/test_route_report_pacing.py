@@ -1,0 +1,121 @@
+"""A replica's route reports, paced: a lone end leaves at once; a busy replica's ends wait
+for the gap after the last report (`min_report_gap_s`) and go together, one call in flight.
+The clock and the gap's sleep are faked: each sleep parks until the test lets it end."""
+
+import asyncio
+from types import SimpleNamespace
+
+from router.cluster.route_ends import end_of
+from router.serve.publisher import PublisherConfig, ReplicaPublisher
+from router.serve.route_header import Route
+from router.serve.route_tracking import RouteReports
+
+GAP_S = 0.01
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+        self.sleeps_s: list[float] = []  # each sleep asked for
+        self._wake: asyncio.Future | None = None
+
+    def clock(self) -> float:
+        return self.now_s
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps_s.append(round(seconds, 9))
+        self._wake = asyncio.get_running_loop().create_future()
+        await self._wake
+
+    def end_sleep(self, now_s: float) -> None:
+        self.now_s = now_s
+        self._wake.set_result(None)
+
+
+class GatedIndex:
+    """Records each `report_routes` call; a call returns when the test opens its gate."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict[str, tuple[str, ...]]] = []
+        self.gate: asyncio.Future | None = None
+        self.report_routes = SimpleNamespace(remote=self._report_routes)
+
+    async def _report_routes(self, reports, replica_id) -> None:
+        assert replica_id == "replica-a"
+        self.reports.append(reports)
+        self.gate = asyncio.get_running_loop().create_future()
+        await self.gate
+
+
+async def _settle() -> None:
+    """Lets every ready task run until it waits (on a gate or a faked sleep)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def _end(reports: RouteReports, route_id: str) -> str:
+    reports.end(Route("router-1", route_id), cached_tokens=0, output_tokens=4)
+    return end_of(route_id, 0, 4, 7.0)
+
+
+async def test_a_busy_replicas_ends_wait_for_the_gap_and_go_together():
+    fake, index = FakeTime(), GatedIndex()
+    reports = RouteReports(clock=lambda: 7.0)
+    publisher = ReplicaPublisher(SimpleNamespace(), lambda: index,
+                                 PublisherConfig(min_report_gap_s=GAP_S), reports,
+                                 "replica-a", clock=fake.clock, sleep=fake.sleep)
+    publisher.start()  # no Ray here: the periodic publish loop ends at once
+    first = _end(reports, "q1")  # a quiet replica: it leaves at once
+    await _settle()
+    assert index.reports == [{"router-1": (first,)}] and fake.sleeps_s == []
+    second = _end(reports, "q2")  # while the first call is in flight
+    fake.now_s = 100.003
+    index.gate.set_result(None)  # the first call returns 3 ms after it started
+    await _settle()
+    assert len(index.reports) == 1 and fake.sleeps_s == [0.007]  # the gap's rest
+    third = _end(reports, "q3")  # during the gap: waits with the second
+    fake.end_sleep(100.010)
+    await _settle()
+    assert index.reports[1:] == [{"router-1": (second, third)}]
+    fake.now_s = 100.012
+    index.gate.set_result(None)
+    await _settle()
+    assert fake.sleeps_s == [0.007, 0.008]  # a gap after the second call, nothing queued
+    fake.end_sleep(100.020)
+    await _settle()
+    assert len(index.reports) == 2
+    await publisher.drain_reports()  # the reporting task ended
+    fake.now_s = 101.0  # quiet again: the next end leaves at once
+    fourth = _end(reports, "q4")
+    await _settle()
+    assert index.reports[2:] == [{"router-1": (fourth,)}] and len(fake.sleeps_s) == 2
+    index.gate.set_result(None)
+    await _settle()
+    fake.end_sleep(101.010)
+    await publisher.drain_reports()
+
+
+async def test_a_failed_report_is_sent_again_after_the_gap():
+    fake, index = FakeTime(), GatedIndex()
+    reports = RouteReports(clock=lambda: 7.0)
+    publisher = ReplicaPublisher(SimpleNamespace(), lambda: index,
+                                 PublisherConfig(min_report_gap_s=GAP_S), reports,
+                                 "replica-a", clock=fake.clock, sleep=fake.sleep)
+    publisher.start()
+    first = _end(reports, "q1")
+    await _settle()
+    index.gate.set_exception(ConnectionError("actor away"))
+    await _settle()
+    await publisher.drain_reports()  # failed: queued again, no retry loop
+    assert reports.take() == {"router-1": (first,)}
+    reports.put_back({"router-1": (first,)})
+    second = _end(reports, "q2")  # the next end: after the gap from the failed call
+    await _settle()
+    assert fake.sleeps_s == [GAP_S] and len(index.reports) == 1
+    fake.end_sleep(100.010)
+    await _settle()
+    assert index.reports[1:] == [{"router-1": (first, second)}]
+    index.gate.set_result(None)
+    await _settle()
+    fake.end_sleep(100.020)
+    await publisher.drain_reports()

@@ -4,9 +4,10 @@ a body a request could never need is refused before anyone parses it.
 
 The count works on the structural characters alone, at C speed (numpy over bytes): escapes
 are dropped first (`\\\\` pairs, then `\\"`), so every quote left opens or closes a string,
-and a character is outside strings where the quotes before it are even. About 1 ms a MiB of
-body (4 ms for a million token ids, 38 ms for 8 MiB of text that is all commas), against
-hundreds for the parser on the same body. Exact for valid JSON; on invalid JSON the parser
+and a character is outside strings where the quotes before it are even; depth and objects
+come from the brackets alone. 9 ms for a million token ids (7.9 MB), 3 ms for 8 MiB of
+plain text, 15-22 ms for 8 MiB of text that is a quarter commas, against hundreds for the
+parser on the same bodies. Exact for valid JSON; on invalid JSON the parser
 stops at the first error, inside a prefix whose counts are exact.
 """
 
@@ -18,7 +19,10 @@ import numpy as np
 
 _STRUCTURE = b'",[]{}'
 _OTHERS = bytes(c for c in range(256) if c not in _STRUCTURE)
-_QUOTE, _COMMA, _OPEN_LIST, _CLOSE_LIST, _OPEN_OBJECT, _CLOSE_OBJECT = _STRUCTURE
+_QUOTE, _COMMA, _OPEN_OBJECT = b'",{'
+_STEP = np.zeros(256, np.int8)  # a mark's change of depth
+_STEP[list(b"[{")] = 1
+_STEP[list(b"]}")] = -1
 
 
 @dataclass(frozen=True)
@@ -38,10 +42,10 @@ def json_shape(raw: bytes) -> JsonShape:
     quotes = marks == _QUOTE
     # even quotes before (a closing quote counts itself): outside every string
     outside = (np.cumsum(quotes, dtype=np.uint8) & 1) == 0
-    opens = outside & ((marks == _OPEN_LIST) | (marks == _OPEN_OBJECT))
-    closes = outside & ((marks == _CLOSE_LIST) | (marks == _CLOSE_OBJECT))
-    steps = opens.astype(np.int32) - closes
-    depth = int(np.cumsum(steps).max()) if len(steps) else 0
+    steps = _STEP[marks]
+    brackets = np.flatnonzero(steps)  # depth and objects from the brackets alone
+    brackets = brackets[outside[brackets]]
+    depth = int(np.cumsum(steps[brackets], dtype=np.int32).max()) if len(brackets) else 0
     return JsonShape(commas=int(np.count_nonzero(outside & (marks == _COMMA))),
-                     objects=int(np.count_nonzero(opens & (marks == _OPEN_OBJECT))),
+                     objects=int(np.count_nonzero(marks[brackets] == _OPEN_OBJECT)),
                      strings=int(np.count_nonzero(quotes)) // 2, depth=max(0, depth))

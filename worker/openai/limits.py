@@ -3,7 +3,7 @@
 A body is refused before it is parsed when it is too large (413), nested too deeply (400:
 the JSON parser recurses, and 5,000 levels crashed it into a 500), or holds more values
 than any request needs (400: parsing a million token ids held the event loop 170 ms, for
-every tenant of the process; counting them costs ~2-3 ms a MiB, worker/openai/json_scan.py);
+every tenant of the process; counting them costs ~1-2 ms a MiB, worker/openai/json_scan.py);
 its text is refused before it is tokenized when it is too long. Stop strings are bounded because the
 detokenizer scans every one of them at every generated token.
 """

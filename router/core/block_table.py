@@ -133,13 +133,12 @@ class BlockTable:
         # Most hashes are settled by their chain's head (found, or an empty bucket): only
         # the others walk on, each step over the ones still walking.
         at = np.flatnonzero((k1[rows] != want) & (rows != 0))
-        probe = rows[at]
-        while at.size:
+        probe, want_at = rows[at], want[at]
+        while at.size:  # each walking hash steps on; its row is wherever it stands
             probe = nxt[probe]
-            end = (k1[probe] == want[at]) | (probe == 0)
-            rows[at[end]] = probe[end]
-            going = ~end
-            at, probe = at[going], probe[going]
+            rows[at] = probe
+            going = (k1[probe] != want_at) & (probe != 0)
+            at, probe, want_at = at[going], probe[going], want_at[going]
         wrong = np.flatnonzero((self._k0[rows] != keys[:, 0]) & (rows != 0))
         for i in wrong.tolist():
             rows[i] = self.lookup_one(keys[i].tobytes()) or 0

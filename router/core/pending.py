@@ -80,11 +80,25 @@ class PendingMarks:
         if not block_hashes:
             return
         mine = self._mine(bit)
-        if not mine.keys().isdisjoint(block_hashes):  # some held already: one more holder
-            more = self._more_holders.setdefault(bit, {})
-            for h in keys_stamped(mine, block_hashes, _NEVER):
+        num_marks = len(mine)
+        # One pass inserts the absent hashes (the common hold: a prompt's uncached blocks)
+        # and returns what the others held. The value is a new inf, so that a hash found
+        # held (the module's inf) tells apart from one inserted by this pass; both mean
+        # "held" to every comparison (inf == inf).
+        inserted = float("inf")
+        found = list(map(mine.setdefault, block_hashes, repeat(inserted)))
+        if len(mine) - num_marks == len(block_hashes):
+            return  # every hash was absent
+        more = None
+        for h, was in zip(block_hashes, found):
+            if was is inserted:
+                continue
+            if was == _NEVER:  # held already: one more holder
+                if more is None:
+                    more = self._more_holders.setdefault(bit, {})
                 more[h] = more.get(h, 0) + 1
-        mine.update(dict.fromkeys(block_hashes, _NEVER))
+            else:  # a timed mark: held from now on
+                mine[h] = inserted
 
     def release(self, bit: int, block_hashes: Sequence[BlockHash], now: float,
                 withdraw: bool = False) -> None:
@@ -145,8 +159,12 @@ class PendingMarks:
             mine = self.by_bit.get(bit)
             if mine is None:
                 continue
-            # marks refreshed, held or confirmed since carry another value, or none: they stay
-            delete_keys(mine, keys_stamped(mine, hashes, expires_at))
+            # One pass pops every hash (an absent one answers `expires_at`); marks refreshed
+            # or held since carry another value and go back (their order in the dict is
+            # not used).
+            popped = list(map(mine.pop, hashes, repeat(expires_at)))
+            if popped.count(expires_at) != len(popped):
+                mine.update(compress(zip(hashes, popped), map(ne, popped, repeat(expires_at))))
             if not mine:
                 self._drop(bit)
 

@@ -105,7 +105,10 @@ class CacheAwarePolicy(RankingPolicy):
         costs = prefills + self.load_weight * loads
         order = np.lexsort((routed, loads, costs)).tolist()  # stable: ties keep listed order
         best = order[0]
-        if self.imbalance_threshold != math.inf:
+        # the least loaded candidate has the least load: its tie-breaks are only worth
+        # sorting for when the gap to it is over the threshold
+        if (self.imbalance_threshold != math.inf
+                and loads[best] - loads.min() > self.imbalance_threshold):
             least = int(np.lexsort((routed, prefills, loads))[0])
             load_gap = loads[best] - loads[least]
             if load_gap > self.imbalance_threshold and (

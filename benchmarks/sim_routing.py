@@ -100,6 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rotate-candidates", action="store_true",
                    help="with --gateways: each router lists the replicas from its own offset "
                         "(full ties fall on different replicas at different routers)")
+    p.add_argument("--shared-only", action="store_true",
+                   help="with --share-pending-delay-s: of G > 1 run only the largest G sharing "
+                        "the most (marks, and routed work with --share-work)")
     p.add_argument("--max-tokens-sent", default="workload_max", choices=MAX_TOKENS_SENT,
                    help="the max_tokens clients send: the workload's longest answer (a cap, "
                         "default), the context left after the prompt, or each request's "
@@ -125,6 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error("--policy-only runs one router: not with --gateways")
     elif args.share_pending_delay_s is not None or args.rotate_candidates:
         p.error("--share-pending-delay-s and --rotate-candidates need --gateways")
+    if args.shared_only and args.share_pending_delay_s is None:
+        p.error("--shared-only needs --share-pending-delay-s")
     if args.share_work and args.share_pending_delay_s is None:
         p.error("--share-work needs --share-pending-delay-s (the sharing's delay)")
     return args
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         entrants = gateway_contenders(args.policy, base, args.gateways, args.spread,
                                       args.share_pending_delay_s, args.share_work,
-                                      args.rotate_candidates)
+                                      args.rotate_candidates, args.shared_only)
     t0, cpu0 = time.perf_counter(), time.process_time()
     by_label: dict[str, list[Summary]] = {c.label: [] for c in entrants}
     tasks = [ex.Task(ClusterConfig(args.replicas, replica, c.router, args.event_delay_s,

@@ -42,20 +42,22 @@ def gateway_label(policy: str, num_routers: int, spread: str, marks: bool = Fals
 
 def gateway_contenders(policy: str, base: RouterConfig, gateways: list[int],
                        spreads: list[str], share_pending_delay_s: float | None,
-                       share_work: bool = False, rotate: bool = False) -> list[Contender]:
+                       share_work: bool = False, rotate: bool = False,
+                       shared_only: bool = False) -> list[Contender]:
     """One gateway, the round robin baseline, then every G > 1 under every spread, then the
-    largest G sharing pending marks (when a delay is given), then sharing routed work too."""
+    largest G sharing pending marks (when a delay is given), then sharing routed work too.
+    `shared_only`: of the G > 1 contenders only the one sharing the most (a shorter run)."""
     router = replace(base, policy=policy, approximate=False)
     out = [Contender(policy, router)]
     if policy != "round_robin":
         out.append(Contender("round_robin", replace(router, policy="round_robin")))
     larger = sorted(g for g in set(gateways) if g > 1)
-    for g in larger:
+    for g in larger if not shared_only else []:
         for spread in spreads:
             out.append(Contender(gateway_label(policy, g, spread, rotate=rotate), router, g,
                                  spread, rotate_candidates=rotate))
     if share_pending_delay_s is not None and larger:
-        for work in (False, True)[:1 + share_work]:
+        for work in (False, True)[shared_only and share_work:1 + share_work]:
             for spread in spreads:
                 out.append(Contender(
                     gateway_label(policy, larger[-1], spread, True, work, rotate), router,

@@ -35,6 +35,7 @@ from benchmarks.simlib.whatifs import WhatIfs
 from benchmarks.simlib.workloads import WorkItem, Workload
 from kv.hashing import block_hashes, namespace_root
 from protocol.engine import SamplingParams
+from router.core.candidates import rotated
 from router.core.router import RouterConfig
 from worker.engine.request import Request
 
@@ -174,8 +175,9 @@ class ClusterSim:
         rotate_candidates (taken over the replicas alive now: a dead one is never listed)."""
         if not self.config.rotate_candidates:
             return self.replica_ids
-        k = gateway * len(self.replica_ids) // self.config.num_routers
-        return self.replica_ids[k:] + self.replica_ids[:k]
+        # router i of G starts i/G of the way round (a live router's offset is a hash of
+        # its id, router.core.candidates.router_offset: it knows neither i nor G)
+        return rotated(self.replica_ids, gateway * len(self.replica_ids) // self.config.num_routers)
 
     def _push(self, t: float, kind: int, arg) -> None:
         self._seq += 1

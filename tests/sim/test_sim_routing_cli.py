@@ -127,7 +127,9 @@ def test_gateway_options_are_checked(capsys):
                           (["--gateways", "1,x"], "comma-separated integers"),
                           (["--gateways", "1,2", "--spread", "hash"], "--spread: each of"),
                           (["--share-pending-delay-s", "0.01"], "need --gateways"),
-                          (["--rotate-candidates"], "need --gateways")]:
+                          (["--rotate-candidates"], "need --gateways"),
+                          (["--gateways", "1,8", "--shared-only"],
+                           "--shared-only needs --share-pending-delay-s")]:
         with pytest.raises(SystemExit):
             sim_routing.parse_args(["--workload", "burst", *argv])
         assert message in capsys.readouterr().err

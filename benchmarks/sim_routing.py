@@ -100,6 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rotate-candidates", action="store_true",
                    help="with --gateways: each router lists the replicas from its own offset "
                         "(full ties fall on different replicas at different routers)")
+    p.add_argument("--offset-by-id", action="store_true",
+                   help="with --rotate-candidates: each router's offset is a hash of its id, "
+                        "as a live router's (two may share one), not i x N / G")
     p.add_argument("--shared-only", action="store_true",
                    help="with --share-pending-delay-s: of G > 1 run only the largest G sharing "
                         "the most (marks, and routed work with --share-work)")
@@ -128,6 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error("--policy-only runs one router: not with --gateways")
     elif args.share_pending_delay_s is not None or args.rotate_candidates:
         p.error("--share-pending-delay-s and --rotate-candidates need --gateways")
+    if args.offset_by_id and not args.rotate_candidates:
+        p.error("--offset-by-id needs --rotate-candidates")
     if args.shared_only and args.share_pending_delay_s is None:
         p.error("--shared-only needs --share-pending-delay-s")
     if args.share_work and args.share_pending_delay_s is None:
@@ -201,7 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         entrants = gateway_contenders(args.policy, base, args.gateways, args.spread,
                                       args.share_pending_delay_s, args.share_work,
-                                      args.rotate_candidates, args.shared_only)
+                                      args.rotate_candidates, args.shared_only,
+                                      args.offset_by_id)
     t0, cpu0 = time.perf_counter(), time.process_time()
     by_label: dict[str, list[Summary]] = {c.label: [] for c in entrants}
     tasks = [ex.Task(ClusterConfig(args.replicas, replica, c.router, args.event_delay_s,
@@ -211,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
                                    share_pending_delay_s=c.share_pending_delay_s,
                                    share_work=c.share_work,
                                    rotate_candidates=c.rotate_candidates,
+                                   offset_by_id=c.offset_by_id,
                                    max_tokens_sent=args.max_tokens_sent),
                      ex.WorkloadSpec(args.workload, per_replica, args.replicas, args.seed,
                                      args.quick, args.trace), c.label)

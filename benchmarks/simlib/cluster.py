@@ -35,7 +35,7 @@ from benchmarks.simlib.whatifs import WhatIfs
 from benchmarks.simlib.workloads import WorkItem, Workload
 from kv.hashing import block_hashes, namespace_root
 from protocol.engine import SamplingParams
-from router.core.candidates import rotated
+from router.core.candidates import rotated, router_offset
 from router.core.router import RouterConfig
 from worker.engine.request import Request
 
@@ -73,6 +73,9 @@ class ClusterConfig:
     # (no cache, equal load) by listed order, so routers that know nothing of each other's
     # requests would otherwise all pick the first replica at once.
     rotate_candidates: bool = False
+    # With rotate_candidates: router i's offset is a hash of its id "gateway-i" instead, as
+    # a live router's (router.core.candidates.router_offset): two routers may share one.
+    offset_by_id: bool = False
     # The max_tokens the simulated clients send, the router's only hint of an answer's
     # length (the replica still ends each answer at the workload's length, as the model's
     # EOS would): "workload_max", the workload's longest answer (a client's cap);
@@ -94,6 +97,8 @@ class ClusterConfig:
         delay_s = self.share_pending_delay_s
         if delay_s is not None and not (math.isfinite(delay_s) and delay_s >= 0):
             raise ValueError(f"share_pending_delay_s must be finite and >= 0, got {delay_s}")
+        if self.offset_by_id and not self.rotate_candidates:
+            raise ValueError("offset_by_id needs rotate_candidates")
         if self.share_work and delay_s is None:
             raise ValueError("share_work needs share_pending_delay_s (the sharing's delay)")
         if self.max_tokens_sent not in MAX_TOKENS_SENT:
@@ -175,8 +180,9 @@ class ClusterSim:
         rotate_candidates (taken over the replicas alive now: a dead one is never listed)."""
         if not self.config.rotate_candidates:
             return self.replica_ids
-        # router i of G starts i/G of the way round (a live router's offset is a hash of
-        # its id, router.core.candidates.router_offset: it knows neither i nor G)
+        if self.config.offset_by_id:
+            return rotated(self.replica_ids, router_offset(f"gateway-{gateway}"))
+        # router i of G starts i/G of the way round (a live router knows neither i nor G)
         return rotated(self.replica_ids, gateway * len(self.replica_ids) // self.config.num_routers)
 
     def _push(self, t: float, kind: int, arg) -> None:

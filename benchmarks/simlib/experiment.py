@@ -103,7 +103,7 @@ def offered_qps(workload: wl.Workload) -> float:
 class Contender:
     """A router setting to compare: a policy, possibly in approximate mode, behind one
     gateway or several (ClusterConfig's num_routers, router_spread, share_pending_delay_s,
-    share_work, rotate_candidates)."""
+    share_work, rotate_candidates, offset_by_id)."""
 
     label: str
     router: RouterConfig
@@ -112,6 +112,7 @@ class Contender:
     share_pending_delay_s: float | None = None
     share_work: bool = False
     rotate_candidates: bool = False
+    offset_by_id: bool = False
 
 
 def contenders(policy: str, base: RouterConfig, others: tuple[str, ...] = ()

@@ -9,7 +9,8 @@ Contenders, by label:
   (with --share-pending-delay-s);
 - `<policy>@<G>gw[/<spread>]+marks+work`: sharing their routed work too (with --share-work).
 `/<spread>` names a spread other than round robin (benchmarks/simlib/gateways.py); `/rot`
-says each router lists the replicas from its own offset (--rotate-candidates).
+says each router lists the replicas from its own offset (--rotate-candidates), `/rot-id`
+from an offset hashed from its id, as live routers do (--offset-by-id).
 
 Figures, over the rungs below round robin's saturation rate (every rung when it never
 saturates):
@@ -32,18 +33,19 @@ from router.core.config import RouterConfig
 
 
 def gateway_label(policy: str, num_routers: int, spread: str, marks: bool = False,
-                  work: bool = False, rotate: bool = False) -> str:
+                  work: bool = False, rotate: bool = False, by_id: bool = False) -> str:
     if num_routers == 1:
         return policy
     return (f"{policy}@{num_routers}gw" + ("" if spread == "round_robin" else f"/{spread}")
-            + ("/rot" if rotate else "") + ("+marks" if marks else "")
+            + ("/rot" if rotate else "") + ("-id" if rotate and by_id else "")
+            + ("+marks" if marks else "")
             + ("+work" if work else ""))
 
 
 def gateway_contenders(policy: str, base: RouterConfig, gateways: list[int],
                        spreads: list[str], share_pending_delay_s: float | None,
                        share_work: bool = False, rotate: bool = False,
-                       shared_only: bool = False) -> list[Contender]:
+                       shared_only: bool = False, by_id: bool = False) -> list[Contender]:
     """One gateway, the round robin baseline, then every G > 1 under every spread, then the
     largest G sharing pending marks (when a delay is given), then sharing routed work too.
     `shared_only`: of the G > 1 contenders only the one sharing the most (a shorter run)."""
@@ -54,14 +56,15 @@ def gateway_contenders(policy: str, base: RouterConfig, gateways: list[int],
     larger = sorted(g for g in set(gateways) if g > 1)
     for g in larger if not shared_only else []:
         for spread in spreads:
-            out.append(Contender(gateway_label(policy, g, spread, rotate=rotate), router, g,
-                                 spread, rotate_candidates=rotate))
+            out.append(Contender(gateway_label(policy, g, spread, rotate=rotate, by_id=by_id),
+                                 router, g, spread, rotate_candidates=rotate,
+                                 offset_by_id=by_id))
     if share_pending_delay_s is not None and larger:
         for work in (False, True)[shared_only and share_work:1 + share_work]:
             for spread in spreads:
                 out.append(Contender(
-                    gateway_label(policy, larger[-1], spread, True, work, rotate), router,
-                    larger[-1], spread, share_pending_delay_s, work, rotate))
+                    gateway_label(policy, larger[-1], spread, True, work, rotate, by_id),
+                    router, larger[-1], spread, share_pending_delay_s, work, rotate, by_id))
     return out
 
 

@@ -22,6 +22,7 @@ import pytest
 from benchmarks.simlib import workloads as wl
 from benchmarks.simlib.cluster import ClusterConfig, ClusterSim
 from benchmarks.simlib.workloads import Segment, WorkItem, Workload
+from router.core.candidates import router_offset
 from tests.sim.conftest import make_sim
 
 
@@ -99,6 +100,7 @@ def test_round_robin_takes_turns_and_session_keeps_a_conversation_on_its_gateway
     ("router_spread", "hash", "router_spread must be one of random, round_robin, session"),
     ("share_pending_delay_s", -0.001, "share_pending_delay_s must be finite and >= 0"),
     ("share_pending_delay_s", float("nan"), "share_pending_delay_s must be finite and >= 0"),
+    ("offset_by_id", True, "offset_by_id needs rotate_candidates"),
 ])
 def test_bad_gateway_settings_are_refused(field, value, message):
     config = make_sim(script()).config
@@ -132,3 +134,14 @@ def test_routers_that_know_nothing_of_each_other_tie_on_their_own_replica_when_r
         sim = ClusterSim(dataclasses.replace(config, num_routers=2, router_spread="round_robin",
                                              rotate_candidates=rotate), w)
         assert routes_and_hits(sim.run())[0] == routes
+
+
+def test_routers_rotated_by_their_ids_list_from_their_hashed_offsets():
+    # gateway-0 and gateway-1 both hash to offset 1 of two replicas (router_offset): a
+    # shared offset, so both ties fall on r1, where the even offsets split them
+    assert [router_offset(f"gateway-{i}") % 2 for i in range(2)] == [1, 1]
+    w = Workload("pair", tuple(WorkItem(rid, 0.0, (Segment(rid, 64),), 4) for rid in "AB"))
+    config = dataclasses.replace(make_sim(w).config, num_routers=2,
+                                 router_spread="round_robin", rotate_candidates=True,
+                                 offset_by_id=True)
+    assert routes_and_hits(ClusterSim(config, w).run())[0] == {"A": "r1", "B": "r1"}

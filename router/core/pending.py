@@ -16,7 +16,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import ne
+from operator import eq, is_not, ne
 
 from kv.hashing import BlockHash
 from router.core.hash_loops import delete_keys, keys_stamped
@@ -89,16 +89,18 @@ class PendingMarks:
         found = list(map(mine.setdefault, block_hashes, repeat(inserted)))
         if len(mine) - num_marks == len(block_hashes):
             return  # every hash was absent
-        more = None
-        for h, was in zip(block_hashes, found):
-            if was is inserted:
-                continue
-            if was == _NEVER:  # held already: one more holder
-                if more is None:
-                    more = self._more_holders.setdefault(bit, {})
+        # the hashes found marked, and their marks then (C-speed passes: a prompt routed
+        # again to a replica still computing its blocks finds hundreds)
+        found_hashes = list(compress(block_hashes, map(is_not, found, repeat(inserted))))
+        found_marks = list(compress(found, map(is_not, found, repeat(inserted))))
+        held = list(compress(found_hashes, map(eq, found_marks, repeat(_NEVER))))
+        if len(held) != len(found_hashes):  # timed marks: held from now on
+            mine.update(zip(compress(found_hashes, map(ne, found_marks, repeat(_NEVER))),
+                            repeat(inserted)))
+        if held:  # held already: one more holder each
+            more = self._more_holders.setdefault(bit, {})
+            for h in held:
                 more[h] = more.get(h, 0) + 1
-            else:  # a timed mark: held from now on
-                mine[h] = inserted
 
     def release(self, bit: int, block_hashes: Sequence[BlockHash], now: float,
                 withdraw: bool = False) -> None:
@@ -159,12 +161,10 @@ class PendingMarks:
             mine = self.by_bit.get(bit)
             if mine is None:
                 continue
-            # One pass pops every hash (an absent one answers `expires_at`); marks refreshed
-            # or held since carry another value and go back (their order in the dict is
-            # not used).
-            popped = list(map(mine.pop, hashes, repeat(expires_at)))
-            if popped.count(expires_at) != len(popped):
-                mine.update(compress(zip(hashes, popped), map(ne, popped, repeat(expires_at))))
+            # marks refreshed, held or confirmed since carry another value, or none: they
+            # stay (not popped and put back: at 256 replicas the dicts' churn cost more
+            # than the pass it saved)
+            delete_keys(mine, keys_stamped(mine, hashes, expires_at))
             if not mine:
                 self._drop(bit)
 

@@ -186,25 +186,21 @@ class PrefixWalk:
         confirmed = {(bit.bit_length() - 1) >> 1: i for bit, i in self.confirmed.items()}
         if not ends:  # no run at all (a device run's end is some whole run's end too)
             return _NO_SLOTS, _NO_SLOTS, _NO_SLOTS, confirmed
-        device, total = _lengths(device_ends, ends, self._num_words)
+        total = _lengths(ends, self._num_words)
         slots = np.flatnonzero(total)
-        return slots, device[slots], total[slots], confirmed
+        return slots, _lengths(device_ends, self._num_words)[slots], total[slots], confirmed
 
 
-def _lengths(device_ends: list[tuple[int, int]], ends: list[tuple[int, int]],
-             num_words: int) -> np.ndarray:
-    """Per slot, the block at which its device run ends and the block at which its whole
-    run ends ([2, 32 W] int64): each list holds (block, device bits), each bit in one entry
-    of a list at most (0: no run). Both in one pass of numpy calls."""
-    entries = device_ends + ends
+def _lengths(ends: list[tuple[int, int]], num_words: int) -> np.ndarray:
+    """Per slot, the block at which its run ends ([32 W] int64): `ends` lists (block,
+    device bits), each bit in one entry at most (0: no run)."""
+    if not ends:
+        return np.zeros(num_words * WORD_BITS // 2, np.int64)
     width = 8 * num_words
-    rows = np.frombuffer(b"".join(bits.to_bytes(width, "little") for _, bits in entries),
-                         np.uint8).reshape(len(entries), width)
+    rows = np.frombuffer(b"".join(bits.to_bytes(width, "little") for _, bits in ends),
+                         np.uint8).reshape(len(ends), width)
     bits = np.unpackbits(rows, axis=1, bitorder="little")[:, 0::2]  # device bit 2s: slot s
-    num_device = len(device_ends)
-    blocks = np.array([[i for i, _ in device_ends] + [0] * len(ends),
-                       [0] * num_device + [i for i, _ in ends]], np.int64)  # [2, entries]
-    return blocks @ bits
+    return np.fromiter((i for i, _ in ends), np.int64, len(ends)) @ bits
 
 
 def _marked(bits: int, pending: PendingMarks, block_hash: BlockHash) -> list[int]:

@@ -39,10 +39,18 @@ class GatedIndex:
         self.reports: list[dict[str, tuple[str, ...]]] = []
         self.gate: asyncio.Future | None = None
         self.report_routes = SimpleNamespace(remote=self._report_routes)
+        self._called = asyncio.Event()
+
+    async def next_call(self) -> None:
+        """Returns once a call came since the last `next_call` (the handle is found again on
+        a thread after a failure: more than a few turns of the loop)."""
+        await self._called.wait()
+        self._called.clear()
 
     async def _report_routes(self, reports, replica_id) -> None:
         assert replica_id == "replica-a"
         self.reports.append(reports)
+        self._called.set()
         self.gate = asyncio.get_running_loop().create_future()
         await self.gate
 
@@ -66,7 +74,7 @@ async def test_a_busy_replicas_ends_wait_for_the_gap_and_go_together():
                                  "replica-a", clock=fake.clock, sleep=fake.sleep)
     publisher.start()  # no Ray here: the periodic publish loop ends at once
     first = _end(reports, "q1")  # a quiet replica: it leaves at once
-    await _settle()
+    await index.next_call()
     assert index.reports == [{"router-1": (first,)}] and fake.sleeps_s == []
     second = _end(reports, "q2")  # while the first call is in flight
     fake.now_s = 100.003
@@ -103,7 +111,7 @@ async def test_a_failed_report_is_sent_again_after_the_gap():
                                  "replica-a", clock=fake.clock, sleep=fake.sleep)
     publisher.start()
     first = _end(reports, "q1")
-    await _settle()
+    await index.next_call()
     index.gate.set_exception(ConnectionError("actor away"))
     await _settle()
     await publisher.drain_reports()  # failed: queued again, no retry loop
@@ -113,7 +121,7 @@ async def test_a_failed_report_is_sent_again_after_the_gap():
     await _settle()
     assert fake.sleeps_s == [GAP_S] and len(index.reports) == 1
     fake.end_sleep(100.010)
-    await _settle()
+    await index.next_call()
     assert index.reports[1:] == [{"router-1": (first, second)}]
     index.gate.set_result(None)
     await _settle()

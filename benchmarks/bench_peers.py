@@ -6,7 +6,8 @@ Workers: --workers (4) `kvroute engine --engine sim` processes, their KV events 
 vLLM's wire format, started fresh for every run (no run inherits another's cache).
 Routers (benchmarks/peers/routers.py): none (the client round-robins), kvroute on the
 events, kvroute approximate, sglang-router cache_aware, vllm-router cache_aware and
-vllm-router kv_aware (on the same events); the peers from PyPI, in a venv of their own.
+vllm-router kv_aware (on the same events), and kvroute's and vllm-router's fronts with
+round robin (what a front adds to TTFT); the peers from PyPI, in a venv of their own.
 Traffic: each workload (benchmarks/peers/workloads.py) through each router, the same
 requests, sent as text (each token id one character) so that text-keyed and token-keyed
 routers see the same prompts; multi-turn rounds resend the history with the answer's text.
@@ -44,7 +45,7 @@ from benchmarks.peers.event_recorder import EventRecorder, live_miss_classes  # 
 from benchmarks.peers.routers import (  # noqa: E402
     KVROUTE,
     MODEL,
-    PEERS,
+    PEER_PROCESSES,
     ROUTERS,
     ensure_peers,
     start_router,
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
         return report(args, runs, {}, 0.0)
     workloads = args.workload or list(WORKLOADS)
     routers = args.router or list(ROUTERS)
-    versions = ensure_peers() if set(routers) & set(PEERS) else {}
+    versions = ensure_peers() if set(routers) & set(PEER_PROCESSES) else {}
     stamp = time.strftime("%Y%m%dT%H%M%S")
     runs: list[dict] = []
     t_start = time.monotonic()

@@ -5,6 +5,8 @@
   workers' vLLM-format KV events, or on its own routed history (`--approximate`).
 - sglang_cache_aware: sglang-router (`sglang-router launch --policy cache_aware`).
 - vllm_cache_aware / vllm_kv_aware: vllm-router, the second on the same ZMQ KV events.
+- kvroute_round_robin / vllm_round_robin: each front with a trivial policy, for what the
+  front itself adds to TTFT (against `none`); no hit-rate target reads them.
 
 The peers run from a venv of their own (.cache/peers-venv), installed from PyPI the first
 time: they are no kvroute dependency, and nothing but this benchmark needs them. Their
@@ -27,9 +29,10 @@ from benchmarks.simlib.servers import ROOT, ServerProcess, free_port
 from kv.hashing import DEFAULT_BLOCK_SIZE
 
 ROUTERS = ("none", "kvroute_events", "kvroute_approximate", "sglang_cache_aware",
-           "vllm_cache_aware", "vllm_kv_aware")
-KVROUTE = ("kvroute_events", "kvroute_approximate")
-PEERS = ("sglang_cache_aware", "vllm_cache_aware", "vllm_kv_aware")
+           "vllm_cache_aware", "vllm_kv_aware", "kvroute_round_robin", "vllm_round_robin")
+KVROUTE = ("kvroute_events", "kvroute_approximate", "kvroute_round_robin")
+PEERS = ("sglang_cache_aware", "vllm_cache_aware", "vllm_kv_aware")  # the hit-rate rivals
+PEER_PROCESSES = (*PEERS, "vllm_round_robin")  # the routers run from the peers' venv
 PEERS_VENV = ROOT / ".cache" / "peers-venv"
 PEER_PACKAGES = ("sglang-router==0.3.2", "vllm-router==0.1.17")
 MODEL = "tiny"
@@ -56,8 +59,9 @@ def peer_command(name: str, workers: Sequence[EngineWorker]) -> list[str]:
     if name == "sglang_cache_aware":
         return [str(bin_dir / "sglang-router"), "launch", "--policy", "cache_aware",
                 "--worker-urls", *urls]
-    if name == "vllm_cache_aware":
-        return [str(bin_dir / "vllm-router"), "--policy", "cache_aware", "--worker-urls", *urls]
+    if name in ("vllm_cache_aware", "vllm_round_robin"):
+        policy = name.removeprefix("vllm_")
+        return [str(bin_dir / "vllm-router"), "--policy", policy, "--worker-urls", *urls]
     if name == "vllm_kv_aware":
         cmd = [str(bin_dir / "vllm-router"), "--policy", "kv_aware", "--worker-urls", *urls,
                "--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", MODEL]
@@ -65,7 +69,7 @@ def peer_command(name: str, workers: Sequence[EngineWorker]) -> list[str]:
             cmd += ["--kv-event-source", f"{w.url}={w.kv_events_endpoint}",
                     "--kv-event-replay-source", f"{w.url}={w.kv_events_replay_endpoint}"]
         return cmd
-    raise ValueError(f"{name!r} is not a peer router; choose one of {PEERS}")
+    raise ValueError(f"{name!r} is not a peer router; choose one of {PEER_PROCESSES}")
 
 
 def _answers_completion(base_url: str) -> bool:
@@ -104,6 +108,8 @@ def start_router(name: str, workers: Sequence[EngineWorker], num_blocks: int, lo
             targets = [f"{w.url}#kv_events={w.kv_events_endpoint}"
                        f"&kv_replay={w.kv_events_replay_endpoint}" for w in workers]
             flags = []
+        elif name == "kvroute_round_robin":
+            targets, flags = [w.url for w in workers], ["--policy", "round_robin"]
         else:
             targets, flags = [w.url for w in workers], ["--approximate"]
         # routed history assumes each worker caches what its pool holds

@@ -108,7 +108,8 @@ class ExternalGateway:
             self.prompts.tokenizer.get_vocab(with_added_tokens=True))
         self._tokenizer_threads = ThreadPoolExecutor(_TOKENIZER_THREADS,
                                                      thread_name_prefix="tokenize")
-        self._context: tuple[int, int | None] | None = None  # (worker set version, tokens)
+        # (the up workers' ids, the context length they list)
+        self._context: tuple[frozenset[str], int | None] | None = None
         self._context_lock = asyncio.Lock()
         self.metrics = GatewayMetrics(self.model)
         self._pusher = MetricsPusher(f"gateway/{gateway_id}", self.metrics.registry,
@@ -158,12 +159,16 @@ class ExternalGateway:
 
     async def _workers_context(self) -> int | None:
         """The context length an up worker lists in its /v1/models (vLLM and kvroute engine
-        do), asked again when the worker set changes (by one caller: a burst of /v1/models
-        asks the workers once); None without one."""
+        do), asked again when the up workers change (by one caller: a burst of /v1/models
+        asks the workers once); None without one. Keyed on the up workers, not the set's
+        version: that grows with every scrape of their queue gauges, and asking again then
+        put a client's setup and a busy worker's answer in some requests' TTFT."""
+        up = self.router.view.up() if self.router is not None else ()
+        key = frozenset(status.spec.worker_id for status in up)
+        if self._context is not None and self._context[0] == key:
+            return self._context[1]
         async with self._context_lock:
-            version = self.router.view.version if self.router is not None else -1
-            if self._context is None or self._context[0] != version:
-                up = self.router.view.up() if self.router is not None else ()
+            if self._context is None or self._context[0] != key:
                 tokens = None
                 async with httpx.AsyncClient(trust_env=False) as client:
                     for status in up:
@@ -171,7 +176,7 @@ class ExternalGateway:
                                                       _MODELS_TIMEOUT_S)
                         if tokens is not None:
                             break
-                self._context = (version, tokens)
+                self._context = (key, tokens)
             return self._context[1]
 
     async def tokenizer_call(self, request: Request) -> Response:

@@ -18,6 +18,10 @@ end (`report_routes`, which wakes only those routers' long polls, each at most o
 `min_end_wake_gap_s` for ends alone) and with each publish, and each router's poll takes
 its own (router/cluster/route_ends.py).
 
+The routers that polled in the last `router_timeout_s` are the live routers; each reply
+tells its router its rank among them, sorted by id, from which it lists the replicas
+(router/core/candidates.py).
+
 The actor also keeps the named pinned prefixes (router/cluster/prefix_registry.py; rebuilt
 from the replicas' own pins after a restart) and the index digests routers report, so tests
 and operators can check that views converge.
@@ -46,6 +50,7 @@ from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds, work_ends_of
 from router.cluster.shared_marks import Shared, SharedMarks
 from router.cluster.vllm_subscriber_spec import SubscriberConfig
+from router.core.candidates import rank_among
 
 INDEX_ACTOR_NAME = "kvroute-index"
 _ENDS_ONLY = object()  # a long poll woken for route ends alone (not other news)
@@ -56,7 +61,8 @@ class IndexActorConfig:
     replica_timeout_s: float = 10.0  # forget a replica silent this long
     max_logged_events: int = 8192  # per replica, for router deltas
     max_poll_wait_s: float = 1.0
-    router_timeout_s: float = 10.0  # a router silent this long leaves `router_views`
+    # a router silent this long leaves `router_views` and the routers ranked
+    router_timeout_s: float = 10.0
     # A router's long poll returns with route ends alone (no other news) no sooner than
     # this after its last reply with some: a router is woken for ends at most 1 / this
     # times a second, however many replicas report them. An end waits at most this long
@@ -93,6 +99,7 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         self.incarnation = uuid.uuid4().hex  # new after every (re)start of the actor
         self._replicas: dict[str, _Replica] = {}
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
+        self._router_ids: tuple[str, ...] = ()  # the live routers, sorted (their ranks)
         self.route_ends = RouteEnds(self._config.router_timeout_s,
                                     on_dropped=self._relay_dropped_ends,
                                     min_take_gap_s=self._config.min_end_wake_gap_s)
@@ -198,7 +205,7 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         (`min_end_wake_gap_s`): until then they wait, and go with any other news."""
         router_id = request.router_id
         now_s = time.monotonic()
-        self._router_views[router_id] = (now_s, dict(request.view))
+        self._register_router(router_id, now_s, dict(request.view))
         until_s = now_s + min(request.wait_s, self._config.max_poll_wait_s)
         woken = False  # by news other than route ends (changed stats count)
         while True:
@@ -208,7 +215,8 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
                     or reply.removed_replica_ids or reply.shared_marks or now_s >= until_s
                     or (ends_due_s is not None and ends_due_s <= now_s)):
                 return dataclasses.replace(reply,
-                                           ended_route_ids=self.route_ends.take(router_id))
+                                           ended_route_ids=self.route_ends.take(router_id),
+                                           router_rank=rank_among(router_id, self._router_ids))
             news = asyncio.get_running_loop().create_future()
             self._waiters[news] = router_id
             wake_s = until_s if ends_due_s is None else min(until_s, ends_due_s)
@@ -222,10 +230,25 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
 
     def router_views(self) -> dict[str, dict[str, ContentsDigest]]:
         """The index digests of the routers that polled in the last `router_timeout_s`."""
-        cutoff = time.monotonic() - self._config.router_timeout_s
+        self._expire_routers(time.monotonic())
+        return {rid: view for rid, (_, view) in self._router_views.items()}
+
+    def _register_router(self, router_id: str, now_s: float,
+                         view: dict[str, ContentsDigest]) -> None:
+        """A router polled: it counts among the live routers, whose ranks each reply
+        carries. When that set changes the other routers' waiting polls return now, so
+        they list the replicas from their new ranks at once."""
+        self._router_views[router_id] = (now_s, view)
+        self._expire_routers(now_s)
+        router_ids = tuple(sorted(self._router_views))
+        if router_ids != self._router_ids:
+            self._router_ids = router_ids
+            self._notify(skip_router_id=router_id)
+
+    def _expire_routers(self, now_s: float) -> None:
+        cutoff = now_s - self._config.router_timeout_s
         for router_id in [r for r, (t, _) in self._router_views.items() if t < cutoff]:
             del self._router_views[router_id]
-        return {rid: view for rid, (_, view) in self._router_views.items()}
 
     # ---- pinned prefixes (the other calls: router/cluster/index_actor_calls.py) ----
 

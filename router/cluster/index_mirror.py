@@ -28,6 +28,7 @@ from router.cluster.index_actor import PollReply, PollRequest, get_index_actor
 from router.cluster.mark_sharing import MarkSender, MarkSharingConfig, apply_shared_marks
 from router.cluster.remote_work import RemoteWork
 from router.cluster.shared_marks import RoutedWork, SharedMark
+from router.core.candidates import RouterRank
 from router.core.router import Router
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,9 @@ class IndexMirror:
         self.num_polls = 0
         # external workers' KV event mode, "events" | "approximate", as of the last poll
         self.worker_modes: dict[str, str] = {}
+        # this router's rank among the live routers, as of the last poll (None before it):
+        # where it lists the replicas from (router/core/candidates.py)
+        self.router_rank: RouterRank | None = None
         self._first_poll: asyncio.Future | None = None
         self.marks = MarkSender(router_id, self._index,
                                 MarkSharingConfig(enabled=self.config.share_marks,
@@ -238,6 +242,7 @@ class IndexMirror:
             if replica_id not in self._gone:
                 router.update_stats(replica_id, stats)
         self.worker_modes = reply.worker_modes
+        self.router_rank = reply.router_rank
         self.num_shared_received += sum(isinstance(m, SharedMark) for m in reply.shared_marks)
         if reply.shared_marks and (self.config.share_marks or self.config.share_work):
             apply_shared_marks(router, reply.shared_marks,

@@ -15,6 +15,7 @@ from kv.events import ContentsDigest, Cursor, EventBatch, Snapshot
 from protocol.engine import EngineStats
 from router.cluster.packed_batches import PackedBatches
 from router.cluster.shared_marks import Shared
+from router.core.candidates import RouterRank
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class PollReply:
     shared_marks: tuple[Shared, ...] = ()
     # with `PollRequest.packed`: the batches, as columns (router/cluster/packed_batches.py)
     packed: PackedBatches | None = None
+    # this router's rank among the routers polling the actor, sorted by id: where it lists
+    # the replicas from (router/core/candidates.py)
+    router_rank: RouterRank | None = None
 
     # `stats` as each replica's field values, in its order (the actor keeps them made)
     stats_values: tuple[tuple, ...] | None = field(default=None, repr=False, compare=False)

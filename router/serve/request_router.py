@@ -47,7 +47,7 @@ from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.cluster.route_ends import split_reports
 from router.cluster.shared_marks import RoutedWork
-from router.core.candidates import rotated, router_offset
+from router.core.candidates import list_offset, rotated, router_offset
 from router.core.gc_policy import freeze_startup_heap
 from router.core.hit_curve import HitCurveConfig
 from router.core.ledger import LedgerConfig, Release, RouteKind
@@ -90,7 +90,8 @@ class ServeRequestRouter(RequestRouter):
         """Serve passes the deployment's `request_router_kwargs`; `clock` (monotonic
         seconds: the ledger's timeouts) is for tests."""
         self.gateway_id = gateway_process_id()
-        # where this router's list of replicas starts: ties spread across routers
+        # where this router's list of replicas starts until it knows its rank among the
+        # routers (then `list_offset`): ties spread across routers
         self.candidate_offset = router_offset(self.gateway_id)
         self._lock = threading.RLock()
         self.router = Router(RouterConfig(**(router or {})), clock,
@@ -144,8 +145,9 @@ class ServeRequestRouter(RequestRouter):
         block_hashes = getattr(call, "block_hashes", None) or []
         with self._lock:
             reason = self.mirror.check_stale()
+            offset = list_offset(len(by_id), self.candidate_offset, self.mirror.router_rank)
             decision = self.router.route(request_id, block_hashes, len(token_ids),
-                                         rotated(by_id, self.candidate_offset),
+                                         rotated(by_id, offset),
                                          _max_tokens(call), kind,
                                          getattr(call, "num_sequences", 1))
             record = self.router.ledger.get(request_id)

@@ -98,11 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --share-pending-delay-s: also run the largest count with its "
                         "routers sharing routed work too (each router counts every request)")
     p.add_argument("--rotate-candidates", action="store_true",
-                   help="with --gateways: each router lists the replicas from its own offset "
-                        "(full ties fall on different replicas at different routers)")
+                   help="with --gateways: each router lists the replicas from its own offset, "
+                        "as live routers do (rank i of G from i x N / G): full ties fall on "
+                        "different replicas at different routers")
     p.add_argument("--offset-by-id", action="store_true",
                    help="with --rotate-candidates: each router's offset is a hash of its id, "
-                        "as a live router's (two may share one), not i x N / G")
+                        "as a live router's before it knows its rank (two may share one)")
     p.add_argument("--shared-only", action="store_true",
                    help="with --share-pending-delay-s: of G > 1 run only the largest G sharing "
                         "the most (marks, and routed work with --share-work)")

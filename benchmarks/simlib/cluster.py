@@ -35,7 +35,7 @@ from benchmarks.simlib.whatifs import WhatIfs
 from benchmarks.simlib.workloads import WorkItem, Workload
 from kv.hashing import block_hashes, namespace_root
 from protocol.engine import SamplingParams
-from router.core.candidates import rotated, router_offset
+from router.core.candidates import list_offset, rank_among, rotated, router_offset
 from router.core.router import RouterConfig
 from worker.engine.request import Request
 
@@ -69,12 +69,13 @@ class ClusterConfig:
     share_pending_delay_s: float | None = None
     # The routed work too (and when it ends), with the same delay: every router counts it.
     share_work: bool = False
-    # Router i of G lists the replicas from replica i x N / G on: a policy breaks a full tie
-    # (no cache, equal load) by listed order, so routers that know nothing of each other's
-    # requests would otherwise all pick the first replica at once.
+    # Each router lists the replicas from its own offset, by the live routers' rule
+    # (router.core.candidates.list_offset): rank i of G, by id, from replica i x N / G on.
+    # A policy breaks a full tie (no cache, equal load) by listed order, so routers that
+    # know nothing of each other's requests would otherwise all pick the first replica.
     rotate_candidates: bool = False
     # With rotate_candidates: router i's offset is a hash of its id "gateway-i" instead, as
-    # a live router's (router.core.candidates.router_offset): two routers may share one.
+    # a live router's before its first index poll (router_offset): two may share one.
     offset_by_id: bool = False
     # The max_tokens the simulated clients send, the router's only hint of an answer's
     # length (the replica still ends each answer at the workload's length, as the model's
@@ -158,6 +159,7 @@ class ClusterSim:
                                  config.seed, clock=lambda: self.now, share_marks=sharing,
                                  share_work=config.share_work, whatifs=config.whatifs)
         self.routers = self.gateways.routers
+        self.router_ids = [f"gateway-{i}" for i in range(config.num_routers)]
         self.router = self.routers[0]
         self.feed_index = not config.router.approximate
         self.root = namespace_root(config.model_name)
@@ -180,10 +182,10 @@ class ClusterSim:
         rotate_candidates (taken over the replicas alive now: a dead one is never listed)."""
         if not self.config.rotate_candidates:
             return self.replica_ids
-        if self.config.offset_by_id:
-            return rotated(self.replica_ids, router_offset(f"gateway-{gateway}"))
-        # router i of G starts i/G of the way round (a live router knows neither i nor G)
-        return rotated(self.replica_ids, gateway * len(self.replica_ids) // self.config.num_routers)
+        router_id = self.router_ids[gateway]
+        rank = None if self.config.offset_by_id else rank_among(router_id, self.router_ids)
+        offset = list_offset(len(self.replica_ids), router_offset(router_id), rank)
+        return rotated(self.replica_ids, offset)
 
     def _push(self, t: float, kind: int, arg) -> None:
         self._seq += 1

@@ -9,8 +9,9 @@ Contenders, by label:
   (with --share-pending-delay-s);
 - `<policy>@<G>gw[/<spread>]+marks+work`: sharing their routed work too (with --share-work).
 `/<spread>` names a spread other than round robin (benchmarks/simlib/gateways.py); `/rot`
-says each router lists the replicas from its own offset (--rotate-candidates), `/rot-id`
-from an offset hashed from its id, as live routers do (--offset-by-id).
+says each router lists the replicas from its own offset, its rank's as live routers do
+(--rotate-candidates), `/rot-id` from an offset hashed from its id, as a live router does
+before it knows its rank (--offset-by-id).
 
 Figures, over the rungs below round robin's saturation rate (every rung when it never
 saturates):

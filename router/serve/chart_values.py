@@ -54,6 +54,8 @@ CHART_VALUES: dict[str, ChartValue] = {
     "approximate": ChartValue("routing.approximate"),
     "load_weight": ChartValue("routing.loadWeight"),
     "host_cost_fraction": ChartValue("routing.hostCostFraction"),
+    "pooled_sample_rate": ChartValue("pooledBound.sampleRate"),
+    "pooled_window_s": ChartValue("pooledBound.windowSeconds"),
     "gateways": ChartValue("gateway.replicas"),
     "ingress": ChartValue("gateway.ingress"),
     "workers": ChartValue("workers", {"items": {"type": "string", "pattern": "^https?://"}}),

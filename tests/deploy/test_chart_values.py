@@ -18,7 +18,7 @@ from .helm_chart import render as render_chart
 CHANGED = {"replicas": 3, "tp": 2, "engine": "sim", "block_size": 32, "num_blocks": 77,
            "num_host_blocks": 99, "cpus_per_rank": 0.5, "policy": "least_load",
            "approximate": True, "load_weight": 0.3, "host_cost_fraction": 0.4, "gateways": 3,
-           "ingress": "gateway",
+           "ingress": "gateway", "pooled_sample_rate": 0.05, "pooled_window_s": 120.0,
            "workers": ["http://w0:8000", "http://w1:8000#kv_events=tcp://w1:5557"]}
 
 
@@ -59,7 +59,8 @@ def test_every_chart_value_reaches_the_app_as_its_setting(helm_bin, tmp_path):
 @pytest.mark.parametrize("name, bad", [
     ("replicas", "0"), ("engine", "fast"), ("policy", "greedy"), ("load_weight", "-1"),
     ("host_cost_fraction", "1.5"), ("cpus_per_rank", "0"), ("gateways", "0"),
-    ("ingress", "proxy"),
+    ("ingress", "proxy"), ("pooled_sample_rate", "0"), ("pooled_sample_rate", "1.5"),
+    ("pooled_window_s", "0"),
 ])
 def test_helm_rejects_what_the_settings_reject(helm_bin, name, bad):
     with pytest.raises(SettingsError, match=f"{name} = '{bad}'"):

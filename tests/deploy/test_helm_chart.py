@@ -71,7 +71,7 @@ def test_default_values(helm_bin):
                 "num_blocks": 1024, "num_host_blocks": 0, "cpus_per_rank": 1,
                 "gpus_per_rank": 1, "policy": "cache_aware", "approximate": False,
                 "load_weight": 0.2, "host_cost_fraction": 0.2, "gateways": 2,
-                "ingress": "direct",
+                "ingress": "direct", "pooled_sample_rate": 0.01, "pooled_window_s": 600,
             },
             # no head-only resource: Serve pins the routers to every proxy pod itself
             "deployments": [{"name": "KVRouteIngressRouter",
@@ -104,7 +104,7 @@ def test_pvc_model_tp4_api_keys_and_host_tier(helm_bin):
         "block_size": 32, "num_blocks": 65536, "num_host_blocks": 131072, "cpus_per_rank": 4,
         "gpus_per_rank": 1, "policy": "cache_aware", "approximate": False,
         "load_weight": 0.25, "host_cost_fraction": 0.1, "gateways": 2,
-        "ingress": "direct",
+        "ingress": "direct", "pooled_sample_rate": 0.02, "pooled_window_s": 1800,
         "api_keys_file": "/etc/kvroute/api-keys/keys.txt",
     }
     group = engine_group(docs)

@@ -85,6 +85,8 @@ the gateway port themselves, so no Serve proxy runs.
   "approximate" $routing.approximate
   "load_weight" $routing.loadWeight
   "host_cost_fraction" $routing.hostCostFraction
+  "pooled_sample_rate" .Values.pooledBound.sampleRate
+  "pooled_window_s" .Values.pooledBound.windowSeconds
   "gateways" .Values.gateway.replicas
   "ingress" (include "kvroute.ingress" .)
 }}

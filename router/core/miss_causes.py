@@ -188,16 +188,19 @@ class MissCauses:
         self._decisions[request_id] = _Decision(block_hashes, num_prompt_tokens, matches)
 
     def on_end(self, request_id: str, replica_id: str, predicted_tokens: int,
-               delivered_tokens: int) -> MissTokens | None:
+               delivered_tokens: int | None) -> MissTokens | None:
         """The request ran on `replica_id`, predicted to find `predicted_tokens` cached there,
-        and the engine served `delivered_tokens` from cache: its causes, added to `totals`
-        (None: no decision kept for it)."""
+        and the engine served `delivered_tokens` from cache (None: it did not say; the
+        prediction, as far as an engine can serve it, stands for it: no race): its causes,
+        added to `totals` (None: no decision kept for it)."""
         decision = self._decisions.pop(request_id, None)
         if decision is None:
             return None
         hashes, n = decision.block_hashes, decision.num_prompt_tokens
         block_size = self.block_size
         cacheable = min(len(hashes) * block_size, n - 1)
+        if delivered_tokens is None:
+            delivered_tokens = max(min(predicted_tokens, cacheable), 0)
         # (in blocks, then tokens: split_causes caps it at the cacheable tokens)
         elsewhere = block_size * max((m.num_device_blocks + m.num_host_blocks
                                       for r, m in decision.matches.items() if r != replica_id),

@@ -266,15 +266,19 @@ class Router:
         return matches
 
     def on_finished(self, request_id: str, delivered_tokens: int | None = None,
-                    output_tokens: int | None = None) -> MissTokens | None:
+                    output_tokens: int | None = None, *, count_misses: bool = False
+                    ) -> MissTokens | None:
         """Drops the request's outstanding work, and starts the TTL of its pending marks
         (unknown ids are ignored). With `delivered_tokens`, the prompt tokens its engine
-        served from cache, returns why the others missed (router.core.miss_causes). With
-        `output_tokens`, what it produced: its replica's recent work counts that in place of
-        the decode it was charged, and the decode charged from now on learns it."""
+        served from cache, returns why the others missed (router.core.miss_causes). Without
+        them, `count_misses` (the request ran; its engine did not say what hit) returns the
+        causes the decision knew: cold, capacity and placement of the tokens it predicted
+        uncached, with no race (the prediction taken as delivered). With `output_tokens`,
+        what it produced: its replica's recent work counts that in place of the decode it
+        was charged, and the decode charged from now on learns it."""
         causes = None
         entry = self.ledger.get(request_id)
-        if entry is not None and delivered_tokens is not None:
+        if entry is not None and (delivered_tokens is not None or count_misses):
             causes = self.misses.on_end(request_id, entry.replica_id,
                                         sum(entry.predicted_hit_tokens), delivered_tokens)
         self.loads.finish(request_id, output_tokens)

@@ -208,10 +208,15 @@ class ServeRequestRouter(RequestRouter):
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """The request ended, or an attempt at it did (a replica rejected it, the caller
         gave up): either way its outstanding load and held marks go now (a retry routed
-        under the same id since loses its record too, rather than keep its load for ever)."""
+        under the same id since loses its record too, rather than keep its load for ever).
+        Serve says nothing of what its engine found cached: the miss causes the decision
+        knew are counted (a pin, which asks no output, is no request's miss)."""
         with self._lock:
             record = self.router.ledger.get(internal_request_id)
-            self.router.on_finished(internal_request_id)
+            causes = self.router.on_finished(
+                internal_request_id, count_misses=record is not None and record.max_tokens > 0)
+        if causes is not None:
+            self.metrics.observe_misses(causes)
         if record is not None:  # where the other routers count it
             self.mirror.share_end(internal_request_id, record.replica_id)
         self._update_outstanding([replica_id.unique_id])

@@ -21,6 +21,7 @@ from ray.serve import Application
 from router.cluster.external_worker_probe import check_worker
 from router.cluster.external_worker_set import WorkerSetConfig
 from router.cluster.external_worker_spec import WorkerSpec, parse_workers
+from router.core.hit_curve import HitCurveConfig
 from router.core.router import RouterConfig
 from router.front.http_server import HttpConfig, HttpServer
 from router.gateway.external_app import create_app
@@ -59,7 +60,8 @@ def external_gateway_config(args: ServeSettings) -> ExternalGatewayConfig:
                                  health_period_s=args.worker_health_period_s)
     return ExternalGatewayConfig(model=args.model, tokenizer=args.tokenizer or args.model,
                                router=RouterConfig(**args.router_args()),
-                               worker_set=worker_set, **key_paths(args))
+                               worker_set=worker_set, bound=HitCurveConfig(**args.bound_args()),
+                               **key_paths(args))
 
 
 def workers_application(args: ServeSettings, http: HttpConfig) -> Application:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import NamedTuple
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +22,11 @@ RUNNING_GAUGE = "vllm:num_requests_running"
 WAITING_GAUGE = "vllm:num_requests_waiting"
 # More requests than any server queues: a larger gauge is a lie, not a load.
 MAX_QUEUED_REQUESTS = 1_000_000
+# vLLM's info gauge of its KV cache config (a `kvroute engine` exports it too): the labels
+# `num_gpu_blocks` x `block_size` are its device KV capacity in tokens, summed over its
+# label sets (one per data-parallel engine).
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+MAX_KV_CAPACITY_TOKENS = 1 << 40  # more than any server's KV memory holds: a lie
 # What is read of one answer: vLLM's /metrics is ~100 KiB; more is a lying worker's.
 MAX_PROBE_BYTES = 4 << 20
 
@@ -85,31 +91,52 @@ async def check_worker(client: httpx.AsyncClient, spec: WorkerSpec, model: str,
             or await check_model(client, spec, model, timeout_s))
 
 
-async def scrape_queue_stats(client: httpx.AsyncClient, spec: WorkerSpec,
-                             timeout_s: float) -> EngineStats | None:
-    """The worker's queue from its vLLM gauges; None when it does not export them (or
-    /metrics fails: the load term then counts only the gateways' own in-flight requests).
+class WorkerMetrics(NamedTuple):
+    """What a worker's /metrics says: its queue, and its device KV capacity."""
 
-    Raises GaugeError when a gauge is there but cannot be a queue length.
+    stats: EngineStats | None  # None: no queue gauges
+    kv_capacity_tokens: int | None  # None: no usable vllm:cache_config_info
+
+
+NO_METRICS = WorkerMetrics(None, None)
+
+
+async def scrape_metrics(client: httpx.AsyncClient, spec: WorkerSpec,
+                         timeout_s: float) -> WorkerMetrics:
+    """The worker's queue and KV capacity from its vLLM gauges; each None when it does not
+    export them (or /metrics fails: the load term then counts only the gateways' own
+    in-flight requests, and the pooled bound knows no capacity).
+
+    Raises GaugeError when a queue gauge is there but cannot be a queue length.
     """
     try:
         status, text = await _get(client, f"{spec.url}/metrics", timeout_s)
     except httpx.HTTPError:
-        return None
+        return NO_METRICS
     if status != 200:
-        return None
-    return queue_stats_from_metrics(text)
+        return NO_METRICS
+    return metrics_from_text(text)
 
 
 def queue_stats_from_metrics(text: str) -> EngineStats | None:
-    """Running and waiting requests from Prometheus text; None without both gauges.
+    """Running and waiting requests from Prometheus text (`metrics_from_text`)."""
+    return metrics_from_text(text).stats
 
-    Raises GaugeError for a sample that is not a finite count in [0, MAX_QUEUED_REQUESTS]
-    (one lying worker's NaN must not become anyone's load).
+
+def metrics_from_text(text: str) -> WorkerMetrics:
+    """Running and waiting requests (None without both gauges) and the KV capacity (None
+    without a `vllm:cache_config_info` whose every series gives both counts) from
+    Prometheus text.
+
+    Raises GaugeError for a queue sample that is not a finite count in
+    [0, MAX_QUEUED_REQUESTS] (one lying worker's NaN must not become anyone's load).
     """
     totals: dict[str, float] = {}
+    capacity_tokens: int | None = None
     try:
         for family in text_string_to_metric_families(text):
+            if family.name == CACHE_CONFIG_INFO:
+                capacity_tokens = _kv_capacity_tokens(family.samples)
             if family.name in (RUNNING_GAUGE, WAITING_GAUGE):
                 values = [s.value for s in family.samples if s.name == family.name]
                 for value in values:
@@ -119,19 +146,37 @@ def queue_stats_from_metrics(text: str) -> EngineStats | None:
     except GaugeError:
         raise
     except ValueError:  # not Prometheus text
-        return None
+        return NO_METRICS
     if len(totals) != 2:
-        return None
+        return WorkerMetrics(None, capacity_tokens)
     for name, total in totals.items():
         if total > MAX_QUEUED_REQUESTS:
             raise GaugeError(f"{name} sums to {total!r}, more than any queue")
     # Only the queue is known. The load tracker reads num_running and num_waiting (times
     # the mean decode length); the pool fields stay 0, as for a replica with no pool data.
-    return EngineStats(num_running=int(totals[RUNNING_GAUGE]),
-                       num_waiting=int(totals[WAITING_GAUGE]), num_queued_prefill_tokens=0,
-                       num_blocks=0, num_used_blocks=0, num_cached_blocks=0,
-                       num_pinned_blocks=0, num_free_blocks=0, num_host_blocks=0,
-                       num_host_cached_blocks=0)
+    stats = EngineStats(num_running=int(totals[RUNNING_GAUGE]),
+                        num_waiting=int(totals[WAITING_GAUGE]), num_queued_prefill_tokens=0,
+                        num_blocks=0, num_used_blocks=0, num_cached_blocks=0,
+                        num_pinned_blocks=0, num_free_blocks=0, num_host_blocks=0,
+                        num_host_cached_blocks=0)
+    return WorkerMetrics(stats, capacity_tokens)
+
+
+def _kv_capacity_tokens(samples: list) -> int | None:
+    """The sum over the info gauge's series of `num_gpu_blocks` x `block_size`; None when
+    a series lacks either, or they are not counts (vLLM says "None" before it profiled
+    its memory), or the total is more than any server holds."""
+    total = 0
+    for sample in samples:
+        try:
+            num_blocks = int(sample.labels["num_gpu_blocks"])
+            block_size = int(sample.labels["block_size"])
+        except (KeyError, ValueError):
+            return None
+        if num_blocks < 1 or block_size < 1:
+            return None
+        total += num_blocks * block_size
+    return total if 0 < total <= MAX_KV_CAPACITY_TOKENS else None
 
 
 MAX_CONTEXT_TOKENS = 1 << 31  # more than any model's context: a larger one is a lie

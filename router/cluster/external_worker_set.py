@@ -8,7 +8,8 @@ an event socket (router/cluster/external_index_link.py); a worker down or remove
 longer followed and its index is dropped (events, or routed history, rebuild it later). A
 gateway that sees a worker fail reports it, and the worker is checked at once. Where a
 worker exports vLLM's queue gauges, they are scraped every `load_period_s` into its stats
-(the routers' load term).
+(the routers' load term), and its `vllm:cache_config_info` into its KV capacity (the pooled
+bound's capacity multiples, router/cluster/hit_bound.py).
 
 Gateways long-poll `poll(version)` and get the whole set whenever it changed. The set
 lives in the actor only: if the actor restarts, it starts again from the static list.
@@ -25,10 +26,15 @@ import httpx
 import ray
 
 from kv.hashing import DEFAULT_BLOCK_SIZE
-from protocol.engine import EngineStats
 from router.cluster.actors import get_or_create_actor
 from router.cluster.external_index_link import IndexActorLink, IndexLink
-from router.cluster.external_worker_probe import check_health, check_worker, scrape_queue_stats
+from router.cluster.external_worker_probe import (
+    NO_METRICS,
+    WorkerMetrics,
+    check_health,
+    check_worker,
+    scrape_metrics,
+)
 from router.cluster.external_worker_spec import (
     WorkerChange,
     WorkerSetView,
@@ -245,29 +251,31 @@ class WorkerSet:
         up = [s for s in self._workers.values() if s.state == "up"]
         found = await asyncio.gather(*(self._scrape(s.spec) for s in up))
         changed = False
-        for status, (stats, rejected) in zip(up, found):
+        for status, (metrics, rejected) in zip(up, found):
             current = self._workers.get(status.spec.worker_id)
             if current is None or current.state != "up":
                 continue
             num_rejected = current.num_rejected_load_samples + rejected
-            if (current.stats, current.num_rejected_load_samples) != (stats, num_rejected):
+            if ((current.stats, current.kv_capacity_tokens, current.num_rejected_load_samples)
+                    != (metrics.stats, metrics.kv_capacity_tokens, num_rejected)):
                 self._workers[status.spec.worker_id] = replace(
-                    current, stats=stats, num_rejected_load_samples=num_rejected)
+                    current, stats=metrics.stats, kv_capacity_tokens=metrics.kv_capacity_tokens,
+                    num_rejected_load_samples=num_rejected)
                 changed = True
         if changed:
             self._bump()
 
-    async def _scrape(self, spec: WorkerSpec) -> tuple[EngineStats | None, int]:
-        """The worker's stats (None: none usable) and 1 when its sample was rejected."""
+    async def _scrape(self, spec: WorkerSpec) -> tuple[WorkerMetrics, int]:
+        """The worker's stats and KV capacity (each None: none usable) and 1 when its
+        sample was rejected."""
         try:
-            return await scrape_queue_stats(self._http(), spec,
-                                            self._config.health_timeout_s), 0
+            return await scrape_metrics(self._http(), spec, self._config.health_timeout_s), 0
         except Exception as err:  # a lying or broken worker: its own sample only
             if spec.worker_id not in self._warned_load:  # once per worker, not per pass
                 self._warned_load.add(spec.worker_id)
                 log.warning("worker %s: queue gauges rejected (%s); its load counts the "
                             "gateways' own requests only", spec.worker_id, err)
-            return None, 1
+            return NO_METRICS, 1
 
     async def _set(self, worker_id: str, state: str, error: str | None) -> None:
         current = self._workers.get(worker_id)

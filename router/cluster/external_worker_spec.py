@@ -111,6 +111,8 @@ class WorkerStatus:
     state: WorkerState  # up: routable; down: its last health check failed (drained)
     error: str | None = None  # why it is down
     stats: EngineStats | None = None  # from its vLLM queue gauges, when it exports them
+    # device KV capacity (tokens), from its vllm:cache_config_info, when it exports it
+    kv_capacity_tokens: int | None = None
     # scrapes whose gauges were not queue lengths (NaN, infinite, negative, huge): dropped
     num_rejected_load_samples: int = 0
 

@@ -35,6 +35,7 @@ from router.cluster.metrics_hub import (
     MetricsPusher,
     get_metrics_hub,
 )
+from router.core.hit_curve import HitCurveConfig
 from router.core.router import RouterConfig
 from router.front.admin_key import AdminAuth, load_admin_key
 from router.front.metrics import GatewayMetrics
@@ -44,6 +45,7 @@ from router.gateway.admin import change_body, spec_from_body, worker_body
 from router.gateway.external_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
 from router.gateway.external_proxy import ExternalProxy, ProxyConfig
 from router.gateway.external_router import ExternalWorkerRouter, NoWorkerAvailable
+from router.gateway.output_tokens import AnswerUsage
 from router.gateway.routed_body import RoutedBody, chat_body, completion_body
 from worker.openai.errors import APIError
 from worker.openai.front import FrontDoor, ready_body
@@ -81,6 +83,7 @@ class ExternalGatewayConfig:
     admin_key_file: str | None = None
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     metrics: MetricsHubConfig = field(default_factory=MetricsHubConfig)
+    bound: HitCurveConfig = field(default_factory=HitCurveConfig)  # if it creates the actor
 
     def __post_init__(self):
         if self.worker_set.model != self.model:
@@ -123,7 +126,8 @@ class ExternalGateway:
         self.workers = await asyncio.to_thread(get_worker_set_actor, self.config.worker_set)
         self.hub = await asyncio.to_thread(get_metrics_hub, self.config.metrics)
         self.router = ExternalWorkerRouter(self.config.router, self.model, self.gateway_id,
-                                   self.workers, metrics_config=self.config.metrics)
+                                           self.workers, metrics_config=self.config.metrics,
+                                           bound_config=self.config.bound)
         await self.router.start()
         self._pusher.start()
 
@@ -264,9 +268,11 @@ class ExternalGateway:
             return worker
 
         def release(worker_id: str, error: str | None, *, refused: bool = False,
-                    violation: bool = False, output_tokens: int | None = None) -> None:
+                    violation: bool = False, output_tokens: int | None = None,
+                    usage: AnswerUsage | None = None) -> None:
             self.router.release(request_ids.pop(worker_id), error, refused=refused,
-                                violation=violation, output_tokens=output_tokens)
+                                violation=violation, output_tokens=output_tokens,
+                                usage=usage)
 
         # every request, streamed or not: 429 before any routing or worker work
         slot = StreamSlot(self.door.streams, tenant)

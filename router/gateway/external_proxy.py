@@ -42,7 +42,7 @@ import aiohttp
 from fastapi.responses import Response, StreamingResponse
 
 from router.cluster.external_worker_spec import WorkerSpec
-from router.gateway.output_tokens import StreamTokens, completion_tokens
+from router.gateway.output_tokens import AnswerUsage, StreamTokens, answer_usage
 from worker.openai.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -53,10 +53,12 @@ Pick = Callable[[frozenset[str]], WorkerSpec]  # workers tried so far -> the nex
 
 class Release(Protocol):
     def __call__(self, worker_id: str, error: str | None, *, refused: bool = False,
-                 violation: bool = False, output_tokens: int | None = None) -> None:
+                 violation: bool = False, output_tokens: int | None = None,
+                 usage: AnswerUsage | None = None) -> None:
         """Once per pick: `error` when the worker failed (None: it answered), `violation`
         when its answer broke the protocol, `refused` when it answered a 4xx (ran
-        nothing); `output_tokens`, the tokens its answer says it produced, when it says."""
+        nothing); `output_tokens`, the tokens its answer says it produced, when it says;
+        `usage`, its answer's usage counts (prompt and cached tokens), when it ran."""
 
 
 @dataclass(frozen=True)
@@ -175,8 +177,9 @@ class ExternalProxy:
                 if 400 <= opened.status_code < 500:
                     release(worker.worker_id, None, refused=True)
                 else:
-                    release(worker.worker_id, None,
-                            output_tokens=completion_tokens(opened.body))
+                    usage = answer_usage(opened.body)
+                    release(worker.worker_id, None, output_tokens=usage.completion_tokens,
+                            usage=usage)
                 return opened
             response, first = opened
             return StreamingResponse(self._relay(worker, response, first, release),
@@ -283,7 +286,8 @@ class ExternalProxy:
             if violation:
                 release(worker.worker_id, error, violation=True)
             else:
-                release(worker.worker_id, error, output_tokens=produced.tokens)
+                release(worker.worker_id, error, output_tokens=produced.tokens,
+                        usage=produced.usage)
             if error is None and response.content.at_eof():
                 response.release()  # the connection goes back to the pool
             else:

@@ -10,6 +10,12 @@ a time (`Router.set_replica_approximate`). The gateway proxies each request and 
 itself (`release`): its record lives in the core's ledger (router/core/ledger.py) as a
 `RouteKind.PROXIED` route, which no timeout releases.
 
+For the loss ladder (docs/metrics.md, "Where the hits go"), each routed prompt is sampled
+for the pooled bound (`HitBoundLink`, as the Serve routers do), with the fleet's capacity
+the sum of the up workers' `vllm:cache_config_info` (unknown while one lacks it: then only
+the bound at infinite capacity is exported). Each release counts the miss causes: all four
+when the worker's answer says its cached tokens, else the three the decision knew.
+
 Everything runs on the gateway's event loop; the lock guards the Router against the index
 mirror, which shares it.
 """
@@ -19,20 +25,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import ray
 
 from kv.hashing import BlockHash
-from router.cluster.external_worker_spec import WorkerSetView, WorkerSpec
+from router.cluster.external_worker_spec import WorkerSetView, WorkerSpec, WorkerStatus
+from router.cluster.hit_bound import HitBoundLink
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.core.gc_policy import freeze_startup_heap
+from router.core.hit_curve import HitCurveConfig
 from router.core.ledger import RouteKind
 from router.core.router import Router, RouterConfig, RoutingDecision
 from router.front.router_metrics import RouterMetrics
 from router.gateway.external_metrics import WorkerModeMetrics
+from router.gateway.output_tokens import AnswerUsage
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +59,13 @@ class ExternalWorkerRouter:
         model: served model name (metric label).
         gateway_id: this gateway process's id (metric label, index mirror id).
         worker_set: handle of the worker-set actor (`poll`, `report_failure`).
+        bound_config: the hit-bound actor's, should this gateway create it.
     """
 
     def __init__(self, router_config: RouterConfig, model: str, gateway_id: str,
                  worker_set: Any, mirror_config: MirrorConfig | None = None,
-                 metrics_config: MetricsHubConfig | None = None):
+                 metrics_config: MetricsHubConfig | None = None,
+                 bound_config: HitCurveConfig | None = None):
         self._lock = threading.RLock()
         self.router = Router(router_config)
         self.mirror = IndexMirror(self.router, gateway_id, self._lock, config=mirror_config,
@@ -64,6 +75,9 @@ class ExternalWorkerRouter:
         self._pusher = MetricsPusher(f"router/{gateway_id}", self.metrics.registry,
                                      metrics_config, before_push=self._refresh_gauges)
         self._worker_set = worker_set
+        # the online pooled bound: routed prompts sampled here, replayed by one actor
+        self.bound = HitBoundLink(gateway_id, router_config.block_size,
+                                  bound_config or HitCurveConfig())
         self.view = WorkerSetView(-1, ())  # -1: not polled yet
         self._routable: dict[str, WorkerSpec] = {}  # up, and not drained by this gateway
         self._approximate: dict[str, bool] = {}  # worker id -> its mode, as last set
@@ -78,6 +92,7 @@ class ExternalWorkerRouter:
             freeze_startup_heap()
             self.mirror.start()
             self._pusher.start()
+            self.bound.start()
             self._task = asyncio.get_running_loop().create_task(self._poll_workers())
         await self._first_view.wait()
 
@@ -101,15 +116,23 @@ class ExternalWorkerRouter:
         if reason is not None and not self.router.config.approximate:
             self.metrics.observe_fallback(reason)
         self._set_outstanding(decision.replica_id)
+        if not exclude:  # a prompt tried on another worker was sampled once already
+            self.bound.sampler.on_routed(block_hashes, num_prompt_tokens)
         return self._routable[decision.replica_id], decision
 
     def release(self, request_id: str, error: str | None = None, *, refused: bool = False,
-                violation: bool = False, output_tokens: int | None = None) -> None:
+                violation: bool = False, output_tokens: int | None = None,
+                usage: AnswerUsage | None = None) -> None:
         """The request is done on its worker; with `error` when the worker failed it, which
         drains the worker here at once and has the worker set check it (`violation`: its
         answer broke the protocol, and the set keeps it down a while). `refused`: the worker
         answered a 4xx and ran nothing, so everything the request charged is withdrawn.
-        `output_tokens`: what it produced, as its answer says (router/core/load.py)."""
+        `output_tokens`: what it produced, as its answer says (router/core/load.py);
+        `usage`: its answer's counts, whose cached tokens close the miss causes when they
+        are of the prompt routed (a batch's, or a worker tokenizing otherwise, are not:
+        then the causes the decision knew are counted). A request that failed or broke the
+        protocol ran no prompt the gateway can vouch for: its misses are not counted."""
+        causes = None
         with self._lock:
             record = self.router.ledger.get(request_id)
             if record is None:  # released already, or its worker was drained
@@ -118,7 +141,12 @@ class ExternalWorkerRouter:
             if refused:
                 self.router.withdraw(request_id)
             else:
-                self.router.on_finished(request_id, output_tokens=output_tokens)
+                cached = (usage.cached_tokens if usage is not None
+                          and usage.prompt_tokens == record.num_prompt_tokens else None)
+                causes = self.router.on_finished(request_id, cached, output_tokens,
+                                                 count_misses=error is None)
+        if causes is not None:
+            self.metrics.observe_misses(causes)
         self._set_outstanding(worker_id)
         if error is not None and worker_id in self._routable:
             self._drain(worker_id)
@@ -152,6 +180,8 @@ class ExternalWorkerRouter:
                 if status.stats is not None:
                     self.router.update_stats(worker_id, status.stats)
         self.view = view
+        self.bound.capacity_blocks = fleet_capacity_blocks(up.values(),
+                                                           self.router.config.block_size)
 
     def _drain(self, worker_id: str) -> None:
         """No new requests to the worker, and nothing of it left in the router."""
@@ -202,3 +232,12 @@ class ExternalWorkerRouter:
         self.metrics.set_index_blocks(blocks)
         for worker_id, tokens in loads.items():
             self.metrics.set_load_tokens(worker_id, tokens)
+
+
+def fleet_capacity_blocks(up: Iterable[WorkerStatus], block_size: int) -> int | None:
+    """The up workers' device KV capacity in the router's blocks; None when a worker's is
+    unknown (a sum without it would read the curve at too small a fleet) or none is up."""
+    capacities = [w.kv_capacity_tokens for w in up]
+    if not capacities or None in capacities:
+        return None
+    return sum(capacities) // block_size or None

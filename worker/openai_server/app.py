@@ -41,7 +41,8 @@ def create_app(engine: Engine, prompts: PromptBuilder, pump: EventPump,
                      fixed_context(engine.max_model_len))
     serving = OpenAIServing(engine, door)
     vllm_registry = CollectorRegistry(auto_describe=True)
-    vllm_registry.register(VLLMGaugeCollector(engine.stats, engine.model_name))
+    vllm_registry.register(VLLMGaugeCollector(engine.stats, engine.model_name,
+                                              block_size=engine.config.block_size))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -32,10 +32,14 @@ class VLLMGaugeCollector(Collector):
     """Collects the gauges from `stats()` at scrape time, so they are never stale."""
 
     def __init__(self, stats: Callable[[], EngineStats], model_name: str,
-                 engine_index: int = 0, replica_id: str | None = None):
+                 engine_index: int = 0, replica_id: str | None = None,
+                 block_size: int | None = None):
         """`replica_id`: also label each series `replica` (kvroute's Serve replicas, which
-        share one metrics hub: their series must not merge)."""
+        share one metrics hub: their series must not merge). `block_size` (tokens): also
+        export `vllm:cache_config_info`, whose `num_gpu_blocks` x `block_size` is the KV
+        capacity a router in front of the worker reads (router/cluster/external_worker_probe.py)."""
         self._stats = stats
+        self._block_size = block_size
         self._labels = LABELS + (("replica",) if replica_id is not None else ())
         self._label_values = [model_name, str(engine_index)]
         if replica_id is not None:
@@ -55,4 +59,14 @@ class VLLMGaugeCollector(Collector):
         ):
             family = GaugeMetricFamily(name, doc, labels=self._labels)
             family.add_metric(self._label_values, value)
+            yield family
+        if self._block_size is not None:
+            # vLLM's info gauge: its cache config as labels, value 1
+            info = ("block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching")
+            family = GaugeMetricFamily("vllm:cache_config_info",
+                                       "Information of the LLMEngine CacheConfig",
+                                       labels=self._labels + info)
+            family.add_metric(self._label_values + [str(self._block_size),
+                                                    str(stats.num_blocks),
+                                                    str(stats.num_host_blocks), "True"], 1.0)
             yield family

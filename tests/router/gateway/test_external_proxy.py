@@ -9,6 +9,7 @@ import pytest
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker
 from router.cluster.external_worker_spec import WorkerSpec
 from router.gateway.external_proxy import ExternalProxy
+from router.gateway.output_tokens import AnswerUsage
 from worker.openai.errors import APIError
 
 pytestmark = pytest.mark.slow
@@ -58,9 +59,12 @@ async def test_a_worker_that_cannot_be_reached_is_released_failed_and_the_next_a
         response = await proxy.forward("/v1/completions", body(max_tokens=2), picks.pick,
                                        picks.release)
         assert response.status_code == 200
-        assert json.loads(response.body)["usage"]["completion_tokens"] == 2
+        usage = json.loads(response.body)["usage"]
+        assert usage["completion_tokens"] == 2
         assert picks.released == [(DEAD[0].worker_id, True), (live.worker_id, False)]
-        assert picks.kinds[-1] == {"output_tokens": 2}  # the router learns what it produced
+        # the router learns what it produced, and what hit of its prompt
+        assert picks.kinds[-1] == {"output_tokens": 2, "usage": AnswerUsage(
+            2, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"])}
     finally:
         await proxy.aclose()
 
@@ -111,7 +115,8 @@ async def test_a_stream_is_relayed_byte_for_byte_with_its_usage(worker):
     usage = json.loads(events[-3].removeprefix("data: "))["usage"]
     assert usage["completion_tokens"] == 5 and "cached_tokens" in usage["prompt_tokens_details"]
     assert picks.released == [(live.worker_id, False)]
-    assert picks.kinds == [{"output_tokens": 5}]
+    assert picks.kinds == [{"output_tokens": 5, "usage": AnswerUsage(
+        5, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"])}]
 
 
 async def test_a_worker_dying_mid_stream_ends_it_with_an_error_event():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from router.gateway.output_tokens import StreamTokens, completion_tokens
+from router.gateway.output_tokens import AnswerUsage, StreamTokens, answer_usage, completion_tokens
 
 
 def event(payload: dict | str) -> bytes:
@@ -41,3 +41,21 @@ def test_a_stream_counts_an_event_a_token_and_its_usage_event_wins():
     with_usage.feed(event({"choices": [], "usage": {"completion_tokens": 5}}) + event("[DONE]"))
     assert with_usage.tokens == 5  # what the worker counted (an event may carry several)
     assert StreamTokens().tokens == 0
+
+
+def test_the_cached_prompt_tokens_come_with_the_prompt_tokens_they_are_of():
+    answer = json.dumps({"usage": {"prompt_tokens": 90, "completion_tokens": 7,
+                                   "prompt_tokens_details": {"cached_tokens": 64}}}).encode()
+    assert answer_usage(answer) == AnswerUsage(7, 90, 64)
+    # vLLM without --enable-prompt-tokens-details: no details
+    assert answer_usage(b'{"usage": {"prompt_tokens": 9, "completion_tokens": 1}}') == (
+        AnswerUsage(1, 9, None))
+    assert answer_usage(b'{"usage": {"prompt_tokens": 9, "completion_tokens": 1, '
+                        b'"prompt_tokens_details": {"cached_tokens": -3}}}') == (
+        AnswerUsage(1, 9, None))
+    stream = StreamTokens()
+    stream.feed(event(chunk("a")) + event({"choices": [], "usage": {
+        "prompt_tokens": 90, "completion_tokens": 1,
+        "prompt_tokens_details": {"cached_tokens": 48}}}) + event("[DONE]"))
+    assert stream.usage == AnswerUsage(1, 90, 48)
+    assert StreamTokens().usage == AnswerUsage()

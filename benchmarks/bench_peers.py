@@ -41,7 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.peers import measure  # noqa: E402
-from benchmarks.peers.event_recorder import EventRecorder, live_miss_classes  # noqa: E402
+from benchmarks.peers.event_recorder import (  # noqa: E402
+    EventRecorder,
+    live_miss_classes,
+    serving_workers,
+)
 from benchmarks.peers.routers import (  # noqa: E402
     KVROUTE,
     MODEL,
@@ -176,6 +180,8 @@ def run_cell(args, spec: PeerWorkload, router: str, seed: int, log_dir: Path,
     if recorder is not None:
         summary["live_miss_classes"] = live_miss_classes(records, recorder.log, gen.t0, MODEL,
                                                          args.workers)
+        # where each request ran (for placement comparisons, benchmarks/peers/placements.py)
+        summary["serving_workers"] = serving_workers(records, recorder.log, gen.t0, MODEL)
     summary["bound_hit_rate"] = measure.pooled_bound(records, args.workers * spec.num_blocks,
                                                      MODEL)
     summary.update(workload=spec.name, router=router, seed=seed, num_workers=args.workers,
@@ -194,10 +200,12 @@ def save_raw(args, summary: dict, records: list, stamp: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{summary['workload']}-{summary['router']}-s{summary['seed']}.jsonl"
     summary["raw"] = str(path)
+    workers = summary.pop("serving_workers", {})  # on each request's line, not the summary's
     with open(path, "w") as f:
         f.write(json.dumps(summary) + "\n")
         for r in records:
-            f.write(json.dumps(r.__dict__) + "\n")
+            line = r.__dict__ | ({"worker": workers.get(r.request_id)} if workers else {})
+            f.write(json.dumps(line) + "\n")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -82,9 +82,8 @@ class EventRecorder:
         self._ctx.term()
 
 
-def live_miss_classes(records: Sequence, log: Sequence[tuple], t0: float, model: str,
-                      num_workers: int, block_size: int = DEFAULT_BLOCK_SIZE) -> dict[str, float]:
-    """`records`: the run's HttpRecords (times since `t0`, a perf_counter time)."""
+def _requests(records: Sequence, t0: float, model: str, block_size: int) -> list[tuple]:
+    """(sent, first token, record, prompt hashes) per record, by send time (perf_counter)."""
     root = namespace_root(model)
     reqs = []
     for r in records:
@@ -92,12 +91,50 @@ def live_miss_classes(records: Sequence, log: Sequence[tuple], t0: float, model:
         reqs.append((t0 + r.sent_s, t0 + (r.first_chunk_s or r.sent_s), r,
                      block_hashes(ids, block_size, root)))
     reqs.sort(key=lambda x: x[0])
-    # first time each worker stored each hash after a time: from the log
+    return reqs
+
+
+def _stores(log: Sequence[tuple]) -> dict[bytes, list[tuple[float, int]]]:
+    """Each hash's stores: (time, worker), in log order."""
     stores: dict[bytes, list[tuple[float, int]]] = {}
     for t, w, stored, hashes in log:
         if stored:
             for h in hashes:
                 stores.setdefault(h, []).append((t, w))
+    return stores
+
+
+def _first_miss(rec, hashes: Sequence[bytes], block_size: int) -> int:
+    """The index of the request's first uncached block (len(hashes): it hit them all)."""
+    if rec.cached_tokens >= rec.prompt_tokens - 1:  # all it could hit ("last token")
+        return len(hashes)
+    return rec.cached_tokens // block_size
+
+
+def _serving(stores: dict, hashes: Sequence[bytes], hit: int, sent: float) -> int | None:
+    """The worker that stored the first uncached block first after the send (its prefill);
+    None when every block was a hit or no store followed."""
+    if hit >= len(hashes):
+        return None
+    later = [(t, w) for t, w in stores.get(hashes[hit], ()) if t >= sent]
+    return min(later)[1] if later else None
+
+
+def serving_workers(records: Sequence, log: Sequence[tuple], t0: float, model: str,
+                    block_size: int = DEFAULT_BLOCK_SIZE) -> dict[str, int | None]:
+    """Request id -> the index of the worker that ran its prefill (None: unknown, e.g. a
+    request whose prompt was all cached)."""
+    stores = _stores(log)
+    return {rec.request_id: _serving(stores, hashes, _first_miss(rec, hashes, block_size),
+                                     sent)
+            for sent, _, rec, hashes in _requests(records, t0, model, block_size)}
+
+
+def live_miss_classes(records: Sequence, log: Sequence[tuple], t0: float, model: str,
+                      num_workers: int, block_size: int = DEFAULT_BLOCK_SIZE) -> dict[str, float]:
+    """`records`: the run's HttpRecords (times since `t0`, a perf_counter time)."""
+    reqs = _requests(records, t0, model, block_size)
+    stores = _stores(log)  # first time each worker stored each hash after a time
     held: list[set] = [set() for _ in range(num_workers)]
     seen: set = set()
     counts: Counter = Counter()
@@ -109,13 +146,8 @@ def live_miss_classes(records: Sequence, log: Sequence[tuple], t0: float, model:
             (held[w].update if stored else held[w].difference_update)(hs)
             j += 1
         total += rec.prompt_tokens
-        hit = rec.cached_tokens // block_size
-        if rec.cached_tokens >= rec.prompt_tokens - 1:  # all it could hit ("last token")
-            hit = len(hashes)
-        serving = None
-        if hit < len(hashes):
-            later = [(t, w) for t, w in stores.get(hashes[hit], ()) if t >= sent]
-            serving = min(later)[1] if later else None
+        hit = _first_miss(rec, hashes, block_size)
+        serving = _serving(stores, hashes, hit, sent)
         for i in range(hit, len(hashes)):
             h = hashes[i]
             if h not in seen:

@@ -1,6 +1,6 @@
 """bench_peers' live miss classes, from a scripted event log (no workers, no ZMQ)."""
 
-from benchmarks.peers.event_recorder import live_miss_classes
+from benchmarks.peers.event_recorder import live_miss_classes, serving_workers
 from benchmarks.peers.measure import prompt_token_ids
 from benchmarks.simlib.openai_load import HttpRecord
 from kv.hashing import block_hashes, namespace_root
@@ -36,3 +36,12 @@ def test_a_block_another_worker_computes_while_the_request_waits_is_in_flight():
     shares = live_miss_classes([record("a", 1.0), record("b", 1.01)], log, 0.0, MODEL, 2)
     assert shares == {"never_seen": 0.5, "evicted_everywhere": 0.0, "not_yet_published": 0.5,
                       "elsewhere": 0.0, "here_gone": 0.0}
+
+
+def test_the_serving_worker_is_the_first_to_store_the_first_miss_after_the_send():
+    h = hashes(PROMPT)
+    # "a" runs on worker 0; "b" (sent after its eviction) on worker 1; "c" hits every
+    # block it can on worker 1, stores nothing: its worker is unknown
+    log = [(0.05, 0, True, h), (0.5, 0, False, h), (1.05, 1, True, h)]
+    records = [record("a", 0.0), record("b", 1.0), record("c", 2.0, cached_tokens=31)]
+    assert serving_workers(records, log, 0.0, MODEL) == {"a": 0, "b": 1, "c": None}

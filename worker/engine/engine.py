@@ -43,6 +43,11 @@ from worker.tokenizer.detokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 
+# What a client (and the unauthenticated /health) is told of a failed step: a stable text,
+# never the exception's (it may name hosts, paths, or another request's values); the
+# replica's log has the exception with its traceback.
+STEP_FAILED = "a step that ran this request failed (the replica logged why)"
+
 
 class Engine:
     def __init__(self, config: EngineConfig, executor: Executor, tokenizer,
@@ -77,7 +82,6 @@ class Engine:
         self._idle = asyncio.Event()  # set while the loop has nothing to do
         self._roots: dict[tuple[str, str], bytes] = {}
         self._num_failed_steps = 0  # consecutive; any step that succeeds resets it
-        self._last_step_error = ""
         # told each finished sequence's block hashes (prompt and generated blocks): the
         # serving layer samples them for the pooled bound
         self.on_finished: Callable[[list[bytes]], None] | None = None
@@ -159,10 +163,10 @@ class Engine:
         single failed step only fails that step's requests."""
         task = self._loop_task
         if task is not None and task.done() and not task.cancelled() and task.exception():
-            raise EngineUnhealthyError(f"the engine step loop died: {task.exception()!r}")
+            raise EngineUnhealthyError("the engine step loop died (the replica logged why)")
         if self._num_failed_steps >= max_failed_steps:
             raise EngineUnhealthyError(f"the last {self._num_failed_steps} engine steps "
-                                       f"failed, the last with {self._last_step_error}")
+                                       "failed (the replica logged why)")
 
     async def shutdown(self) -> None:
         """Finishes what was accepted, then stops the loop and the executor."""
@@ -260,6 +264,7 @@ class Engine:
     def _ensure_loop(self) -> None:
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
+            self._loop_task.add_done_callback(_log_loop_death)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -279,12 +284,11 @@ class Engine:
             try:
                 sampled = await loop.run_in_executor(self._thread, self.executor.execute,
                                                      plan.step, plan.sampling)
-            except Exception as exc:  # the step failed: fail its requests, keep serving
+            except Exception:  # the step failed: fail its requests, keep serving
                 log.exception("step failed")
                 self._num_failed_steps += 1
-                self._last_step_error = repr(exc)
                 for req in self.core.fail_step(plan.step):
-                    self._on_failed(req, f"engine step failed: {exc}")
+                    self._on_failed(req, STEP_FAILED)
                 continue
             self._num_failed_steps = 0
             num_tokens = 0
@@ -365,3 +369,8 @@ class Engine:
         s = self.core.scheduler
         self.metrics.update_from(self.core.kv, s.num_preemptions, len(s.running), len(s.waiting),
                                  s.num_queued_prefill_tokens())
+
+
+def _log_loop_death(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the engine step loop died", exc_info=task.exception())

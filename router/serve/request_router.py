@@ -86,10 +86,14 @@ class ServeRequestRouter(RequestRouter):
     def initialize_state(self, model: str = "", router: dict | None = None,
                          mirror: dict | None = None, metrics: dict | None = None,
                          bound: dict | None = None, ledger: dict | None = None,
-                         clock: Callable[[], float] = time.monotonic) -> None:
+                         clock: Callable[[], float] = time.monotonic,
+                         gateway_id: str | None = None) -> None:
         """Serve passes the deployment's `request_router_kwargs`; `clock` (monotonic
-        seconds: the ledger's timeouts) is for tests."""
-        self.gateway_id = gateway_process_id()
+        seconds: the ledger's timeouts) and `gateway_id` (else this process's) are for
+        tests. (A test cannot patch this module's functions instead: Serve pickles this
+        class by value, and a handle in the same process unpickles it over the original,
+        its methods then reading a copy of the module's globals.)"""
+        self.gateway_id = gateway_id or gateway_process_id()
         # where this router's list of replicas starts until it knows its rank among the
         # routers (then `list_offset`): ties spread across routers
         self.candidate_offset = router_offset(self.gateway_id)

@@ -4,24 +4,22 @@ its own replica, not all on the first Serve lists. Real Serve types, no Ray clus
 
 import types
 
-import pytest
 from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
 
 from kv.hashing import block_hashes, namespace_root
 from protocol.engine import EngineRequest, SamplingParams
 from router.core.candidates import router_offset
-from router.serve import request_router
 from router.serve.request_router import ServeRequestRouter
 
 DEPLOYMENT = DeploymentID(name="Engine", app_name="kvroute")
 FLEET = [types.SimpleNamespace(replica_id=ReplicaID(n, DEPLOYMENT)) for n in "abcd"]
 
 
-def gateway(monkeypatch: pytest.MonkeyPatch, gateway_id: str) -> ServeRequestRouter:
-    monkeypatch.setattr(request_router, "gateway_process_id", lambda: gateway_id)
+def gateway(gateway_id: str) -> ServeRequestRouter:
     router = ServeRequestRouter.__new__(ServeRequestRouter)
-    router.initialize_state(model="tiny", router={"policy": "cache_aware", "block_size": 16})
+    router.initialize_state(model="tiny", router={"policy": "cache_aware", "block_size": 16},
+                            gateway_id=gateway_id)
     router._started, router.mirror.num_polls = True, 1  # no index actor here
     return router
 
@@ -36,16 +34,15 @@ async def choose(router: ServeRequestRouter, request_id: str,
     return [r.replica_id.unique_id for [r] in ranks]
 
 
-async def test_two_gateways_send_the_same_fresh_prefix_to_different_idle_replicas(monkeypatch):
+async def test_two_gateways_send_the_same_fresh_prefix_to_different_idle_replicas():
     assert (router_offset("gw-1") % 4, router_offset("gw-3") % 4) == (3, 2)
-    one, three = gateway(monkeypatch, "gw-1"), gateway(monkeypatch, "gw-3")
+    one, three = gateway("gw-1"), gateway("gw-3")
     assert await choose(one, "q") == ["d", "a", "b", "c"]  # every replica ties: listed order
     assert await choose(three, "q") == ["c", "d", "a", "b"]
 
 
-async def test_a_gateway_lists_from_its_offset_over_the_replicas_serve_lists_now(
-        monkeypatch):
-    router = gateway(monkeypatch, "gw-1")
+async def test_a_gateway_lists_from_its_offset_over_the_replicas_serve_lists_now():
+    router = gateway("gw-1")
     assert router_offset("gw-1") % 3 == 2
     # "d" is gone (Serve no longer lists it): the list of three starts at its third
     assert await choose(router, "q", FLEET[:3]) == ["c", "a", "b"]

@@ -13,7 +13,6 @@ from kv.hashing import block_hashes, namespace_root
 from protocol.engine import EngineRequest, SamplingParams
 from router.cluster.index_actor import KVIndex
 from router.core.candidates import RouterRank, router_offset
-from router.serve import request_router
 from router.serve.request_router import ServeRequestRouter
 from tests.router.cluster.test_mark_sharing import LocalActor
 
@@ -24,9 +23,9 @@ GATEWAY_IDS = ("gw-0", "gw-1", "gw-2")
 
 def gateway(monkeypatch: pytest.MonkeyPatch, gateway_id: str, index: KVIndex
             ) -> ServeRequestRouter:
-    monkeypatch.setattr(request_router, "gateway_process_id", lambda: gateway_id)
     router = ServeRequestRouter.__new__(ServeRequestRouter)
-    router.initialize_state(model="tiny", router={"policy": "cache_aware", "block_size": 16})
+    router.initialize_state(model="tiny", router={"policy": "cache_aware", "block_size": 16},
+                            gateway_id=gateway_id)
     router._started = True  # polls are driven here, one at a time
     router.mirror._index._handle = LocalActor(index)
     return router

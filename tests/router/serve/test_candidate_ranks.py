@@ -5,7 +5,6 @@ actor's class in this process (no Ray cluster)."""
 
 import types
 
-import pytest
 from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
 
@@ -21,8 +20,7 @@ FLEET = [types.SimpleNamespace(replica_id=ReplicaID(n, DEPLOYMENT)) for n in "ab
 GATEWAY_IDS = ("gw-0", "gw-1", "gw-2")
 
 
-def gateway(monkeypatch: pytest.MonkeyPatch, gateway_id: str, index: KVIndex
-            ) -> ServeRequestRouter:
+def gateway(gateway_id: str, index: KVIndex) -> ServeRequestRouter:
     router = ServeRequestRouter.__new__(ServeRequestRouter)
     router.initialize_state(model="tiny", router={"policy": "cache_aware", "block_size": 16},
                             gateway_id=gateway_id)
@@ -40,11 +38,10 @@ async def first_choice(router: ServeRequestRouter, request_id: str) -> str:
     return ranks[0][0].replica_id.unique_id
 
 
-async def test_gateways_whose_hashes_collide_tie_on_different_replicas_once_ranked(
-        monkeypatch):
+async def test_gateways_whose_hashes_collide_tie_on_different_replicas_once_ranked():
     assert {router_offset(g) % 4 for g in GATEWAY_IDS} == {3}  # hashed: all start at "d"
     index = KVIndex()
-    gateways = [gateway(monkeypatch, g, index) for g in GATEWAY_IDS]
+    gateways = [gateway(g, index) for g in GATEWAY_IDS]
     for gw in gateways:  # the first polls, one after another: each knows those before it
         assert await gw.mirror.sync_once()
     assert [gw.mirror.router_rank for gw in gateways] == [

@@ -20,7 +20,6 @@ the replica answer it).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -29,11 +28,10 @@ from typing import Any, NamedTuple, TypeVar
 from worker.openai.errors import APIError
 from worker.openai.limits import (
     RequestLimits,
-    check_body_shape,
-    check_body_size,
     check_sequences,
     check_text_fits,
     check_text_length,
+    load_object,
 )
 from worker.openai.prompt import PromptBuilder, PromptError
 from worker.openai.schema import DEFAULT_MAX_TOKENS
@@ -86,18 +84,9 @@ async def off_loop(threads: Executor, num_bytes: int, read: Callable[[], T]) -> 
 def load_json(raw: bytes, limits: RequestLimits, max_model_len_tokens: int | None = None
               ) -> dict[str, Any]:
     """The body as a JSON object, within the size and nesting limits and holding no more
-    values than a request to the context needs (when known), else 400/413: checked before
-    it is parsed (worker/openai/limits.py: check_body_shape)."""
-    check_body_size(len(raw), limits)
-    check_body_shape(raw, limits, max_model_len_tokens)
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
-        raise APIError(400, f"the request body is not valid JSON: {err}",
-                       code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    return data
+    values than a request to the context needs, else 400/413: checked before it is parsed
+    (worker/openai/limits.py: load_object)."""
+    return load_object(raw, limits, max_model_len_tokens)
 
 
 def read_completion(data: dict[str, Any], prompts: PromptBuilder, limits: RequestLimits,

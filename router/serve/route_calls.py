@@ -20,7 +20,7 @@ from worker.openai.errors import APIError
 from worker.openai.front import Auth
 from worker.openai.limits import RequestLimits, longest_token_chars
 from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.schema import ChatCompletionRequest, parse_body
+from worker.openai.schema import ChatCompletionRequest, validate_body
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,10 @@ class RouteCalls:
 
     def _call(self, body: bytes, authorization: str | None) -> RouteCall:
         tenant = self.auth.tenant_of(authorization)
-        data = load_json(body, self.limits, self.max_model_len)
+        data = load_json(body, self.limits, self.max_model_len)  # the one scan and parse
         if "messages" in data:
             # routed only when the engine's schema takes it: the replica runs it then
-            parse_body(body, ChatCompletionRequest, self.limits, self.max_model_len)
+            validate_body(data, ChatCompletionRequest, self.limits)
             read = read_chat(data, self.prompts, self.limits, self.context)
         else:
             read = read_completion(data, self.prompts, self.limits, self.context)

@@ -2,7 +2,9 @@
 (worker/openai/limits.py: check_body_shape): the engine's schema (`parse_body`) and the
 routers' reader (`load_json`) answer the same 400. Parsing them held a front's only event
 loop 170-290 ms, so every other tenant's request waited; a legal body at the limits, and
-text full of the characters that are counted, still pass."""
+text full of the characters that are counted, still pass. One list is bounded by the
+context (a long context's batch bound let a million token ids in one list through), and an
+unknown context is taken as `unknown_context_tokens`."""
 
 import json
 
@@ -15,6 +17,7 @@ from router.front.routing_body import load_json
 from worker.openai.errors import APIError
 from worker.openai.json_scan import json_shape
 from worker.openai.limits import (
+    FIELD_STRINGS,
     MAX_MESSAGES,
     RequestLimits,
     max_list_items,
@@ -44,8 +47,14 @@ def _refusals(raw: bytes, model_cls) -> list[APIError]:
 
 
 def _words_message(count: int) -> str:
-    return (f"the request body holds {count} strings and objects; no request needs more "
-            f"than {WORDS} (at most 4096 messages, 300 logit_bias entries, 128 prompts)")
+    return (f"the request body holds {count} strings, lists and objects; no request needs "
+            f"more than {WORDS} (at most 4096 messages, 300 logit_bias entries, 128 prompts)")
+
+
+def _list_message(count: int, context_tokens: int = CONTEXT_TOKENS) -> str:
+    return (f"the request body holds a list of {count} items or more; no request needs more "
+            f"than {max(context_tokens, FIELD_STRINGS)} (a prompt's token ids within the "
+            f"{context_tokens}-token context)")
 
 
 def _items_message(count: int) -> str:
@@ -55,19 +64,21 @@ def _items_message(count: int) -> str:
 
 @pytest.mark.parametrize("family, raw, model_cls, message", [
     ("prompt 1M ids", _completion(prompt=[7] * 1_000_000), CompletionRequest,
-     _items_message(1_000_001)),
+     _list_message(1_000_000)),
     ("stop_token_ids 1M", _completion(prompt="hi", stop_token_ids=[3] * 1_000_000),
-     CompletionRequest, _items_message(1_000_002)),
+     CompletionRequest, _list_message(1_000_000)),
     ("logit_bias 200k", _completion(prompt="hi", logit_bias={str(i): 1 for i in
                                                              range(200_000)}),
      CompletionRequest, _words_message(200_008)),
     ("100k stop strings", _completion(prompt="hi", stop=["s"] * 100_000), CompletionRequest,
-     _words_message(100_007)),
+     _words_message(100_008)),
     ("100k prompt strings", _completion(prompt=["x"] * 100_000), CompletionRequest,
-     _words_message(100_005)),
+     _words_message(100_006)),
     ("100k chat messages", json.dumps({"model": "tiny", "messages": [
         {"role": "user", "content": "x"}] * 100_000}).encode(), ChatCompletionRequest,
-     _words_message(500_004)),
+     _words_message(500_005)),
+    ("100k one-id prompts", _completion(prompt=[[7]] * 100_000), CompletionRequest,
+     _words_message(100_006)),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 40 else "")
 def test_a_body_no_request_needs_is_a_400_before_parsing(family, raw, model_cls, message):
     for err in _refusals(raw, model_cls):
@@ -82,14 +93,40 @@ def test_a_batch_of_prompts_that_fill_the_context_passes_and_one_id_more_does_no
     body = parse_body(raw, CompletionRequest, LIMITS, CONTEXT_TOKENS)
     assert len(body.prompts()) == LIMITS.max_sequences
     assert load_json(raw, LIMITS, CONTEXT_TOKENS)["prompt"] == batch
-    # pad to the cap: one more comma than a request needs is refused, the cap itself is not
+    # pad to the cap with lists no longer than one may be: one more comma than a request
+    # needs is refused, the cap itself is not
     room = ITEMS - json_shape(raw).commas
-    at_cap = _completion(prompt=batch, user_ids=[0] * room, **fields)
+    at_cap = _completion(prompt=batch, **_padding(room), **fields)
     assert json_shape(at_cap).commas == ITEMS
     parse_body(at_cap, CompletionRequest, LIMITS, CONTEXT_TOKENS)
-    over = _completion(prompt=batch, user_ids=[0] * (room + 1), **fields)
+    over = _completion(prompt=batch, **_padding(room + 1), **fields)
     assert [e.message for e in _refusals(over, CompletionRequest)] == [
         _items_message(ITEMS + 1)] * 2
+
+
+def _padding(commas: int) -> dict[str, list[int]]:
+    """Unknown fields (ignored by every reader) adding exactly `commas` to a body: each is a
+    list of FIELD_STRINGS ids at most (its k items add k - 1, its own separator one)."""
+    sizes = [FIELD_STRINGS] * (commas // FIELD_STRINGS) + [commas % FIELD_STRINGS]
+    return {f"pad{i}": [0] * k for i, k in enumerate(sizes) if k}
+
+
+@pytest.mark.parametrize("context_tokens", [32_768, 65_536])
+def test_one_list_is_bounded_by_the_context_where_a_batch_of_it_is_not(context_tokens):
+    # a million ids fit 128 prompts of this context, not one: refused, and not parsed
+    raw = _completion(prompt=[7] * 1_000_000)
+    for read in (lambda: parse_body(raw, CompletionRequest, LIMITS, context_tokens),
+                 lambda: load_json(raw, LIMITS, context_tokens)):
+        with pytest.raises(APIError) as caught:
+            read()
+        assert (caught.value.code, caught.value.message) == (
+            "too_many_values", _list_message(1_000_000, context_tokens))
+    # the same ids as a batch of prompts that fit, and one prompt of the context, pass
+    batch = [[7] * (context_tokens - 1)] * (1_000_000 // context_tokens)
+    for prompt in (batch, [7] * context_tokens):
+        raw = _completion(prompt=prompt)
+        assert parse_body(raw, CompletionRequest, LIMITS, context_tokens).prompt == prompt
+        assert load_json(raw, LIMITS, context_tokens)["prompt"] == prompt
 
 
 def test_the_most_messages_with_names_and_parts_pass():
@@ -116,28 +153,42 @@ def test_text_full_of_counted_characters_passes(text):
                       CONTEXT_TOKENS).messages[0].content == text
 
 
-def test_without_a_known_context_only_token_ids_are_unbounded():
-    ids = _completion(prompt=[7] * 1_000_000)
-    assert len(parse_body(ids, CompletionRequest, LIMITS).prompts()[0]) == 1_000_000
+def test_without_a_known_context_lists_are_bounded_by_the_unknown_context_default():
+    unknown = LIMITS.unknown_context_tokens  # 131,072: Llama 3.1's context
+    at_bound = _completion(prompt=[7] * unknown)
+    assert len(parse_body(at_bound, CompletionRequest, LIMITS).prompts()[0]) == unknown
+    assert len(load_json(at_bound, LIMITS)["prompt"]) == unknown
+    over = _completion(prompt=[7] * (unknown + 1))
+    for read in (lambda: parse_body(over, CompletionRequest, LIMITS),
+                 lambda: load_json(over, LIMITS)):
+        with pytest.raises(APIError) as caught:
+            read()
+        assert caught.value.message == _list_message(unknown + 1, unknown)
     with pytest.raises(APIError) as caught:
         load_json(_completion(prompt="hi", stop=["s"] * 100_000), LIMITS)
-    assert caught.value.message == _words_message(100_007)
+    assert caught.value.message == _words_message(100_008)
 
 
 def _expected(value, depth=0):
-    """(commas, objects, strings, depth) of the JSON text of `value`, from the value."""
+    """(commas, run_commas, objects, lists, strings, depth) of the JSON text of `value`,
+    from the value."""
     if isinstance(value, str):
-        return 0, 0, 1, depth
+        return 0, 0, 0, 0, 1, depth
     if not isinstance(value, (list, dict)):
-        return 0, 0, 0, depth
+        return 0, 0, 0, 0, 0, depth
     items = list(value.items()) if isinstance(value, dict) else [(None, v) for v in value]
-    commas, objects, strings, deepest = max(len(items) - 1, 0), 0, 0, depth + 1
-    objects += isinstance(value, dict)
+    commas, deepest = max(len(items) - 1, 0), depth + 1
+    objects, lists, strings = int(isinstance(value, dict)), int(isinstance(value, list)), 0
+    # comma j follows item j: an item that is a list or object splits the run there
+    splits = [j for j, (_, item) in enumerate(items) if isinstance(item, (list, dict))]
+    ends = [0, *splits, len(items) - 1]
+    run = max(0, *(b - a for a, b in zip(ends, ends[1:])))
     for key, item in items:
-        c, o, s, d = _expected(item, depth + 1)
-        commas, objects, strings = commas + c, objects + o, strings + s + (key is not None)
+        c, r, o, lst, s, d = _expected(item, depth + 1)
+        commas, objects, lists = commas + c, objects + o, lists + lst
+        strings, run = strings + s + (key is not None), max(run, r)
         deepest = max(deepest, d)
-    return commas, objects, strings, deepest
+    return commas, run, objects, lists, strings, deepest
 
 
 _TEXT = st.text(alphabet=st.sampled_from('ab,"\\{}[]:\n\u00e9\u4e2d'), max_size=12)
@@ -151,4 +202,5 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,
 def test_the_counts_match_the_parsed_value(value, ascii_only):
     raw = json.dumps(value, ensure_ascii=ascii_only).encode()
     shape = json_shape(raw)
-    assert (shape.commas, shape.objects, shape.strings, shape.depth) == _expected(value)
+    assert (shape.commas, shape.run_commas, shape.objects, shape.lists, shape.strings,
+            shape.depth) == _expected(value)

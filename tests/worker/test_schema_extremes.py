@@ -152,8 +152,11 @@ def test_tokenize_and_detokenize_bodies_are_capped():
                  4096, limits)
     assert (err.value.status_code, err.value.param) == (400, "messages")
     raw = b'{"tokens": [' + b"65," * MAX_DETOKENIZE_TOKENS + b"65]}"
-    with pytest.raises(APIError) as err:
-        detokenize(raw, prompts, lambda m: None, limits)
+    with pytest.raises(APIError) as err:  # at a context that long, the schema's cap
+        detokenize(raw, prompts, lambda m: None, limits, 2 * MAX_DETOKENIZE_TOKENS)
     assert (err.value.status_code, err.value.param) == (400, "tokens")
+    with pytest.raises(APIError) as err:  # else a list longer than the context, unparsed
+        detokenize(raw, prompts, lambda m: None, limits)
+    assert (err.value.status_code, err.value.code) == (400, "too_many_values")
     assert detokenize(b'{"tokens": [72, 105]}', prompts, lambda m: None, limits) == {
         "prompt": "Hi"}

@@ -3,15 +3,23 @@
 A body is refused before it is parsed when it is too large (413), nested too deeply (400:
 the JSON parser recurses, and 5,000 levels crashed it into a 500), or holds more values
 than any request needs (400: parsing a million token ids held the event loop 170 ms, for
-every tenant of the process; counting them costs ~1-2 ms a MiB, worker/openai/json_scan.py);
-its text is refused before it is tokenized when it is too long. Stop strings are bounded because the
-detokenizer scans every one of them at every generated token.
+every tenant of the process; counting them costs ~1-2 ms a MiB, worker/openai/json_scan.py):
+more strings, lists and objects than its messages and fields need, a list longer than the
+context (no prompt is; stop token ids are fewer), or more list items than a batch of prompts
+that each fill it. Where the context is not known (a gateway before its first worker
+report, /v1/prefixes) it is taken as `unknown_context_tokens`. Its text is refused before
+it is tokenized when it is too long. Stop strings are bounded because the detokenizer scans
+every one of them at every generated token.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+
+import msgspec
 
 from protocol.engine import MAX_STOP_TOKEN_IDS
 from worker.openai.errors import APIError
@@ -33,10 +41,14 @@ class RequestLimits:
     # of external workers: each worker answers its own limit; this only bounds the load the
     # router charges); more than any model's context
     max_output_tokens: int = 1 << 24
+    # the context a body's lists are bounded by where it is not known: Llama 3.1's 131,072
+    # tokens, the longest of the models kvroute's presets name (worker/executor/sim.py)
+    unknown_context_tokens: int = 1 << 17
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_json_depth", "max_prompt_chars",
-                     "max_stop_chars", "max_sequences", "max_output_tokens"):
+                     "max_stop_chars", "max_sequences", "max_output_tokens",
+                     "unknown_context_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RequestLimits: {name} must be >= 1, got "
                                  f"{getattr(self, name)}")
@@ -59,10 +71,18 @@ FIELD_STRINGS = 4096
 
 
 def max_strings_and_objects(limits: RequestLimits) -> int:
-    """The most strings and objects (counted as worker/openai/json_scan.py counts them) any
-    request needs: its messages, logit_bias keys, a batch's text prompts and its fields."""
+    """The most strings, lists and objects (counted as worker/openai/json_scan.py counts
+    them) any request needs: its messages, logit_bias keys, a batch's prompts (text, or
+    lists of token ids) and its fields."""
     return (STRINGS_PER_MESSAGE * MAX_MESSAGES + LOGIT_BIAS_KEYS + limits.max_sequences
             + FIELD_STRINGS)
+
+
+def max_one_list_items(limits: RequestLimits, max_model_len_tokens: int) -> int:
+    """The most items of one list (or fields of one object) any request to a context of
+    `max_model_len_tokens` needs: a prompt's token ids fit the context; stop token ids, a
+    batch's prompts and a body's fields are fewer than FIELD_STRINGS."""
+    return max(max_model_len_tokens, MAX_STOP_TOKEN_IDS, limits.max_sequences, FIELD_STRINGS)
 
 
 def max_list_items(limits: RequestLimits, max_model_len_tokens: int) -> int:
@@ -88,30 +108,65 @@ def check_json_depth(raw: bytes, limits: RequestLimits) -> None:
 
 def check_body_shape(raw: bytes, limits: RequestLimits,
                      max_model_len_tokens: int | None = None) -> None:
-    """400 when `raw` nests deeper than the limit, or holds more strings and objects, or
-    more list items and fields, than any request needs (the items only when the context is
-    known: a batch of prompts of token ids fills it); counted without parsing, so a body no
-    request needs never holds the event loop in the JSON parser."""
+    """400 when `raw` nests deeper than the limit, or holds more strings, lists and objects,
+    more items in one list, or more list items and fields in all, than any request to the
+    context (`limits.unknown_context_tokens` when None) needs; counted without parsing, so a
+    body no request needs never holds the event loop in the JSON parser."""
+    context = (limits.unknown_context_tokens if max_model_len_tokens is None
+               else max_model_len_tokens)
     words = max_strings_and_objects(limits)
-    items = None if max_model_len_tokens is None else max_list_items(limits,
-                                                                     max_model_len_tokens)
-    # each string or object takes 2 bytes or more, each item 1: a short body breaks neither
-    short = len(raw) <= 2 * min(words, items or words)
+    one_list = max_one_list_items(limits, context)
+    items = max_list_items(limits, context)
+    # each string, list or object takes 2 bytes or more, each item 1: a short body breaks
+    # none of the counts
+    short = len(raw) <= 2 * min(words, one_list)
     if short and raw.count(b"[") + raw.count(b"{") <= limits.max_json_depth:
         return  # the common body: no count to make
     shape = json_shape(raw)
     if shape.depth > limits.max_json_depth:
         raise _too_deep(limits)
-    if shape.strings + shape.objects > words:
-        raise APIError(400, f"the request body holds {shape.strings + shape.objects} strings "
-                            f"and objects; no request needs more than {words} (at most "
-                            f"{MAX_MESSAGES} messages, {LOGIT_BIAS_KEYS} logit_bias entries, "
+    values = shape.strings + shape.lists + shape.objects
+    if values > words:
+        raise APIError(400, f"the request body holds {values} strings, lists and objects; "
+                            f"no request needs more than {words} (at most {MAX_MESSAGES} "
+                            f"messages, {LOGIT_BIAS_KEYS} logit_bias entries, "
                             f"{limits.max_sequences} prompts)", code="too_many_values")
-    if items is not None and shape.commas > items:
+    if shape.run_commas + 1 > one_list:
+        raise APIError(400, f"the request body holds a list of {shape.run_commas + 1} items "
+                            f"or more; no request needs more than {one_list} (a prompt's "
+                            f"token ids within the {context}-token context)",
+                       code="too_many_values")
+    if shape.commas > items:
         raise APIError(400, f"the request body holds {shape.commas} list items and fields; "
                             f"no request needs more than {items} (at most "
-                            f"{limits.max_sequences} prompts of {max_model_len_tokens} token "
-                            "ids, the model's context)", code="too_many_values")
+                            f"{limits.max_sequences} prompts of {context} token ids, the "
+                            "model's context)", code="too_many_values")
+
+
+_DECODER = msgspec.json.Decoder()
+
+
+def load_object(raw: bytes, limits: RequestLimits, max_model_len_tokens: int | None = None
+                ) -> dict[str, Any]:
+    """The body as a JSON object, else 413/400: its size and shape checked first
+    (`check_body_shape`), then parsed by msgspec (a batch of 4M token ids, what 8 MiB holds
+    and a 32k context takes, in 120 ms against Python's 430), and by Python's parser when
+    msgspec refuses it: it takes NaN, Infinity, numbers past a float's range and lone
+    surrogates, so the schema can name the field that holds one."""
+    check_body_size(len(raw), limits)
+    check_body_shape(raw, limits, max_model_len_tokens)
+    try:
+        data = _DECODER.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        try:
+            data = json.loads(raw)
+        # ValueError: also an integer of more than 4,300 digits (Python's conversion limit)
+        except (ValueError, RecursionError) as err:
+            raise APIError(400, f"the request body is not valid JSON: {err}",
+                           code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    return data
 
 
 def check_text_length(num_chars: int, limits: RequestLimits, param: str) -> None:

@@ -10,7 +10,6 @@ distribution's. `model` is optional in both bodies and checked when given.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -26,9 +25,15 @@ from pydantic import (
 )
 
 from worker.openai.errors import APIError
-from worker.openai.limits import RequestLimits, check_text_length
+from worker.openai.limits import RequestLimits, check_text_length, load_object
 from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.schema import MAX_MESSAGES, ChatMessage, check_list_length, parse_body
+from worker.openai.schema import (
+    MAX_MESSAGES,
+    ChatMessage,
+    check_list_length,
+    parse_body,
+    validate_body,
+)
 
 MAX_DETOKENIZE_TOKENS = 1 << 20
 
@@ -53,10 +58,6 @@ class TokenizeChatRequest(BaseModel):
     @classmethod
     def _count(cls, v: Any) -> Any:
         return check_list_length(v, MAX_MESSAGES, "messages")
-
-
-class _AnyBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
 
 
 class DetokenizeRequest(BaseModel):
@@ -85,11 +86,11 @@ def version_body() -> dict[str, str]:
 def tokenize(raw: bytes, prompts: PromptBuilder, check_model: Callable[[str | None], None],
              max_model_len_tokens: int, limits: RequestLimits) -> dict[str, Any]:
     body: TokenizeCompletionRequest | TokenizeChatRequest
-    # size, nesting, values, JSON: an OpenAI error if bad
-    parse_body(raw, _AnyBody, limits, max_model_len_tokens)
-    chat = "messages" in json.loads(raw)
-    body = parse_body(raw, TokenizeChatRequest if chat else TokenizeCompletionRequest, limits,
-                      max_model_len_tokens)
+    # size, nesting, values, JSON: an OpenAI error if bad (scanned and parsed once)
+    data = load_object(raw, limits, max_model_len_tokens)
+    chat = "messages" in data
+    body = validate_body(data, TokenizeChatRequest if chat else TokenizeCompletionRequest,
+                         limits)
     check_model(body.model)
     tokenizer = prompts.tokenizer
     if isinstance(body, TokenizeChatRequest):

@@ -169,3 +169,35 @@ async def test_the_route_endpoint_stops_reading_a_body_over_the_cap():
 
     assert await _read_body(receive, max_bytes=6) is None
     assert len(received) == 2  # not read further
+
+
+def test_a_chat_body_is_scanned_and_parsed_once(prompts, monkeypatch):
+    """The shape scan and the parse of a large chat body run once (they ran twice: the
+    routers' read, then the engine schema's own on the same bytes), and the schema still
+    refuses what the replica would."""
+    import msgspec
+
+    import worker.openai.limits as limits
+
+    counts = {"scans": 0, "parses": 0}
+    scan, decoder = limits.json_shape, limits._DECODER
+
+    class CountingDecoder:
+        def decode(self, raw):
+            counts["parses"] += 1
+            return decoder.decode(raw)
+
+    def counting_scan(raw):
+        counts["scans"] += 1
+        return scan(raw)
+
+    monkeypatch.setattr(limits, "json_shape", counting_scan)
+    monkeypatch.setattr(limits, "_DECODER", CountingDecoder())
+    messages = [{"role": "user", "content": f"turn {i}"} for i in range(1000)]  # ~30 KiB
+    calls = RouteCalls(prompts, TenantAuth({}), max_model_len=32_768)
+    call = calls.of(_body(messages=messages, max_tokens=3), None)
+    assert call.prompt_token_ids == prompts.encode_chat(messages)
+    assert counts == {"scans": 1, "parses": 1}
+    refused = _body(messages=messages, max_tokens=3, temperature=-1)  # the schema's 400
+    assert calls.of(refused, None) is None
+    assert isinstance(decoder, msgspec.json.Decoder)

@@ -22,8 +22,15 @@ own processes) is CPU that any Serve app on this ingress adds to (a); `floor_bou
 the box is CPU-bound, before kvroute does anything, with its replicas and client as cheap as
 (a)'s.
 
+The served side's index actor is counted (benchmarks/simlib/index_counts.py): the calls it
+takes (report calls from the replicas, shared marks and work ends from the routers, mirror
+polls), what they carried and the long polls it woke, per request of each phase. Unlike the
+CPU time these hardly move from run to run, so two checkouts of the end path compare by
+them (run this script from each checkout, its directory on PYTHONPATH).
+
 The last line is a JSON object: per phase, CPU ms per request (burst) or per 1,000 tokens
-(streams) for each side and role, and `cpu_bound_ratio` ((a) total / (b) total).
+(streams) for each side and role, the served side's `index_calls_per_request` (burst) and
+`index_calls_per_stream` (streams), and `cpu_bound_ratio` ((a) total / (b) total).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.simlib import servers  # noqa: E402
+from benchmarks.simlib.index_counts import IndexCounter, per_request  # noqa: E402
 from benchmarks.simlib.overhead_client import ClientConfig, OverheadClient  # noqa: E402
 from benchmarks.simlib.ray_head import RayHead  # noqa: E402
 
@@ -109,13 +117,19 @@ def measure(session_ids: set[int], run) -> tuple[dict[str, float], float]:
     return dict(spent), wall_s
 
 
-def phase_cost(name: str, urls: list[str], sessions: set[int], args) -> dict:
+def phase_cost(name: str, urls: list[str], sessions: set[int], args,
+               counter: IndexCounter | None = None) -> dict:
+    """`counter`: the served side's index actor, read between the phases (outside the CPU
+    measured)."""
     client = OverheadClient(ClientConfig(tuple(urls), "tiny"))
     asyncio.run(client.warm_up(16))
+    counts = [counter.read()] if counter is not None else []
     burst, burst_s = measure(sessions, lambda: asyncio.run(
         client.burst_req_s(args.requests, args.concurrency)))
+    counts += [counter.read()] if counter is not None else []
     streams, streams_s = measure(sessions, lambda: asyncio.run(client.stream_tok_s(
         args.streams, args.stream_concurrency, args.stream_tokens)))
+    counts += [counter.read()] if counter is not None else []
     tokens = args.streams * args.stream_tokens
     out = {"burst_cpu_ms_per_request": {r: round(1000 * s / args.requests, 3)
                                         for r, s in sorted(burst.items())},
@@ -128,9 +142,15 @@ def phase_cost(name: str, urls: list[str], sessions: set[int], args) -> dict:
         sum(out["burst_cpu_ms_per_request"].values()), 3)
     out["stream_cpu_ms_per_1k_tokens"]["total"] = round(
         sum(out["stream_cpu_ms_per_1k_tokens"].values()), 2)
+    if counts:
+        out["index_calls_per_request"] = per_request(counts[0], counts[1], args.requests)
+        out["index_calls_per_stream"] = per_request(counts[1], counts[2], args.streams)
     print(f"\n{name}: {out['burst_req_s']} req/s, {out['stream_tok_s']} tok/s "
           f"(load {out['load_avg_1m']})", flush=True)
-    for key in ("burst_cpu_ms_per_request", "stream_cpu_ms_per_1k_tokens"):
+    for key in ("burst_cpu_ms_per_request", "stream_cpu_ms_per_1k_tokens",
+                "index_calls_per_request", "index_calls_per_stream"):
+        if key not in out:
+            continue
         print(f"  {key}: " + ", ".join(f"{r} {v}" for r, v in out[key].items()), flush=True)
     return out
 
@@ -146,16 +166,23 @@ def main(argv: list[str] | None = None) -> dict:
             SIM_ARGS, workdir / f"engine-{i}.log")) for i in range(2)]
         head = RayHead(workdir)
         server = None
+        counter = IndexCounter(head.address)
         try:
+            counter.read()  # its driver up (and its actor) before the standalone phase
             standalone = phase_cost("standalone", [e.base_url for e in engines],
                                     {e.proc.pid for e in engines}, args)
-            server = servers.start(lambda: servers.kvroute_serve(
-                SIM_ARGS, workdir / "serve.log", 2, env, head.address),
-                after_failure=head.reset_serve)
+
+            def served_server() -> servers.ServerProcess:
+                counter.read()  # the counted index actor first (again after a failed
+                # start, which kills it): the server finds it by name
+                return servers.kvroute_serve(SIM_ARGS, workdir / "serve.log", 2, env,
+                                             head.address)
+
+            server = servers.start(served_server, after_failure=head.reset_serve)
             for engine in engines:  # idle engines cost nothing, but leave the box to (b)
                 engine.stop()
             served = phase_cost(f"kvroute serve {env}", [server.base_url],
-                                {server.proc.pid, head.pid}, args)
+                                {server.proc.pid, head.pid}, args, counter)
             floor = None
             if args.floor:
                 server.stop()
@@ -169,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             if server is not None:
                 server.stop()
+            counter.close()
             head.stop()
             for engine in engines:
                 engine.stop()

@@ -1,15 +1,22 @@
 """How long one hostile body holds a front's event loop: a victim's TTFT while it is sent.
 
     python benchmarks/bench_body_stall.py [--before REV] [--rounds 2] [--reps 3]
+                                          [--max-model-len TOKENS]
 
 `kvroute engine --engine sim --sim-preset tiny` (one process, one event loop: what every
 front's parsing shares) from two source trees, alternating: this checkout, and REV
-(`git archive` into a temporary directory, default the commit before the body-shape check).
+(`git archive` into a temporary directory, default the commit before the body-shape check),
+at the tiny model's 2,048-token context or at --max-model-len (a pool that holds it): at a
+long context a batch of prompts may legally hold a million token ids, so such a body is
+parsed whatever the checks.
 In each, a victim process streams 1-token completions back to back while this process sends
 each family's body once (--reps times, 0.25 s apart) and waits for its answer. A family's
 stall is the worst victim TTFT among the victim requests that overlapped that body (from
 sending it to its answer), against the victim's p50 TTFT outside every body. The families
-are bench_hostile's huge lists (benchmarks/hostile/attacks.py), each within the 8 MiB cap.
+are bench_hostile's huge lists (benchmarks/hostile/attacks.py), each within the 8 MiB cap,
+and a batch of ~1M token ids in prompts that each fit the context, refused only after it is
+parsed and validated (n = 9 takes it over the 128-sequence cap): the cost of the largest
+body a front must parse.
 
 Prints a line per tree and round, then one JSON line: per tree, the victim's baseline p50
 and each family's stall (the median over rounds x reps of the worst overlapping TTFT) and
@@ -37,16 +44,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker  # noqa: E402
+from worker.tokenizer.files import TINY_MAX_POSITION_EMBEDDINGS  # noqa: E402
 
 DEFAULT_BEFORE = "982954c^"  # the commit before the body-shape check
 GAP_S = 0.25
 
 
-def bodies() -> dict[str, bytes]:
+def bodies(max_model_len_tokens: int) -> dict[str, bytes]:
     ids = json.dumps(list(range(1_000_000)))  # ~7 MB
     def completion(extra: str, prompt: str = '"hostile"') -> bytes:
         return f'{{"model": "tiny", "max_tokens": 1, "prompt": {prompt}{extra}}}'.encode()
+    fits = max_model_len_tokens - 1  # a prompt's ids, with one output token
+    num_prompts = 1_000_000 // fits
+    batch = json.dumps([[7] * fits] * num_prompts)  # 2 bytes an id: ~2 MB
     return {
+        f"batch {num_prompts} x {fits} ids, n=9": completion(', "n": 9', batch),
         "prompt 1M ids": completion("", ids),
         "stop_token_ids 1M ids": completion(f', "stop_token_ids": {ids}'),
         "logit_bias 200k entries": completion(', "logit_bias": {' + ", ".join(
@@ -84,11 +96,20 @@ def source_tree(rev: str, into: Path) -> Path:
     return into
 
 
-def one_run(tree: Path, attacks: dict[str, bytes], reps: int) -> dict:
+def engine_args(max_model_len_tokens: int | None) -> tuple[str, ...]:
+    if max_model_len_tokens is None:
+        return SIM_TINY_ARGS
+    num_blocks = -(-max_model_len_tokens // 16)  # the default 16-token blocks: one context
+    return (*SIM_TINY_ARGS, "--max-model-len", str(max_model_len_tokens),
+            "--num-blocks", str(num_blocks))
+
+
+def one_run(tree: Path, attacks: dict[str, bytes], reps: int,
+            max_model_len_tokens: int | None) -> dict:
     """The engine from `tree`, the victim streaming, each body sent `reps` times."""
     os.environ["PYTHONPATH"] = str(tree)  # the engine process imports `tree`'s packages
     try:
-        worker = EngineWorker.start(SIM_TINY_ARGS)
+        worker = EngineWorker.start(engine_args(max_model_len_tokens))
     finally:
         os.environ.pop("PYTHONPATH")
     ctx = mp.get_context("spawn")
@@ -141,18 +162,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--before", default=DEFAULT_BEFORE, help="the git revision to compare")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--reps", type=int, default=3, help="each body, per run")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the engine's context in tokens (default: the tiny model's 2,048)")
     args = p.parse_args(argv)
-    attacks = bodies()
+    attacks = bodies(args.max_model_len or TINY_MAX_POSITION_EMBEDDINGS)
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="kvroute-before-") as tmp:
         trees = {"before": source_tree(args.before, Path(tmp)), "after": ROOT}
         for round_ in range(args.rounds):
             for name, tree in trees.items():
-                run = one_run(tree, attacks, args.reps)
+                run = one_run(tree, attacks, args.reps, args.max_model_len)
                 runs[name].append(run)
                 print(f"round {round_} {name}: baseline p50 {run['baseline_ttft_p50_ms']} ms, "
                       f"stalls {run['stall_ms']}", flush=True)
-    out: dict = {"before_rev": args.before, "rounds": args.rounds, "reps": args.reps}
+    out: dict = {"before_rev": args.before, "rounds": args.rounds, "reps": args.reps,
+                 "max_model_len_tokens": args.max_model_len or TINY_MAX_POSITION_EMBEDDINGS}
     for name, rs in runs.items():
         out[name] = {
             "baseline_ttft_p50_ms": [r["baseline_ttft_p50_ms"] for r in rs],

@@ -7,9 +7,13 @@ event loop, as soon as the decision is done; up to `max_sends_in_flight` calls a
 so a mark never waits for another's round trip while calls are few, and past that the
 outbox batches itself until one returns. (One call at a time cost a mark that round trip:
 live, a mark queued behind one reached the other router 9 ms late, after the whole next
-request of the same prefix had been routed there.) Calls in flight together may run out of
-order at the actor; marks do not mind, and a work end that overtakes its route is kept
-for it (remote_work.py).
+request of the same prefix had been routed there.) Work ends are not in such a hurry (an
+ended request counts on the other routers that much longer): one starts a send of its own
+no sooner than `min_end_send_gap_s` after the last send, and meanwhile rides with the next
+decision's marks. Each send is a call to the actor and wakes every other router's poll;
+a busy router's ends, one send each, doubled what its decisions cost there. Calls in
+flight together may run out of order at the actor; marks do not mind, and a work end that
+overtakes its route is kept for it (remote_work.py).
 
 Receiving: each poll reply brings the other routers' messages, applied in their order. Marks
 become timed marks (`PendingMarks.mark`, expiring after the router's `pending_ttl_s`) on
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,12 +55,19 @@ class MarkSharingConfig:
     max_outbox_blocks: int = 1 << 16  # hashes waiting to be sent; the oldest go first
     max_mark_blocks: int = 4096  # of one prompt (its first ones), as the actor keeps them
     max_sends_in_flight: int = 4  # calls to the index actor at once
+    # A send for work ends alone starts no sooner than this after the last send (a lone
+    # end on a quiet router at once); marks go at once and carry the ends queued. 0: each
+    # end is sent as a mark is.
+    min_end_send_gap_s: float = 0.01
 
     def __post_init__(self):
         for name in ("max_outbox_blocks", "max_mark_blocks", "max_sends_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MarkSharingConfig: {name} must be >= 1, "
                                  f"got {getattr(self, name)}")
+        if not 0 <= self.min_end_send_gap_s <= 1:
+            raise ValueError(f"MarkSharingConfig: min_end_send_gap_s must be in [0, 1] s, "
+                             f"got {self.min_end_send_gap_s}")
 
 
 class MarkOutbox:
@@ -110,21 +122,27 @@ class MarkSender:
     """Sends a router's marks and work to the index actor, up to `max_sends_in_flight`
     calls at a time."""
 
-    def __init__(self, router_id: str, index: ActorLink, config: MarkSharingConfig):
+    def __init__(self, router_id: str, index: ActorLink, config: MarkSharingConfig,
+                 clock: Callable[[], float] = time.monotonic):
+        """`clock`: times the gap before a send of work ends alone (tests fake it)."""
         self.router_id = router_id
         self.config = config
         self._index = index
+        self._clock = clock
         self.outbox = MarkOutbox(config.max_outbox_blocks)
         self._tasks: set[asyncio.Task] = set()
         self._starting = False  # a send task is created and has not taken the outbox yet
         self._started = False
+        self._marks_queued = False  # the outbox holds more than work ends
+        self._last_send_s = float("-inf")  # when the last send took the outbox (`clock()`)
+        self._ends_timer: asyncio.TimerHandle | None = None  # the gap's end, when armed
         self.num_sends = 0
         self.num_shared_decisions = 0  # queued by `share`
 
     def start(self) -> None:
         """Sends from now on (with the mirror's polls; until then marks only queue)."""
         self._started = True
-        self._send_soon()
+        self._send_due()
 
     def share(self, replica_id: str, block_hashes: Sequence[BlockHash],
               work: RoutedWork | None = None) -> None:
@@ -136,6 +154,7 @@ class MarkSender:
         if not (hashes or work):
             return
         self.outbox.add(replica_id, hashes, work)
+        self._marks_queued = True
         self.num_shared_decisions += 1
         self._send_soon()
 
@@ -145,7 +164,29 @@ class MarkSender:
         never ran)."""
         if self.config.share_work:
             self.outbox.put(WorkEnd(route_id, replica_id, withdrawn, output_tokens))
+            self._send_due()
+
+    def _send_due(self) -> None:
+        """Sends the outbox now if it holds marks or the ends' gap has passed; else at the
+        gap's end (unless a mark's send takes the ends first)."""
+        if self._marks_queued:
             self._send_soon()
+            return
+        if not (self._started and self.outbox) or self._ends_timer is not None:
+            return
+        wait_s = self._last_send_s + self.config.min_end_send_gap_s - self._clock()
+        if wait_s <= 0:
+            self._send_soon()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called off the loop: sent with the next share on it
+            return
+        self._ends_timer = loop.call_later(wait_s, self._gap_passed)
+
+    def _gap_passed(self) -> None:
+        self._ends_timer = None
+        self._send_soon()
 
     def _send_soon(self) -> None:
         if (self._started and self.outbox and not self._starting
@@ -166,6 +207,8 @@ class MarkSender:
         marks = self.outbox.take()
         if not marks:
             return
+        self._marks_queued = False
+        self._last_send_s = self._clock()
         try:
             await self._index.call(
                 lambda index: index.share_marks.remote(self.router_id, marks))
@@ -177,16 +220,25 @@ class MarkSender:
 
     def _sent(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
-        self._send_soon()  # what queued while every call was in flight
+        self._send_due()  # what queued while every call was in flight
 
     async def drain(self) -> None:
-        """Returns once every queued mark was sent (or given up on)."""
-        while self._tasks:
+        """Returns once every queued mark and work end was sent (or given up on)."""
+        while True:
+            if self._ends_timer is not None:  # the ends go now, not after their gap
+                self._ends_timer.cancel()
+                self._ends_timer = None
+                self._send_soon()
+            if not self._tasks:
+                return
             await asyncio.gather(*map(asyncio.shield, list(self._tasks)),
                                  return_exceptions=True)
 
     def stop(self) -> None:
         self._started = False  # a cancelled call's end starts no other
+        if self._ends_timer is not None:
+            self._ends_timer.cancel()
+            self._ends_timer = None
         for task in list(self._tasks):
             task.cancel()
 

@@ -34,7 +34,7 @@ from worker.openai.limits import (
     load_object,
 )
 from worker.openai.prompt import PromptBuilder, PromptError
-from worker.openai.schema import DEFAULT_MAX_TOKENS
+from worker.openai.schema import DEFAULT_MAX_TOKENS, are_token_ids
 
 T = TypeVar("T")
 # A body up to this size is read on the event loop (tokenizing it takes a few ms at most); a
@@ -106,7 +106,7 @@ def read_completion(data: dict[str, Any], prompts: PromptBuilder, limits: Reques
     output = output_tokens(data, limits, num_prompts, context)  # before any tokenizing
     if isinstance(prompt, str) and prompt:
         token_ids = prompts.encode_text(prompt)
-    elif isinstance(prompt, list) and _token_ids(prompt):
+    elif are_token_ids(prompt):
         token_ids = prompt
     else:
         raise APIError(400, "prompt must be a non-empty string or list of token ids "
@@ -194,11 +194,6 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:40] + "..."
 
 
-def _token_ids(values: list) -> bool:
-    """Non-empty, all uint32 (JSON ints; `type is int` leaves out bools). C-speed checks:
-    a prompt has thousands of ids and this runs on every request."""
-    return (bool(values) and set(map(type, values)) == {int}
-            and min(values) >= 0 and max(values) < 2**32)
 
 
 def _text(content: Any) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -272,9 +273,28 @@ def check_list_length(v: Any, cap: int, what: str) -> Any:
     return v
 
 
+_TOKEN_IDS = list[Annotated[int, msgspec.Meta(ge=0, lt=2**32)]]
+
+
+def are_token_ids(values: Any) -> bool:
+    """`values` is a non-empty list of uint32 JSON integers (not bools, not floats): one C
+    pass (msgspec), ~10 ms a million ids against ~60 for type, min and max passes; a prompt
+    may hold a context's worth, and a batch 8 MiB of them."""
+    if not isinstance(values, list) or not values:
+        return False
+    try:
+        msgspec.convert(values, _TOKEN_IDS)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
 def check_prompt(v: Any) -> None:
     """A completion prompt: a non-empty string, non-empty token ids, or a non-empty list of
     either (not both). ValueError naming what is wrong."""
+    if are_token_ids(v) or (isinstance(v, list) and v and type(v[0]) is list
+                            and all(map(are_token_ids, v))):
+        return  # token ids, or a batch of them: the common large prompts, at C speed
     if isinstance(v, str):
         if not v:
             raise ValueError("the prompt is empty")

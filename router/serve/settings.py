@@ -75,9 +75,10 @@ class ServeSettings(EngineSettings):
     pooled_sample_rate: float = Field(
         _BOUND_DEFAULTS.sample_rate, gt=0, le=1,
         description="the online pooled bound (kvroute_pooled_hit_ratio): the least fraction "
-                    "R of block hashes the routers and replicas sample (a block is kept when "
-                    "its hash is below R_t x 2^64); a fleet of C device KV blocks is sampled "
-                    "at the largest R x 2^k <= 8192 / C (k <= 6), at least R")
+                    "R of block hashes the routers and replicas (or the external gateways) "
+                    "sample (a block is kept when its hash is below R_t x 2^64); a fleet of C "
+                    "device KV blocks is sampled at the largest R x 2^k <= 8192 / C (k <= 6), "
+                    "at least R")
     pooled_window_s: float = Field(
         _BOUND_DEFAULTS.recent_window_s, gt=0, allow_inf_nan=False,
         description="the online pooled bound's recent window (window=\"recent\"), seconds")

@@ -204,3 +204,30 @@ def test_the_counts_match_the_parsed_value(value, ascii_only):
     shape = json_shape(raw)
     assert (shape.commas, shape.run_commas, shape.objects, shape.lists, shape.strings,
             shape.depth) == _expected(value)
+
+
+def test_what_msgspec_refuses_is_read_by_pythons_parser_only_in_a_small_body(monkeypatch):
+    """NaN in a small body: Python's parser reads it and the schema names the field. In a
+    large body (a legal batch of token ids and a NaN) only msgspec parses it: a 400 naming
+    the byte, not a second, slower parse of everything."""
+    import worker.openai.limits as limits
+
+    parses = []
+    monkeypatch.setattr(limits.json, "loads", lambda raw: parses.append(len(raw)) or
+                        json.JSONDecoder().decode(raw.decode()))
+    small = b'{"model": "tiny", "prompt": "hi", "temperature": NaN}'
+    with pytest.raises(APIError) as caught:
+        parse_body(small, CompletionRequest, LIMITS, CONTEXT_TOKENS)
+    assert (caught.value.code, caught.value.param) == ("invalid_value", "temperature")
+    assert parses == [len(small)]
+    batch = json.dumps([[7] * (CONTEXT_TOKENS - 1)] * 64)  # ~390 KiB: legal at this context
+    large = f'{{"model": "tiny", "prompt": {batch}, "temperature": NaN}}'.encode()
+    assert len(large) > limits.PYTHON_PARSE_MAX_BYTES
+    for read in (lambda: parse_body(large, CompletionRequest, LIMITS, CONTEXT_TOKENS),
+                 lambda: load_json(large, LIMITS, CONTEXT_TOKENS)):
+        with pytest.raises(APIError) as caught:
+            read()
+        assert (caught.value.status_code, caught.value.code, caught.value.message) == (
+            400, "invalid_json", "the request body is not valid JSON: JSON is malformed: "
+                                 f"invalid character (byte {large.index(b'NaN')})")
+    assert parses == [len(small)]

@@ -13,6 +13,7 @@ turn, so that a loss shows where it comes from.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections import Counter, defaultdict
@@ -89,7 +90,17 @@ def compare(base: tuple[dict, dict], other: tuple[dict, dict]) -> list[str]:
         lines.append(f"    r{key[0]} {'moved' if key[1] else 'stayed'}/"
                      f"{'moved' if key[2] else 'stayed'}: {count[key]:>3} turns, "
                      f"{diff[key]:+7d} tokens")
+    lines.append(f"  TTFT p50 / p90 by round, {bs['router']} then {os_['router']} (s):")
+    for rnd in sorted({k[0] for k in diff}):
+        pair = [(b, or_[rid]) for rid, b in br.items() if rid in or_
+                and (m := _TURN.match(rid)) and int(m[2]) == rnd]
+        lines.append(f"    r{rnd}: {_ttft([b for b, _ in pair])}  {_ttft([o for _, o in pair])}")
     return lines
+
+
+def _ttft(records: list[dict]) -> str:
+    xs = sorted(r["first_chunk_s"] - r["sent_s"] for r in records)
+    return f"{xs[len(xs) // 2]:.3f} / {xs[max(0, math.ceil(0.9 * len(xs)) - 1)]:.3f}"
 
 
 def main(paths: list[str]) -> None:

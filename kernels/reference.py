@@ -28,6 +28,13 @@ def write_kv(
 ) -> None:
     """Store key/value [T, Hkv, D] at slot_mapping [T] (int64); a negative slot is skipped."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if slot_mapping.numel() and int(slot_mapping.min()) >= 0:
+        # Every token is written (any decode step): one copy per cache, none of the masking
+        # below, which is most of a decode layer's KV write.
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping,
+                                                             value.to(v_cache.dtype))
+        return
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep].to(k_cache.dtype)
@@ -54,17 +61,17 @@ def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     """Masked softmax attention with GQA, through torch's fused SDPA (no [.., M, S] score
     tensor is materialized per head group by us; CPU and CUDA both have fused kernels).
 
-    q [N, M, Hq, D], k/v [N, S, Hkv, D] fp32, mask [N, M, S] (True = attend).
+    q [N, M, Hq, D], k/v [N, S, Hkv, D] fp32, mask [N, M, S] (True = attend; None: all).
     Returns [N, M, Hq, D] fp32.
     """
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=mask[:, None], scale=scale, enable_gqa=True,
+        attn_mask=None if mask is None else mask[:, None], scale=scale, enable_gqa=True,
     )  # [N, Hq, M, D]
     return out.transpose(1, 2)
 
@@ -102,8 +109,10 @@ def decode_attention(
         ])
     k = _gather_kv(k_cache, block_tables, max_len)
     v = _gather_kv(v_cache, block_tables, max_len)
-    positions = torch.arange(max_len, device=q.device)
-    mask = (positions[None, :] < seq_lens.to(q.device)[:, None])[:, None, :]  # [N, 1, S]
+    mask = None  # every sequence as long as the longest (one request): nothing to mask
+    if int(seq_lens.min()) < max_len:
+        positions = torch.arange(max_len, device=q.device)
+        mask = (positions[None, :] < seq_lens.to(q.device)[:, None])[:, None, :]  # [N, 1, S]
     out = _attend(q.float()[:, None], k, v, mask, scale)
     return out[:, 0].to(q.dtype)
 

@@ -81,15 +81,14 @@ class Attention(nn.Module):
         cache: LayerKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        num_tokens, num_heads = hidden.shape[0], self.num_heads
+        qkv = self.qkv_proj(hidden).view(num_tokens, -1, self.head_dim)  # [T, Hq + 2 Hkv, D]
+        # q and k side by side: one rotation for both (a decode step is many tiny ops).
+        qk, v = qkv[:, : num_heads + self.num_kv_heads], qkv[:, num_heads + self.num_kv_heads :]
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+            qk = torch.cat((self.q_norm(qk[:, :num_heads]), self.k_norm(qk[:, num_heads:])), 1)
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, :num_heads], qk[:, num_heads:]
         kernels.write_kv(k, v, cache.k_cache, cache.v_cache, meta.slot_mapping)
         if meta.decode_only:
             out = kernels.decode_attention(

@@ -1,9 +1,10 @@
 """Counts of the calls the KV index actor takes and the long polls it wakes, for benchmarks.
 
 The end path of a direct request costs CPU in four processes (replica, index actor, the
-router that routed it, the other routers), one Ray call or one woken poll at a time. On a
-shared 2-core box CPU time moves 25-35% from run to run; these counts do not, so two
-versions of the path compare by them. `IndexCounter` starts a Ray driver (a child process,
+router that routed it, the other routers), one Ray call or one woken poll at a time; these
+counts say what the CPU is spent on. They still follow the box's speed (a slower round trip
+batches more ends into a call), so two versions of the path compare over alternating rounds
+at like loads, not in one pair. `IndexCounter` starts a Ray driver (a child process,
 outside the CPU a benchmark measures) that creates the cluster's named index actor before
 `kvroute serve` does (the product finds it by name and uses it): the checkout's own
 `KVIndex`, each public method wrapped to count its calls, and what the calls carried:

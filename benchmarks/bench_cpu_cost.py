@@ -25,9 +25,10 @@ the box is CPU-bound, before kvroute does anything, with its replicas and client
 The served side's index actor is counted (benchmarks/simlib/index_counts.py): the calls it
 takes (report calls from the replicas, shared marks and work ends from the routers, mirror
 polls), what they carried and the long polls it woke, per request of each phase: what the
-CPU is spent on. They move with the box's speed too (a slower round trip batches more ends a
-call), less than the CPU: compare two checkouts (this script run from each, its directory on
-PYTHONPATH) over alternating rounds at like loads (results/bench_cpu_cost.txt).
+CPU is spent on. They move with the box's speed too (how many ends a call or a poll
+batches depends on the request rate and the round trips): compare two checkouts (this
+script run from each, its directory on PYTHONPATH) over alternating rounds at like loads
+(results/bench_cpu_cost.txt).
 
 The last line is a JSON object: per phase, CPU ms per request (burst) or per 1,000 tokens
 (streams) for each side and role, the served side's `index_calls_per_request` (burst) and

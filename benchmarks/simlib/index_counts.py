@@ -5,9 +5,9 @@ router that routed it, the other routers), one Ray call or one woken poll at a t
 counts say what the CPU is spent on. They still follow the box's speed (how many ends a
 call batches depends on the request rate and the round trips), so two versions of the path
 compare over alternating rounds at like loads, not in one pair. `IndexCounter` starts a
-Ray driver (a child process, outside the CPU a benchmark measures) that creates the cluster's
-named index actor before
-`kvroute serve` does (the product finds it by name and uses it): the checkout's own
+Ray driver (a child process, outside the CPU a benchmark measures) that creates the
+cluster's named index actor before `kvroute serve` does (the product finds it by name and
+uses it): the checkout's own
 `KVIndex`, each public method wrapped to count its calls, and what the calls carried:
   calls.<method>        calls the actor took (each one wakes it; `calls`: all of them)
   publishes_with_ends   publishes that carried route reports

@@ -20,10 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from worker.model.causal_lm import LlamaForCausalLM
 from worker.model.config import ModelConfig
 from worker.model.gguf.aligned_safetensors import ALIGN_BYTES
+from worker.model.layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear
 from worker.model.weights import expected_weight_names, weight_target
 from worker.tokenizer.files import load_tokenizer_files, read_json, require_dir
 from worker.tp.communicator import Communicator
@@ -144,4 +146,19 @@ def load_model(
     config.check_tp(comm.world_size)
     model = LlamaForCausalLM(config, comm, dtype, device)
     load_weights(model, model_dir)
+    if torch.device(device).type == "cpu":
+        store_linear_weights_transposed(model)
     return model.eval()
+
+
+def store_linear_weights_transposed(model: LlamaForCausalLM) -> None:
+    """On the CPU, every linear weight keeps its [out, in] shape but is stored transposed:
+    F.linear(x, w) multiplies by w.t(), a contiguous [in, out] matrix, and MKL's x @ W
+    streams that layout ~1.4x faster than [out, in] for one row (a decode step; measured on
+    smollm2's GEMVs: 35 ms a token against 50 ms). The copies leave the file mapping (the
+    replicas of a host no longer share these pages). A tied LM head gets its own copy: the
+    embedding keeps its rows contiguous for its lookups."""
+    for module in model.modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, ParallelLMHead)):
+            weight = module.weight.detach()
+            module.weight = nn.Parameter(weight.t().contiguous().t(), requires_grad=False)

@@ -164,12 +164,14 @@ def test_an_aligned_file_is_mapped_and_computes_as_a_copied_one(llama_dir, tmp_p
     mapped = make_runner(aligned)
     layer = mapped.model.layers[0]
     # whole tensors in the model's dtype: parts of the one mapping, no copy
-    for param in (mapped.model.embed_tokens.weight, layer.self_attn.o_proj.weight,
-                  layer.mlp.down_proj.weight, layer.input_layernorm.weight):
+    for param in (mapped.model.embed_tokens.weight, layer.input_layernorm.weight):
         assert param.untyped_storage().nbytes() == file_bytes
-    # fused from several tensors: copied into the model's own memory
-    fused = layer.mlp.gate_up_proj.weight
-    assert fused.untyped_storage().nbytes() == fused.numel() * fused.element_size()
+    # linear weights (fused or whole, and the LM head) are stored transposed on the
+    # CPU, in the model's own memory: [out, in] views of contiguous [in, out] matrices
+    for param in (layer.mlp.gate_up_proj.weight, layer.self_attn.o_proj.weight,
+                  layer.mlp.down_proj.weight, mapped.model.lm_head.weight):
+        assert param.t().is_contiguous() and not param.is_contiguous()
+        assert param.untyped_storage().nbytes() == param.numel() * param.element_size()
     # in bfloat16 nothing is mapped: every tensor is converted into the model's memory
     bf16 = make_runner(aligned, dtype="bfloat16").model.layers[0].self_attn.o_proj.weight
     assert bf16.untyped_storage().nbytes() == bf16.numel() * 2

@@ -16,6 +16,7 @@ itself: one HTTP hop, no Ray call in the token path.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import uuid
@@ -42,7 +43,7 @@ from router.front.metrics import GatewayMetrics
 from router.front.routing_body import Context, off_loop
 from router.front.tenants import TenantAuth, load_api_keys
 from router.gateway.admin import change_body, spec_from_body, worker_body
-from router.gateway.external_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
+from router.gateway.external_fields import CHAT_FIELDS, COMPLETION_FIELDS
 from router.gateway.external_proxy import ExternalProxy, ProxyConfig
 from router.gateway.external_router import ExternalWorkerRouter, NoWorkerAvailable
 from router.gateway.output_tokens import AnswerUsage
@@ -156,10 +157,9 @@ class ExternalGateway:
     async def _generation(self, request: Request, path: str, read, fields) -> Response:
         tenant = self.door.tenant(request)
         raw = await self.door.body(request)
-        routed = await self._routed(read, raw, tenant)
-        body = allowed_body(routed.body, fields, tenant)
+        routed = await self._routed(functools.partial(read, fields=fields), raw, tenant)
         return await until_disconnected(request, self._forward(
-            path, routed, body, tenant, arrival_of(request.scope)))
+            path, routed, routed.body, tenant, arrival_of(request.scope)))
 
     async def _workers_context(self) -> int | None:
         """The context length an up worker lists in its /v1/models (vLLM and kvroute engine

@@ -4,12 +4,11 @@ route, the output as the load term, every number bounded before it reaches the r
 after the model check, and with the workers' context length when one lists it. Nothing
 else is checked here (the worker validates the rest: it may
 accept parameters kvroute's own engine does not), and the body goes out as it came, unless
-a tenant's cache salt must be set in it.
+a field off the allowlist or a tenant's cache salt changes it.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from router.front.routing_body import (
     read_chat,
     read_completion,
 )
+from router.gateway.external_fields import forward_body
 from worker.openai.errors import APIError
 from worker.openai.limits import RequestLimits
 from worker.openai.prompt import PromptBuilder
@@ -46,29 +46,29 @@ def _load(raw: bytes, model: str, limits: RequestLimits, context: Context | None
     return data
 
 
-def _routed(read: RoutingRead, data: dict[str, Any], raw: bytes, tenant: str) -> RoutedBody:
-    """The body to forward: as received, or with the tenant's salt (never the client's own,
-    so tenants share no KV on the worker either; vLLM reads `cache_salt`)."""
-    body = raw if not tenant else json.dumps({**data, "cache_salt": tenant},
-                                             separators=(",", ":")).encode()
-    return RoutedBody(read.token_ids, read.output.total, body, read.stream,
-                      read.output.num_sequences)
+def _routed(read: RoutingRead, data: dict[str, Any], raw: bytes, tenant: str,
+            fields: frozenset[str] | None) -> RoutedBody:
+    """The body to forward (router/gateway/external_fields.py: `fields` only, the tenant's
+    salt), from the one parse of it."""
+    return RoutedBody(read.token_ids, read.output.total, forward_body(data, raw, fields, tenant),
+                      read.stream, read.output.num_sequences)
 
 
 def completion_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
-                    limits: RequestLimits = DEFAULT_LIMITS, context: Context | None = None
-                    ) -> RoutedBody:
+                    limits: RequestLimits = DEFAULT_LIMITS, context: Context | None = None,
+                    fields: frozenset[str] | None = None) -> RoutedBody:
     """A /v1/completions body. A batch of prompts is routed on its first one. With the
     workers' `context`, a prompt (text or ids) or output that cannot fit it is a 400 here,
     before it is routed or charged to a worker's load."""
     data = _load(raw, model, limits, context)
-    return _routed(read_completion(data, prompts, limits, context), data, raw, tenant)
+    return _routed(read_completion(data, prompts, limits, context), data, raw, tenant,
+                   fields)
 
 
 def chat_body(raw: bytes, prompts: PromptBuilder, model: str, tenant: str,
-              limits: RequestLimits = DEFAULT_LIMITS, context: Context | None = None
-              ) -> RoutedBody:
+              limits: RequestLimits = DEFAULT_LIMITS, context: Context | None = None,
+              fields: frozenset[str] | None = None) -> RoutedBody:
     """A /v1/chat/completions body, through the model's chat template (`context`: as for
     `completion_body`)."""
     data = _load(raw, model, limits, context)
-    return _routed(read_chat(data, prompts, limits, context), data, raw, tenant)
+    return _routed(read_chat(data, prompts, limits, context), data, raw, tenant, fields)

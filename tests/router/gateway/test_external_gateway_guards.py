@@ -13,11 +13,14 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from router.cluster.external_worker_spec import WorkerSpec
-from router.gateway.external_fields import CHAT_FIELDS, COMPLETION_FIELDS, allowed_body
+from router.gateway.external_fields import CHAT_FIELDS, COMPLETION_FIELDS, forward_body
 from router.gateway.external_gateway import CLIENT_GONE, until_disconnected
 from router.gateway.external_proxy import ExternalProxy
+from router.gateway.routed_body import completion_body
 from tests.router.lying_worker import LyingWorker
 from worker.openai.errors import APIError
+from worker.openai.prompt import PromptBuilder
+from worker.tokenizer.files import tokenizer_dir
 
 
 async def test_a_client_leaving_a_non_streamed_request_cancels_it_on_the_worker():
@@ -64,6 +67,10 @@ async def test_a_client_leaving_a_non_streamed_request_cancels_it_on_the_worker(
     assert released == [(spec.worker_id, None)] and statuses == [CLIENT_GONE]
 
 
+def allowed_body(raw: bytes, fields: frozenset[str], tenant: str) -> bytes:
+    return forward_body(json.loads(raw), raw, fields, tenant)
+
+
 def test_only_documented_fields_are_forwarded():
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 4, "top_k": 5, "ignore_eos": True,
             "kv_transfer_params": {"remote_host": "10.0.0.1"}, "cache_salt": "mine",
@@ -82,6 +89,18 @@ def test_only_documented_fields_are_forwarded():
         "max_completion_tokens": 3}
     clean = json.dumps({"model": "tiny", "prompt": "hi", "stream": True}).encode()
     assert allowed_body(clean, COMPLETION_FIELDS, "") is clean  # untouched: no copy
+
+
+def test_the_gateway_reads_the_forwarded_body_from_its_one_parse():
+    prompts = PromptBuilder(tokenizer_dir("tiny"), "tiny", 16)
+    raw = json.dumps({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2,
+                      "kv_transfer_params": {}, "cache_salt": "mine"}).encode()
+    routed = completion_body(raw, prompts, "tiny", "tenant-a", fields=COMPLETION_FIELDS)
+    assert json.loads(routed.body) == {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2,
+                                       "cache_salt": "tenant-a"}
+    assert routed.token_ids == [5, 6, 7]
+    clean = json.dumps({"model": "tiny", "prompt": [5, 6, 7]}).encode()
+    assert completion_body(clean, prompts, "tiny", "", fields=COMPLETION_FIELDS).body is clean
 
 
 @pytest.mark.parametrize("part", [

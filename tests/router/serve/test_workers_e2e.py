@@ -22,6 +22,8 @@ from ray import serve
 from benchmarks.simlib.engine_workers import SIM_TINY_ARGS, EngineWorker, stop_all
 from router.apps.external import workers_application
 from router.cli import APP_NAME
+from router.cluster.external_worker_probe import metrics_from_text
+from router.cluster.hit_bound import find_hit_bound
 from router.front.http_server import HttpConfig
 from router.serve.settings import ServeSettings
 from tests.router.serve.serve_helpers import Server, free_port, latency_counts, wait_until
@@ -64,9 +66,11 @@ def server(workers):
     # A crowded box can start Ray's agents slower than the raylet waits for by default.
     os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
     port = free_port()
-    # one gateway process: the per-tenant limit is counted per gateway (two by default)
+    # one gateway process: the per-tenant limit is counted per gateway (two by default);
+    # every block sampled for the pooled bound, so which of the shared prefix's blocks a
+    # lower rate keeps decides nothing
     settings = ServeSettings(model="tiny", workers=tuple(spec_of(w) for w in workers),
-                             gateways=1)
+                             gateways=1, pooled_sample_rate=1.0)
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="serve",
              object_store_memory=128 * 1024**2, log_to_driver=False)
     try:
@@ -245,6 +249,46 @@ def test_the_admin_api_needs_the_admin_key_and_changes_where_requests_go(server,
     assert dead.status_code == 502 and "http://127.0.0.1:1 is unreachable" in dead.text
     wait_until(lambda: len(ready(server)["workers"]) == 2,
                30, "the re-added worker in the gateway's view")
+
+
+def test_the_loss_ladder_reads_the_workers(server, workers):
+    """The pooled bound over the gateway's routed prompts, at the capacity the workers
+    export (vllm:cache_config_info), and the miss causes of each request, which add up to
+    the prompt tokens its worker did not serve from cache (the answer's usage)."""
+    capacity_tokens = sum(
+        metrics_from_text(httpx.get(f"{w.url}/metrics", timeout=30).text).kv_capacity_tokens
+        for w in workers)
+    c = client(server)
+    bound = find_hit_bound()
+
+    def capacity_known() -> bool:
+        """A batch carries the capacity the gateway knows when it is sent: route one."""
+        c.completions.create(model="tiny", prompt=f"{SHARED} capacity", max_tokens=1)
+        return ray.get(bound.stats.remote())["capacity_blocks"] == capacity_tokens // 16
+
+    wait_until(capacity_known, 30, "the workers' capacity at the hit-bound actor", 0.5)
+
+    def misses() -> float:
+        return server.sum_metric("kvroute_miss_tokens_total")
+
+    before, uncached = misses(), 0
+    for i in range(4):
+        usage = c.completions.create(model="tiny", prompt=f"{SHARED} ladder {i}",
+                                     max_tokens=1).usage
+        uncached += usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens
+    wait_until(lambda: misses() == before + uncached, 30, "the requests' miss causes")
+
+    def rungs() -> dict[str, float]:
+        return server.by_label("kvroute_pooled_hit_ratio", "capacity", window="all")
+
+    # the actor pushes its series every second: one push after it learned the capacity
+    wait_until(lambda: set(rungs()) == {"0.5x", "1x", "2x", "4x", "inf"}, 30,
+               "the bound's series at each capacity multiple")
+    ratios = rungs()
+    # a larger LRU never hits less; the shared prefix hits
+    assert ratios["0.5x"] <= ratios["1x"] <= ratios["2x"] <= ratios["inf"] <= 1
+    assert ratios["inf"] > 0
+    assert server.sum_metric("kvroute_pooled_sampled_accesses_total") > 0
 
 
 async def _stream(c: openai.AsyncOpenAI, i: int) -> str:

@@ -14,11 +14,13 @@ vLLM sampling extensions kvroute documents (docs/parameters.md):
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
 
 from worker.openai.errors import APIError
+from worker.openai.limits import PYTHON_PARSE_MAX_BYTES
 
 _OPENAI_COMMON = frozenset({
     "model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
@@ -51,7 +53,11 @@ def forward_body(data: dict[str, Any], raw: bytes, fields: frozenset[str] | None
     kept = data if fields is None else {k: v for k, v in data.items() if k in fields}
     if tenant:
         kept = {**kept, "cache_salt": tenant}
-    return _ENCODER.encode(kept)
+    if len(raw) <= PYTHON_PARSE_MAX_BYTES:
+        # Python's parser may have read it (NaN, Infinity, a lone surrogate): written back
+        # as the client sent it, for the worker to refuse, not made null or an error here
+        return json.dumps(kept, separators=(",", ":")).encode()
+    return _ENCODER.encode(kept)  # msgspec parsed it: nothing msgspec cannot write
 
 
 def _check_text_parts(data: dict[str, Any]) -> None:

@@ -91,6 +91,13 @@ def test_only_documented_fields_are_forwarded():
     assert allowed_body(clean, COMPLETION_FIELDS, "") is clean  # untouched: no copy
 
 
+def test_what_python_parsed_of_a_small_body_goes_on_as_the_client_sent_it():
+    raw = b'{"model":"tiny","prompt":"hi","temperature":NaN,"top_p":1e400,"user":"\\ud800"}'
+    sent = allowed_body(raw, COMPLETION_FIELDS, "tenant-a")  # re-written: salted
+    assert b'"temperature":NaN' in sent and b'"top_p":Infinity' in sent  # the worker's 400
+    assert json.loads(sent)["user"] == "\ud800" and b'"cache_salt":"tenant-a"' in sent
+
+
 def test_the_gateway_reads_the_forwarded_body_from_its_one_parse():
     prompts = PromptBuilder(tokenizer_dir("tiny"), "tiny", 16)
     raw = json.dumps({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2,

@@ -27,7 +27,7 @@ from worker.openai.schema import ChatCompletionRequest, CompletionRequest, parse
 
 LIMITS = RequestLimits()
 CONTEXT_TOKENS = 2048
-WORDS = max_strings_and_objects(LIMITS)  # 16 x 4,096 + 300 + 128 + 4,096
+WORDS = max_strings_and_objects(LIMITS)  # 18 x 4,096 + 300 + 128 + 4,096
 ITEMS = max_list_items(LIMITS, CONTEXT_TOKENS)  # 128 x 2,048 + 256 + WORDS
 
 
@@ -129,15 +129,22 @@ def test_one_list_is_bounded_by_the_context_where_a_batch_of_it_is_not(context_t
         assert load_json(raw, LIMITS, context_tokens)["prompt"] == prompt
 
 
-def test_the_most_messages_with_names_and_parts_pass():
+def test_the_most_messages_with_names_and_parts_pass_beside_a_workers_tools():
     message = {"role": "user", "name": "n", "content": [{"type": "text", "text": "a"},
                                                         {"type": "text", "text": "b"}]}
-    raw = json.dumps({"model": "tiny", "messages": [message] * MAX_MESSAGES,
-                      "stop": ["x", "y", "z", "w"], "user": "u",
-                      "stream_options": {"include_usage": True}, "stream": True}).encode()
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+        "type": "object", "required": ["a", "b"], "properties": {
+            "a": {"type": "string", "description": "x"},
+            "b": {"type": "array", "items": {"type": "integer"}}}}}}
+    fields = {"model": "tiny", "messages": [message] * MAX_MESSAGES,
+              "stop": ["x", "y", "z", "w"], "user": "u",
+              "stream_options": {"include_usage": True}, "stream": True}
+    raw = json.dumps(fields).encode()
     body = parse_body(raw, ChatCompletionRequest, LIMITS, CONTEXT_TOKENS)
     assert len(body.messages) == MAX_MESSAGES and body.messages[0].text() == "ab"
-    assert load_json(raw, LIMITS, CONTEXT_TOKENS)["user"] == "u"
+    # the workers gateway forwards tools (kvroute's engine refuses them after this check)
+    with_tools = json.dumps({**fields, "tools": [tool] * 20}).encode()
+    assert load_json(with_tools, LIMITS, CONTEXT_TOKENS)["user"] == "u"
 
 
 @pytest.mark.parametrize("text", [

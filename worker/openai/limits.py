@@ -63,8 +63,9 @@ def check_body_size(num_bytes: int, limits: RequestLimits) -> None:
 MAX_MESSAGES = 4096  # per chat request; 100,000 empty ones took 2 s to template
 MAX_STOP_STRINGS = 4  # OpenAI's cap; the detokenizer scans each at every token
 LOGIT_BIAS_KEYS = 300  # OpenAI's cap on logit_bias entries
-# Strings and objects a chat message may need (one with a name and two text parts has 14).
-STRINGS_PER_MESSAGE = 16
+# Strings, lists and objects a chat message may need: one with a name and two text parts has
+# 17 (13 strings, 3 objects, its content list); one more for the request's other lists.
+STRINGS_PER_MESSAGE = 18
 # Strings and objects of everything else one request may carry: its fields, a worker's tools
 # and response_format schema (the external gateway forwards them), stop strings.
 FIELD_STRINGS = 4096

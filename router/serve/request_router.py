@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,9 @@ log = logging.getLogger(__name__)
 
 # From a direct request's end on its replica to its release here: the time this router's
 # load holds a request that has ended.
+# Request ids whose miss causes were counted, kept to count a retried request once (far more
+# than are ever in flight between an attempt and its retry).
+MISSES_COUNTED_IDS = 65_536
 END_DELAY_BUCKETS_S = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04,
                        0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -117,6 +121,7 @@ class ServeRequestRouter(RequestRouter):
         self._bound = HitBoundLink(self.gateway_id, self.router.config.block_size,
                                    HitCurveConfig(**(bound or {})))
         self._started = False
+        self._misses_counted: OrderedDict[str, None] = OrderedDict()  # the newest ids
         # Ray's, Serve's and this router's start-up objects leave the collector's
         # generations: a full collection inside a decision would walk all of them
         # (~80 ms at ~140k objects, router/core/gc_policy.py)
@@ -217,8 +222,15 @@ class ServeRequestRouter(RequestRouter):
         knew are counted (a pin, which asks no output, is no request's miss)."""
         with self._lock:
             record = self.router.ledger.get(internal_request_id)
-            causes = self.router.on_finished(
-                internal_request_id, count_misses=record is not None and record.max_tokens > 0)
+            # a request's misses count once: a retry after a rejected attempt is routed
+            # again under the same id
+            count = (record is not None and record.max_tokens > 0
+                     and internal_request_id not in self._misses_counted)
+            if count:
+                self._misses_counted[internal_request_id] = None
+                if len(self._misses_counted) > MISSES_COUNTED_IDS:
+                    self._misses_counted.popitem(last=False)
+            causes = self.router.on_finished(internal_request_id, count_misses=count)
         if causes is not None:
             self.metrics.observe_misses(causes)
         if record is not None:  # where the other routers count it

@@ -27,3 +27,13 @@ async def test_each_ended_call_counts_the_causes_its_decision_knew():
     router.on_request_completed(second.replica_id, "q2")
     router.on_request_completed(second.replica_id, "q2")  # a late repeat counts nothing
     assert misses(router) == {"cold": 65}
+
+
+async def test_a_retried_request_counts_its_misses_once():
+    router = make_router()
+    candidates = [replica("a"), replica("b")]
+    [first], [_] = await router.choose_replicas(candidates, pending("q1"))
+    router.on_request_completed(first.replica_id, "q1")  # the replica rejected it
+    [again], [_] = await router.choose_replicas(candidates, pending("q1"))  # Serve's retry
+    router.on_request_completed(again.replica_id, "q1")
+    assert misses(router) == {"cold": 64}

@@ -12,16 +12,17 @@ that batch on purpose: the actor sees the gap and asks for a snapshot, so nothin
 retry buffer here.
 
 With direct streaming the replica also reports the routes it serves
-(router/serve/route_tracking.py): an end goes to the index actor soon (`report_routes`: a
+(router/serve/route_tracking.py): an end publishes soon, with the events drained so far (a
 router's load holds an ended request for that round trip, not for up to a publish interval
-more); claims, which only need to arrive within the routers' claim window, go with it or
-with the next publish. One report is in flight at a time, and a report starts no sooner
-than `min_report_gap_s` after the last call that carried reports: a lone end on a quiet
-replica leaves at once, a busy replica's ends queue meanwhile and go together (each call
-costs the replica, the actor and the woken router CPU: one a request cost 1.5-2 ms of CPU
-a request on a 2-core box). A failed report is queued again for the next (the routers
-apply a claim or an end once however often it comes); a lost publish loses the claims it
-carried, and the routers release those routes after a timeout instead.
+more, and the blocks the request stored reach the routers with its end: one call and one
+wake of each router a request, where a report of its own beside the publish cost two of
+each); claims, which only need to arrive within the routers' claim window, go with it or
+with the next publish. One publish is in flight at a time (their batches keep their
+order), and an early one starts no sooner than `min_report_gap_s` after the last call that
+carried reports: a lone end on a quiet replica leaves at once, a busy replica's ends queue
+meanwhile and go together. A failed publish puts its reports back for the next (the
+routers apply a claim or an end once however often it comes) and loses its events, as a
+periodic one does.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class RouteReportSource(Protocol):
     """The claims and ends of the routes a replica serves (router/serve/route_tracking.py)."""
 
     def take(self) -> dict[str, tuple[str, ...]]: ...
+    def pending(self) -> bool: ...
     def put_back(self, reports: dict[str, tuple[str, ...]]) -> None: ...
     def on_end(self, listener: Callable[[], None] | None) -> None: ...
 
@@ -85,7 +87,7 @@ class RouteReportSource(Protocol):
 class ReplicaPublisher:
     """Publishes one engine's events to the index actor that `get_index()` returns (called
     again after a failure: a dead actor is re-created under its name). The actor has the
-    remote methods `publish`, `publish_snapshot`, `report_routes` and `forget_replica`."""
+    remote methods `publish`, `publish_snapshot` and `forget_replica`."""
 
     def __init__(self, engine: EventSource, get_index: Callable[[], Any],
                  config: PublisherConfig | None = None,
@@ -104,6 +106,8 @@ class ReplicaPublisher:
         # the report task that runs: ends queued meanwhile go with it
         self._report_task: asyncio.Task | None = None
         self._report_failing = False  # the last report failed (logged once)
+        # one publish at a time: a batch drained later must not reach the actor first
+        self._publish_lock = asyncio.Lock()
         self._clock, self._sleep = clock, sleep
         # the next report starts no sooner than this (`clock()` seconds)
         self._next_report_s = float("-inf")
@@ -141,23 +145,32 @@ class ReplicaPublisher:
         except ray.exceptions.RayError as err:
             log.warning("goodbye to the index actor failed: %s", err)
 
-    async def _publish(self, index: Any, force: bool = False) -> None:
-        batch = self._engine.drain_events()  # an empty drain takes no sequence number
-        stats = self._engine.stats()
-        ended = self._route_reports.take() if self._route_reports is not None else None
-        now_s = time.monotonic()
-        if (not force and not batch.events and not ended and stats == self._last_stats
-                and now_s - self._last_sent_s < self._config.heartbeat_interval_s):
-            return
-        if ended:  # it carries reports: the next report keeps the gap from it too
-            self._next_report_s = self._clock() + self._config.min_report_gap_s
-        needs_snapshot = await index.publish.remote(batch, stats, ended or None)
-        self._last_stats, self._last_sent_s = stats, now_s
-        self.num_publishes_sent += 1
-        if needs_snapshot:
-            await index.publish_snapshot.remote(self._engine.snapshot(), stats,
-                                                self._engine.pinned_prefixes())
-            self.num_snapshots_sent += 1
+    async def _publish(self, index: Any, force: bool = False) -> bool:
+        """Sends what is news (everything when `force`): the events drained, the stats, the
+        route reports queued. True if a publish was sent."""
+        async with self._publish_lock:
+            batch = self._engine.drain_events()  # an empty drain takes no sequence number
+            stats = self._engine.stats()
+            ended = self._route_reports.take() if self._route_reports is not None else None
+            now_s = time.monotonic()
+            if (not force and not batch.events and not ended and stats == self._last_stats
+                    and now_s - self._last_sent_s < self._config.heartbeat_interval_s):
+                return False
+            if ended:  # it carries reports: the next report keeps the gap from it too
+                self._next_report_s = self._clock() + self._config.min_report_gap_s
+            try:
+                needs_snapshot = await index.publish.remote(batch, stats, ended or None)
+            except BaseException:
+                if ended:  # the routers apply a report once however often it comes
+                    self._route_reports.put_back(ended)
+                raise
+            self._last_stats, self._last_sent_s = stats, now_s
+            self.num_publishes_sent += 1
+            if needs_snapshot:
+                await index.publish_snapshot.remote(self._engine.snapshot(), stats,
+                                                    self._engine.pinned_prefixes())
+                self.num_snapshots_sent += 1
+            return True
 
     def _report_soon(self) -> None:
         """A request ended (on any thread): its report leaves on the publisher's loop."""
@@ -183,23 +196,19 @@ class ReplicaPublisher:
             self._report_task = self._loop.create_task(self._report())
 
     async def _report(self) -> None:
-        """Sends the queued claims and ends, then again, a gap after the last call, while
-        more queued meanwhile."""
+        """Publishes the queued claims and ends (with the events drained so far), then
+        again, a gap after the last call, while more queued meanwhile."""
         try:
             while True:
                 wait_s = self._next_report_s - self._clock()
                 if wait_s > 0:  # the gap: ends that come meanwhile go together after it
                     await self._sleep(wait_s)
-                reports = self._route_reports.take()
-                if not reports:
+                if not self._route_reports.pending():
                     return
-                self._next_report_s = self._clock() + self._config.min_report_gap_s
                 try:
-                    await self._index.call(lambda index, reports=reports: (
-                        index.report_routes.remote(reports, self._replica_id)))
-                except Exception as err:  # the actor is away: they go with the next report
-                    # or publish (a publish's retry interval from now), not in a loop here
-                    self._route_reports.put_back(reports)
+                    await self._index.call(self._publish)
+                except Exception as err:  # the actor is away: they go with the next
+                    # publish (a retry interval from now), not in a loop here
                     if not self._report_failing:  # once an outage, not once a request
                         log.warning("reporting route ends to the index actor failed: %r", err)
                     self._report_failing = True

@@ -7,11 +7,12 @@ The router charges a replica's load when it routes a request there; with direct 
 it sees neither the request arrive nor end. The claim tells it the request got here (a route
 no replica claims within a few seconds never will: HAProxy's client left, or the request went
 elsewhere, router/serve/request_router.py); the end releases the load, and a refusal all
-the router charged for it. An end leaves soon (the publisher's `report_routes` call to
-the index actor, which wakes that router's long poll; one call in flight and a short gap
-between calls, what ends meanwhile goes with the next: a lone end at once), and claims
-with it or with the replica's next publish (router/cluster/route_ends.py): an ended
-request's load counts on the router for that round trip, not for a publish interval too.
+the router charged for it. An end leaves soon (the publisher publishes early, with the
+events drained so far, and the index actor wakes the routers' long polls; one publish in
+flight and a short gap between the calls that carry reports, what ends meanwhile goes with
+the next: a lone end at once), and claims with it or with the replica's next publish
+(router/cluster/route_ends.py): an ended request's load counts on the router for that
+round trip, not for a publish interval too.
 
 A request whose route header does not verify (sent to the replica's port by anyone but
 HAProxy) is served as one no router routed, and counted.
@@ -76,6 +77,11 @@ class RouteReports:
         with self._lock:
             reports, self._reports = self._reports, {}
         return {router_id: tuple(ids) for router_id, ids in reports.items()}
+
+    def pending(self) -> bool:
+        """Whether any claim or end waits to be taken."""
+        with self._lock:
+            return bool(self._reports)
 
     def put_back(self, reports: dict[str, tuple[str, ...]]) -> None:
         """Reports a failed send took: ahead of those queued since."""

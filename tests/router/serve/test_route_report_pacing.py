@@ -1,6 +1,7 @@
-"""A replica's route reports, paced: a lone end leaves at once; a busy replica's ends wait
-for the gap after the last report (`min_report_gap_s`) and go together, one call in flight.
-The clock and the gap's sleep are faked: each sleep parks until the test lets it end."""
+"""A replica's route reports, paced: a lone end publishes at once; a busy replica's ends wait
+for the gap after the last call that carried reports (`min_report_gap_s`) and go together,
+one publish in flight. The clock and the gap's sleep are faked: each sleep parks until the
+test lets it end."""
 
 import asyncio
 from types import SimpleNamespace
@@ -32,13 +33,18 @@ class FakeTime:
         self._wake.set_result(None)
 
 
+# an engine with nothing new: each publish carries only the reports
+ENGINE = SimpleNamespace(drain_events=lambda: SimpleNamespace(events=()), stats=lambda: None)
+
+
 class GatedIndex:
-    """Records each `report_routes` call; a call returns when the test opens its gate."""
+    """Records the reports each `publish` carries; a call returns (asking no snapshot) when
+    the test opens its gate."""
 
     def __init__(self) -> None:
         self.reports: list[dict[str, tuple[str, ...]]] = []
         self.gate: asyncio.Future | None = None
-        self.report_routes = SimpleNamespace(remote=self._report_routes)
+        self.publish = SimpleNamespace(remote=self._publish)
         self._called = asyncio.Event()
 
     async def next_call(self) -> None:
@@ -47,12 +53,12 @@ class GatedIndex:
         await self._called.wait()
         self._called.clear()
 
-    async def _report_routes(self, reports, replica_id) -> None:
-        assert replica_id == "replica-a"
+    async def _publish(self, batch, stats, reports) -> bool:
         self.reports.append(reports)
         self._called.set()
         self.gate = asyncio.get_running_loop().create_future()
         await self.gate
+        return False
 
 
 async def _settle() -> None:
@@ -69,7 +75,7 @@ def _end(reports: RouteReports, route_id: str) -> str:
 async def test_a_busy_replicas_ends_wait_for_the_gap_and_go_together():
     fake, index = FakeTime(), GatedIndex()
     reports = RouteReports(clock=lambda: 7.0)
-    publisher = ReplicaPublisher(SimpleNamespace(), lambda: index,
+    publisher = ReplicaPublisher(ENGINE, lambda: index,
                                  PublisherConfig(min_report_gap_s=GAP_S), reports,
                                  "replica-a", clock=fake.clock, sleep=fake.sleep)
     publisher.start()  # no Ray here: the periodic publish loop ends at once
@@ -106,7 +112,7 @@ async def test_a_busy_replicas_ends_wait_for_the_gap_and_go_together():
 async def test_a_failed_report_is_sent_again_after_the_gap():
     fake, index = FakeTime(), GatedIndex()
     reports = RouteReports(clock=lambda: 7.0)
-    publisher = ReplicaPublisher(SimpleNamespace(), lambda: index,
+    publisher = ReplicaPublisher(ENGINE, lambda: index,
                                  PublisherConfig(min_report_gap_s=GAP_S), reports,
                                  "replica-a", clock=fake.clock, sleep=fake.sleep)
     publisher.start()

@@ -13,10 +13,11 @@ runtime; they never time out, and each one's mode (events | approximate) comes w
 poll reply. A restarted actor has forgotten them: whoever added them adds them again when
 `get_incarnation()` changes.
 
-With direct streaming, replicas also report the ends of requests a router routed, as they
-end (`report_routes`, which wakes only those routers' long polls, each at most once every
-`min_end_wake_gap_s` for ends alone) and with each publish, and each router's poll takes
-its own (router/cluster/route_ends.py).
+With direct streaming, replicas also report the claims and ends of requests a router
+routed, with their publishes (a request's end publishes at once), and each router's poll
+takes its own (router/cluster/route_ends.py); every other router gets the ends as work ends
+in the routing router's name, as if it had shared them (router/cluster/shared_marks.py),
+so that router need not send them back through here.
 
 The routers that polled in the last `router_timeout_s` are the live routers; each reply
 tells its router its rank among them, sorted by id, from which it lists the replicas
@@ -44,7 +45,7 @@ from router.cluster.external_workers import ExternalWorkers
 from router.cluster.index_actor_calls import ExternalWorkerCalls, PrefixCalls
 from router.cluster.metrics_hub import MetricsPusher
 from router.cluster.packed_batches import PackedBatches, join, split
-from router.cluster.poll_messages import PollReply, PollRequest, values_of
+from router.cluster.poll_messages import PollReply, PollRequest, positions_of, values_of
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds, work_ends_of
@@ -85,10 +86,6 @@ class _Replica:
     log: ReplicaLog
     last_seen_s: float
     stats: EngineStats | None = None
-    stats_values: tuple = ()  # `stats` as `values_of` makes it, made once a publish
-
-    def set_stats(self, stats: EngineStats) -> None:
-        self.stats, self.stats_values = stats, values_of(stats)
 
 
 class KVIndex(PrefixCalls, ExternalWorkerCalls):
@@ -98,10 +95,17 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         self._config = config or IndexActorConfig()
         self.incarnation = uuid.uuid4().hex  # new after every (re)start of the actor
         self._replicas: dict[str, _Replica] = {}
+        # Each synced replica's (epoch, next_seq), kept as its log changes: a poll finds the
+        # replicas its cursors lag behind as a set difference of these items (in C), not by
+        # visiting every replica (O(replicas) Python a poll, 8 routers' polls a core at 800).
+        self._positions: dict[str, tuple[str, int]] = {}
+        # Every replica's latest stats, and them as `values_of` makes them (made once a
+        # publish, not once a reply), in the same order: a reply copies both.
+        self._stats: dict[str, EngineStats] = {}
+        self._stats_values: dict[str, tuple] = {}
         self._router_views: dict[str, tuple[float, dict[str, ContentsDigest]]] = {}
         self._router_ids: tuple[str, ...] = ()  # the live routers, sorted (their ranks)
         self.route_ends = RouteEnds(self._config.router_timeout_s,
-                                    on_dropped=self._relay_dropped_ends,
                                     min_take_gap_s=self._config.min_end_wake_gap_s)
         self.shared_marks = SharedMarks()
         self.prefixes = PrefixRegistry()
@@ -119,8 +123,9 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         rep = self._touch(batch.replica_id)
         news = bool(batch.events or ended_routes) or (stats is not None and stats != rep.stats)
         if stats is not None:
-            rep.set_stats(stats)
+            self._set_stats(batch.replica_id, rep, stats)
         needs_snapshot = rep.log.publish(batch)
+        self._note_position(batch.replica_id, rep)
         if ended_routes:
             self.route_ends.add(ended_routes, batch.replica_id)
         if news:  # a bare heartbeat wakes no router's long poll
@@ -148,9 +153,10 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
             stat = stats.get(batch.replica_id)
             news = news or bool(batch.events) or (stat is not None and stat != rep.stats)
             if stat is not None:
-                rep.set_stats(stat)
+                self._set_stats(batch.replica_id, rep, stat)
             if rep.log.publish(batch, columns):
                 needs_snapshot.append(batch.replica_id)
+            self._note_position(batch.replica_id, rep)
         if news:
             self._notify()
         return tuple(needs_snapshot)
@@ -168,13 +174,17 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
                     self.prefixes.adopt(record)
         rep = self._touch(snap.replica_id)
         if stats is not None:
-            rep.set_stats(stats)
+            self._set_stats(snap.replica_id, rep, stats)
         rep.log.apply_snapshot(snap)
+        self._note_position(snap.replica_id, rep)
         self._notify()
 
     def forget_replica(self, replica_id: str) -> bool:
         """Drops a replica (goodbye, or reported dead); True when it was known."""
         known = self._replicas.pop(replica_id, None) is not None
+        self._positions.pop(replica_id, None)
+        self._stats.pop(replica_id, None)
+        self._stats_values.pop(replica_id, None)
         self.prefixes.orphan_replica(replica_id)
         if known:
             self._notify()
@@ -259,6 +269,12 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
     def check_invariants(self) -> None:
         for rep in self._replicas.values():
             rep.log.check_invariants()
+        assert self._positions == {rid: (rep.log.epoch, rep.log.next_seq)
+                                   for rid, rep in self._replicas.items() if rep.log.synced}
+        assert self._stats == {rid: rep.stats for rid, rep in self._replicas.items()
+                               if rep.stats is not None}
+        assert list(self._stats_values) == list(self._stats)
+        assert all(values_of(self._stats[r]) == v for r, v in self._stats_values.items())
         self.shared_marks.check_invariants()
 
     # ---- internals ----
@@ -267,13 +283,13 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         self._expire()
         snapshots: list[Snapshot] = []
         batches: list = []  # EventBatch, or PackedBatches of one batch when packed
-        for replica_id, rep in self._replicas.items():
-            if not rep.log.synced:
-                continue
+        positions = positions_of(request.cursors)
+        # the synced replicas whose position the router lacks, in the replicas' order
+        behind = {rid for rid, _ in self._positions.items() - positions.items()}
+        for replica_id in (self._positions if len(behind) == len(self._positions)
+                           else [r for r in self._positions if r in behind]):
+            rep = self._replicas[replica_id]
             cursor = request.cursors.get(replica_id)
-            if cursor is not None and cursor.next_seq == rep.log.next_seq and (
-                    cursor.epoch == rep.log.epoch):
-                continue  # nothing new: most replicas, at a poll's rate
             delta = (rep.log.packed_delta_since(cursor) if request.packed
                      else rep.log.delta_since(cursor))
             if delta is None:
@@ -282,14 +298,24 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
                     snapshots.append(snap)
             else:
                 batches.extend(delta)
-        removed = tuple(sorted(set(request.cursors) - set(self._replicas)))
-        with_stats = [(rid, rep) for rid, rep in self._replicas.items() if rep.stats is not None]
-        stats = {rid: rep.stats for rid, rep in with_stats}
+        removed = tuple(sorted(positions.keys() - self._replicas.keys()))
         packed = join(batches) if request.packed else None
-        return PollReply(tuple(snapshots), () if request.packed else tuple(batches), stats,
-                         removed, self.external_workers.modes(), (), self.incarnation,
-                         self.shared_marks.take(request.router_id), packed,
-                         tuple(rep.stats_values for _, rep in with_stats))
+        return PollReply(tuple(snapshots), () if request.packed else tuple(batches),
+                         dict(self._stats), removed, self.external_workers.modes(), (),
+                         self.incarnation, self.shared_marks.take(request.router_id), packed,
+                         stats_values=tuple(self._stats_values.values()))
+
+    def _set_stats(self, replica_id: str, rep: _Replica, stats: EngineStats) -> None:
+        rep.stats = self._stats[replica_id] = stats
+        self._stats_values[replica_id] = values_of(stats)
+
+    def _note_position(self, replica_id: str, rep: _Replica) -> None:
+        """Keeps `_positions` as the replica's log now stands (after it changed)."""
+        log = rep.log
+        if log.synced:
+            self._positions[replica_id] = (log.epoch, log.next_seq)
+        else:
+            self._positions.pop(replica_id, None)
 
     def _touch(self, replica_id: str) -> _Replica:
         rep = self._replicas.get(replica_id)
@@ -306,13 +332,6 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         for replica_id in [r for r, rep in self._replicas.items()
                            if rep.last_seen_s < cutoff and r not in external]:
             self.forget_replica(replica_id)
-
-    def _relay_dropped_ends(self, router_id: str, dropped: list[tuple[str | None, str]]
-                            ) -> None:
-        """A gone router's route ends, which it will never take nor share: the work the
-        other routers count for its routes goes with them, as if it had shared them."""
-        if self.shared_marks.add(router_id, work_ends_of(dropped)):
-            self._notify(skip_router_id=router_id)
 
     def _notify(self, skip_router_id: str | None = None,
                 only_router_ids: frozenset[str] | None = None, news: object = None) -> None:

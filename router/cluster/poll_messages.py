@@ -9,6 +9,7 @@ not an object a replica: a poll runs many times a second at hundreds of replicas
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kv.events import ContentsDigest, Cursor, EventBatch, Snapshot
@@ -21,7 +22,7 @@ from router.core.candidates import RouterRank
 @dataclass(frozen=True)
 class PollRequest:
     router_id: str
-    cursors: dict[str, Cursor]  # replica_id -> what this router has applied
+    cursors: Mapping[str, Cursor]  # replica_id -> what this router has applied
     wait_s: float = 0.0  # long poll: wait up to this long for news
     view: dict[str, ContentsDigest] = field(default_factory=dict)  # the router's index
     # the reply's batches as columns (`PollReply.packed`), not EventBatch objects
@@ -38,8 +39,35 @@ class PollRequest:
 
 def _poll_request(fields: dict, replica_ids: tuple[str, ...], epochs: tuple[str, ...],
                   next_seqs: tuple[int, ...]) -> PollRequest:
-    return PollRequest(cursors=dict(zip(replica_ids, map(Cursor, epochs, next_seqs))),
+    return PollRequest(cursors=CursorColumns(dict(zip(replica_ids, zip(epochs, next_seqs)))),
                        **fields)
+
+
+class CursorColumns(Mapping[str, Cursor]):
+    """A request's cursors as they arrived, (epoch, next_seq) tuples, a `Cursor` made only
+    when one is read: the actor compares the tuples, and a Cursor object each cost 1.2 ms
+    a poll at 800 replicas, most of the request's unpickling."""
+
+    __slots__ = ("positions",)
+
+    def __init__(self, positions: dict[str, tuple[str, int]]):
+        self.positions = positions
+
+    def __getitem__(self, replica_id: str) -> Cursor:
+        return Cursor(*self.positions[replica_id])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.positions)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+
+def positions_of(cursors: Mapping[str, Cursor]) -> dict[str, tuple[str, int]]:
+    """replica_id -> (epoch, next_seq) of each cursor."""
+    if isinstance(cursors, CursorColumns):
+        return cursors.positions
+    return {rid: (c.epoch, c.next_seq) for rid, c in cursors.items()}
 
 
 @dataclass(frozen=True)

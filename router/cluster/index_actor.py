@@ -121,22 +121,41 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         """Applies a replica's batch (and queues the route ids that ended there, by router
         id); True asks the replica for `publish_snapshot`."""
         rep = self._touch(batch.replica_id)
-        news = bool(batch.events or ended_routes) or (stats is not None and stats != rep.stats)
+        news = bool(batch.events) or (stats is not None and stats != rep.stats)
         if stats is not None:
             self._set_stats(batch.replica_id, rep, stats)
         needs_snapshot = rep.log.publish(batch)
         self._note_position(batch.replica_id, rep)
         if ended_routes:
-            self.route_ends.add(ended_routes, batch.replica_id)
+            self._add_route_reports(ended_routes, batch.replica_id, wake=not news)
         if news:  # a bare heartbeat wakes no router's long poll
             self._notify()
         return needs_snapshot
 
     def report_routes(self, reports: dict[str, tuple[str, ...]],
                       replica_id: str | None = None) -> None:
-        """Claims and ends of direct routes a replica reports at once (by router id, as
-        `publish` carries them): queued for those routers, whose long polls wake now."""
-        routers = self.route_ends.add(reports, replica_id)
+        """Claims and ends of direct routes a replica reports without a publish (by router
+        id, as `publish` carries them)."""
+        self._add_route_reports(reports, replica_id, wake=True)
+
+    def _add_route_reports(self, reports: dict[str, tuple[str, ...]],
+                           replica_id: str | None, wake: bool) -> None:
+        """Queues each router's reports for it, and relays their ends to the other routers
+        as its work ends (their load counts its routes' work). `wake`: wakes the long polls
+        that got news, the routers' own reports as ends alone (which keep their gap)."""
+        relayed_from = set()
+        if replica_id is not None:  # an end names its replica
+            for router_id, route_ids in reports.items():
+                if self.shared_marks.add(router_id, work_ends_of(replica_id, route_ids)):
+                    relayed_from.add(router_id)
+        routers = self.route_ends.add(reports)
+        if not wake:
+            return
+        if len(relayed_from) > 1:  # every router has another's ends
+            self._notify()
+            return
+        if relayed_from:
+            self._notify(skip_router_id=next(iter(relayed_from)))
         if routers:
             self._notify(only_router_ids=frozenset(routers), news=_ENDS_ONLY)
 

@@ -3,19 +3,19 @@ routed them.
 
 With direct streaming the request goes from HAProxy straight to the engine replica's HTTP
 port, so the router that picked the replica never sees it end. The replica tells it through
-the index actor: it sends the route ids that ended as they end (`report_routes`, one call
-in flight and a gap between calls: what ends meanwhile goes with the next), and each publish
-carries what is left, by router id; the actor wakes that router's long poll, which takes its
-own, at most once a gap for ends alone (`min_take_gap_s`, `due_s`: on a busy router ends
-wait for it, or go with the poll's other news). A
+the index actor: a request's end publishes at once (one publish in flight and a gap between
+the calls that carry reports: what ends meanwhile goes with the next), by router id; the
+actor wakes the routers' long polls, and each takes its own, at most once a gap for ends
+alone (`min_take_gap_s`, `due_s`: on a busy router ends wait for it, or go with the poll's
+other news). The other routers, which count the route's work in their load
+(router/cluster/remote_work.py), get its end from the actor at the same time, as a work end
+in the routing router's name (`work_ends_of`), so the routing router sends nothing back. A
 router can route (and its request end) before its first poll reaches the actor: ends for a
 router not yet polling are kept as for one that just polled. A router that stops polling
 (or never starts) for `router_timeout_s` loses its outbox and is remembered as gone (its
 ledger died with it, or it restarted under a new id: nothing would take them), so later
-ends for it are dropped rather than queued for another `router_timeout_s`. Its routes'
-work still counts on the other routers (router/cluster/remote_work.py), and only its own
-`WorkEnd`s would release it: so the ends it can no longer take, queued or arriving, go to
-them instead, as work ends in its name (`on_dropped`, `work_ends_of`).
+ends for it are dropped rather than queued for another `router_timeout_s` (the other
+routers had them as work ends already).
 
 A replica also reports each routed request when it arrives there (its claim: the route id
 marked by `claim_of`), through the same outboxes: a route no replica claims soon never
@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from router.cluster.shared_marks import WorkEnd
@@ -99,44 +99,33 @@ def split_reports(reported: Sequence[str]) -> RouteReports:
     return out
 
 
-def work_ends_of(dropped: Sequence[tuple[str | None, str]]) -> list[WorkEnd]:
-    """The ends and refusals among a router's dropped reports ((replica id, report) pairs),
-    as the work ends it would have shared (claims, and reports of no known replica, go)."""
-    out: list[WorkEnd] = []
-    for replica_id, report in dropped:
-        if replica_id is None:
-            continue
-        split = split_reports([report])
-        out.extend(WorkEnd(r, replica_id, False, split.output_tokens.get(r))
-                   for r in split.ended)
-        out.extend(WorkEnd(r, replica_id, True) for r in split.refused)
+def work_ends_of(replica_id: str, reports: Sequence[str]) -> list[WorkEnd]:
+    """The ends and refusals among a router's reports from `replica_id`, as the work ends it
+    would share (claims go)."""
+    split = split_reports(reports)
+    out = [WorkEnd(r, replica_id, False, split.output_tokens.get(r)) for r in split.ended]
+    out.extend(WorkEnd(r, replica_id, True) for r in split.refused)
     return out
-
-
-Dropped = Callable[[str, list[tuple[str | None, str]]], None]  # router id, (replica, report)
 
 
 class RouteEnds:
     def __init__(self, router_timeout_s: float, max_gone_routers: int = MAX_GONE_ROUTERS,
-                 on_dropped: Dropped | None = None, min_take_gap_s: float = 0.0):
-        """`on_dropped(router_id, pairs)`: reports a gone router will not take, each with the
-        replica that reported it. `min_take_gap_s`: a router's reports are due (`due_s`) no
-        sooner than this after it last took some."""
+                 min_take_gap_s: float = 0.0):
+        """`min_take_gap_s`: a router's reports are due (`due_s`) no sooner than this after
+        it last took some."""
         self._router_timeout_s = router_timeout_s
         self._min_take_gap_s = min_take_gap_s
         # router id -> when it last took reports (monotonic s)
         self._last_taken_s: dict[str, float] = {}
         self._max_gone_routers = max_gone_routers
-        self._on_dropped = on_dropped
-        # router id -> (reporting replica id, claim or end), in their order
-        self._outbox: dict[str, list[tuple[str | None, str]]] = {}
+        # router id -> its claims and ends, in their order
+        self._outbox: dict[str, list[str]] = {}
         # router id -> last take, or the first end for a router not yet polling (monotonic s)
         self._last_poll_s: dict[str, float] = {}
         # routers that stopped polling: ends for them are dropped, not queued anew
         self._gone: OrderedDict[str, None] = OrderedDict()
 
-    def add(self, ended: Mapping[str, Sequence[str]], replica_id: str | None = None
-            ) -> list[str]:
+    def add(self, ended: Mapping[str, Sequence[str]]) -> list[str]:
         """Queues a replica's reports for their routers; returns the routers that got news."""
         now = time.monotonic()
         self._expire(now)
@@ -145,10 +134,9 @@ class RouteEnds:
             if not route_ids:
                 continue
             if router_id in self._gone:
-                self._drop(router_id, [(replica_id, r) for r in route_ids])
                 continue
             self._last_poll_s.setdefault(router_id, now)  # not polling yet: its grace
-            self._outbox.setdefault(router_id, []).extend((replica_id, r) for r in route_ids)
+            self._outbox.setdefault(router_id, []).extend(route_ids)
             news.append(router_id)
         return news
 
@@ -158,7 +146,7 @@ class RouteEnds:
         self._gone.pop(router_id, None)  # it polls: not gone after all
         self._last_poll_s[router_id] = now
         self._expire(now)
-        taken = tuple(report for _, report in self._outbox.pop(router_id, ()))
+        taken = tuple(self._outbox.pop(router_id, ()))
         if taken:
             self._last_taken_s[router_id] = now
         return taken
@@ -181,10 +169,4 @@ class RouteEnds:
             self._gone[gone] = None
             if len(self._gone) > self._max_gone_routers:
                 self._gone.popitem(last=False)
-            dropped = self._outbox.pop(gone, None)
-            if dropped:
-                self._drop(gone, dropped)
-
-    def _drop(self, router_id: str, dropped: list[tuple[str | None, str]]) -> None:
-        if self._on_dropped is not None:
-            self._on_dropped(router_id, dropped)
+            self._outbox.pop(gone, None)

@@ -10,7 +10,9 @@ decision path), and the actor hands them to the other routers in their next poll
 waking their long polls; they apply them as timed marks (router/cluster/mark_sharing.py).
 
 A mark also carries the decision's routed work (the tokens the sender's load charged its
-replica, `RoutedWork`), and the sender's `WorkEnd` follows when the request ends: each
+replica, `RoutedWork`), and a `WorkEnd` follows when the request ends (a direct route's from
+the actor itself, in the sender's name, as the replica reports the end; others' from the
+sender): each
 router's load then counts what the others routed, as one router's counts all it routed
 (router/cluster/remote_work.py). A replica's published stats count it too, but a publish
 interval and a poll late, and only once it is queued there.

@@ -242,12 +242,12 @@ class ServeRequestRouter(RequestRouter):
         index actor relays them (router/cluster/route_ends.py). An end releases what the
         route charged (`refused`: it ran nothing, so its recent work goes too); the cached
         tokens an end carries feed the miss causes, its output tokens the decode charge.
-        An end for a route released already (its replica died, a timeout) changes nothing."""
+        An end for a route released already (its replica died, a timeout) changes nothing.
+        The other routers had the ends from the actor as this router's work ends."""
         reports = split_reports(reported)
         now_s = time.time()  # the replicas' clock for the ends' times (same host or NTP)
         touched: set[str] = set()
-        ended: list[tuple[str, str]] = []  # (route id, replica id), for the other routers
-        refused: list[tuple[str, str]] = []
+        delays_s: list[float] = []
         with self._lock:
             ledger = self.router.ledger
             for route_id in reports.claimed:
@@ -262,22 +262,17 @@ class ServeRequestRouter(RequestRouter):
                 if causes is not None:
                     self.metrics.observe_misses(causes)
                 touched.add(record.replica_id)
-                ended.append((route_id, record.replica_id))
+                ended_at_s = reports.ended_at_s.get(route_id)
+                if ended_at_s is not None:
+                    delays_s.append(max(0.0, now_s - ended_at_s))
             for route_id in reports.refused:
                 record = ledger.get(route_id)
                 if record is None or record.kind is not RouteKind.DIRECT:
                     continue
                 self.router.withdraw(route_id)
                 touched.add(record.replica_id)
-                refused.append((route_id, record.replica_id))
-        for route_id, replica_id in ended:
-            self.mirror.share_end(route_id, replica_id,
-                                  output_tokens=reports.output_tokens.get(route_id))
-            ended_at_s = reports.ended_at_s.get(route_id)
-            if ended_at_s is not None:
-                self._end_delay.observe(max(0.0, now_s - ended_at_s))
-        for route_id, replica_id in refused:
-            self.mirror.share_end(route_id, replica_id, withdrawn=True)
+        for delay_s in delays_s:
+            self._end_delay.observe(delay_s)
         self._update_outstanding(touched)
 
     def _reconcile(self, reply: Any) -> None:

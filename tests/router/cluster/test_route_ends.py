@@ -1,4 +1,5 @@
-"""Route ends: queued per router by the index actor, taken by that router's next poll."""
+"""Route ends: queued per router by the index actor, taken by that router's next poll; the
+other routers get them at once as that router's work ends."""
 
 import asyncio
 
@@ -92,9 +93,28 @@ async def test_reported_ends_wake_only_their_routers_long_poll():
     polls["router-b"].cancel()
 
 
+async def test_an_end_reaches_its_router_and_the_others_in_one_publish():
+    """The routing router takes the end for its ledger; the others, which count its routes'
+    work, get it as its work end from the same publish (it sends nothing back)."""
+    index = KVIndex()
+    for router_id in ("router-a", "router-b"):
+        await index.poll(PollRequest(router_id, {}))
+    polls = {r: asyncio.ensure_future(index.poll(PollRequest(r, {}, wait_s=30.0)))
+             for r in ("router-a", "router-b")}
+    await _until_waiting(index, 2)
+    index.publish(EventBatch("replica-1", "epoch", 0, ()), None,
+                  {"router-a": (claim_of("q1"), end_of("q1", 0, 5), refusal_of("q2"))})
+    mine, other = await polls["router-a"], await polls["router-b"]
+    assert mine.ended_route_ids == (claim_of("q1"), end_of("q1", 0, 5), refusal_of("q2"))
+    assert not any(isinstance(m, WorkEnd) for m in mine.shared_marks)
+    assert other.ended_route_ids == ()
+    assert [m for m in other.shared_marks if isinstance(m, WorkEnd)] == [
+        WorkEnd("q1", "replica-1", False, 5), WorkEnd("q2", "replica-1", True)]
+
+
 def test_a_gone_routers_ends_go_to_the_other_routers_as_its_work_ends(monkeypatch):
-    """Its routes' work counts on the other routers until its work ends: the ends it can no
-    longer take, queued when it went or reported since, reach them in its name."""
+    """Its routes' work counts on the other routers until its work ends: ends reported for
+    it, queued when it went or reported since, reach them in its name."""
     now = [100.0]
     monkeypatch.setattr("router.cluster.route_ends.time.monotonic", lambda: now[0])
     index = KVIndex()
@@ -105,7 +125,7 @@ def test_a_gone_routers_ends_go_to_the_other_routers_as_its_work_ends(monkeypatc
     index.publish(EventBatch("replica-1", "epoch", 0, ()), None,
                   {"router-a": (claim_of("q1"), end_of("q1", 0, 7, 1.0))})
     now[0] = 111.0
-    index.route_ends.take("router-b")  # router-a is gone: its queued end goes to the others
+    index.route_ends.take("router-b")  # router-a is gone: its queued end is dropped
     index.report_routes({"router-a": (refusal_of("q2"),)}, "replica-2")  # after it went
     assert index.route_ends.num_queued() == 0
     assert index.shared_marks.take("router-b") == (WorkEnd("q1", "replica-1", False, 7),

@@ -91,9 +91,12 @@ async def test_an_end_reaches_the_routers_ledger_without_waiting_for_a_publish(e
     assert index.calls.count("publish") == published + 1
     assert "report_routes" not in index.calls
     assert router.router.loads.num_outstanding(replica_id) == 1
+    router.mirror.marks.outbox.take()  # the decision's marks, shared
     await router.mirror._poll(index, 0.0)
     assert "q1" not in router.router.ledger
     assert router.router.loads.num_outstanding(replica_id) == 0
+    # the other routers had the end from the actor: this router sends none back
+    assert not [m for m in router.mirror.marks.outbox.take() if isinstance(m, WorkEnd)]
     await publisher.stop("a")
 
 

@@ -79,10 +79,18 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
     mirrors = [MirrorProbe.remote(f"mirror-{g}", mirror == "router", args.poll == "packed")
                for g in range(num_mirrors)]
     ray.get([m.start.remote(shards) for m in mirrors])
-    # The replicas' first snapshots, then the run at once: a replica silent for the
-    # actor's replica_timeout_s (10 s) would be forgotten and asked for another.
+    # The replicas' first snapshots, then the run once every mirror has them all.
+    setup_s = time.time()
     ray.get([p.publish_snapshots.remote(shards) for p in pubs])
-    ray.get([m.wait_replicas.remote(num_replicas, 60.0) for m in mirrors])
+    setup_deadline_s = time.time() + 120.0
+    while not all(ray.get([m.wait_replicas.remote(num_replicas, 1.0) for m in mirrors])):
+        if time.time() > setup_deadline_s:
+            raise RuntimeError("the mirrors did not have every replica's snapshot in 120 s")
+        # 8 mirrors taking 800 snapshots can outlast the actor's replica_timeout_s (10 s)
+        # on a busy box: the replicas heartbeat meanwhile, as real ones do, or the actor
+        # would forget them all and the run would be a storm of snapshots
+        ray.get([p.heartbeat.remote(shards) for p in pubs])
+    setup_s = time.time() - setup_s
     pids = ray.get([index.__ray_call__.remote(lambda _self: os.getpid()) for index in shards]
                    + [m.pid.remote() for m in mirrors] + [p.pid.remote() for p in pubs])
     cpu0 = cpu_s(pids)
@@ -135,6 +143,7 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
         "shards": num_shards,
         "replicas": num_replicas,
         "duration_s": args.duration_s,
+        "setup_s": round(setup_s, 1),  # the replicas' snapshots until every mirror had them
         "offered_events_per_s": round(offered / args.duration_s),
         "events_per_s": round(acked / (last_ack_s - start_s)),
         "mirror_events_per_s_min": round(min(mirror_rates)),

@@ -74,6 +74,19 @@ class FeedPublisher:
             shards[shard_of(f.replica_id, len(shards))].publish_snapshot.remote(
                 f.snapshot(), f.stats()) for f in self._feeds])
 
+    async def heartbeat(self, shards: list) -> None:
+        """Every replica's empty batch, one packed call a shard: real replicas heartbeat
+        every second while idle (router/serve/publisher.py), so while the mirrors take
+        their first snapshots none stays silent past the actor's replica_timeout_s."""
+        for k, shard in enumerate(shards):
+            feeds = [f for f in self._feeds if shard_of(f.replica_id, len(shards)) == k]
+            if feeds:
+                stale = await shard.publish_packed.remote(
+                    PackedBatches.pack([EventBatch(f.replica_id, f.epoch, f.next_seq, ())
+                                        for f in feeds]), {})
+                await asyncio.gather(*[shard.publish_snapshot.remote(f.snapshot(), f.stats())
+                                       for f in feeds if f.replica_id in stale])
+
     async def run(self, shards: list, start_s: float, duration_s: float,
                   interval_s: float, relay: bool = False) -> dict:
         """Publishes every replica's batches to the shard that owns it, each replica every

@@ -1,6 +1,6 @@
 """The index's prefix walk against a per-replica walk of sets, on fleets wider than one
-mask word, with pending marks carrying device runs on, host runs after them, gaps, and
-prompts longer than the first chunk the walk looks up."""
+mask word, with pending marks carrying device runs on, host runs after them, gaps
+and prompts of hundreds of blocks."""
 
 import random
 

@@ -118,7 +118,7 @@ class CacheAwarePolicy(RankingPolicy):
                 best = least
         if self.continuations is not None:
             kept = self.continuations.follow(query.block_hashes, query.num_prompt_tokens, ids,
-                                             loads, best)
+                                             loads, best, prefills, self.load_weight)
             if kept != best:
                 order.remove(kept)
                 order.insert(0, kept)

@@ -15,7 +15,13 @@ cost move a turn after all:
     multi_turn, the turns the cost moves are early ones);
   - the replica's load is above `load_over_mean` x the candidates' mean load;
   - the replica holds more than `session_share` x the candidates' mean of the context
-    tokens of the `session_window` sessions routed most recently.
+    tokens of the `session_window` sessions routed most recently;
+  - the load the cost would shed by moving it (load_weight x the load gap to the cost's
+    choice) is over `max_load_over_gain` x the prompt tokens it would not compute by
+    staying. The cost moves a turn as soon as that load outbids its hit (a factor of 1);
+    this guard asks for several times the hit, since a moved turn's history is then held
+    twice and pushes out other sessions' later hits. A turn with nothing cached where its
+    last went (its history evicted) has no hit to keep: the cost decides it.
 """
 
 from __future__ import annotations
@@ -43,12 +49,18 @@ class ContinuationGuard:
     # walk for the parent costs ~85 ns a block (387 us on a 4,500-block prompt without it).
     # 256 blocks: the simulator's conversations add at most 3,500 tokens a turn.
     max_turn_blocks: int = 256
+    # A turn stays only while the load it saves by moving, priced as the cost prices it
+    # (load_weight x the load gap to the cost's choice), is at most this many times the
+    # prefill tokens it saves by staying (inf: any). Off: with the two guards above at 3 it
+    # gained conversation's top simulated rung but lost part of multi_turn's simulated gain,
+    # and no live run on a quiet box has judged it (results/aff8_continuation_gain_guard.txt).
+    max_load_over_gain: float = math.inf
 
     def __post_init__(self):
         if not isinstance(self.min_turns, int) or self.min_turns < 2:
             raise ValueError(f"ContinuationGuard.min_turns must be an integer >= 2 (a first "
                              f"turn continues nothing), got {self.min_turns!r}")
-        for name in ("load_over_mean", "session_share"):
+        for name in ("load_over_mean", "session_share", "max_load_over_gain"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ContinuationGuard.{name} must be > 0 (inf: no guard), "
                                  f"got {getattr(self, name)!r}")
@@ -85,10 +97,13 @@ class Continuations:
         self.num_kept = 0  # decisions where the continuation overruled the cost
 
     def follow(self, block_hashes: Sequence[BlockHash], num_prompt_tokens: int,
-               replica_ids: Sequence[str], loads: np.ndarray, best: int) -> int:
+               replica_ids: Sequence[str], loads: np.ndarray, best: int,
+               prefills: np.ndarray, load_weight: float) -> int:
         """The candidate (an index into `replica_ids`) the request goes to: `best`, the
         cost's choice, or the one the session's last turn went to when the guard allows.
-        `loads` holds the candidates' loads in tokens, in `replica_ids`' order."""
+        `loads` holds the candidates' loads in tokens and `prefills` the prompt tokens each
+        would compute, in `replica_ids`' order; `load_weight` prices a token of load in
+        prefill tokens, as the cost does."""
         chosen, turn = best, 1
         first = max(0, len(block_hashes) - 1 - self.guard.max_turn_blocks)
         for h in reversed(block_hashes[first:-1]):  # the longest earlier prompt first
@@ -98,8 +113,8 @@ class Continuations:
             self._leave_window(h)  # the session counts once: as its continuation
             turn = parent.turn + 1
             at = replica_ids.index(parent.replica_id)
-            if at != best and turn >= self.guard.min_turns and self._keeps(at, replica_ids,
-                                                                          loads):
+            if at != best and turn >= self.guard.min_turns and self._keeps(
+                    at, best, replica_ids, loads, prefills, load_weight):
                 chosen = at
                 self.num_kept += 1
             break
@@ -120,9 +135,14 @@ class Continuations:
                                                + prompt.num_tokens)
         prompt.replica_id = replica_id
 
-    def _keeps(self, at: int, replica_ids: Sequence[str], loads: np.ndarray) -> bool:
+    def _keeps(self, at: int, best: int, replica_ids: Sequence[str], loads: np.ndarray,
+               prefills: np.ndarray, load_weight: float) -> bool:
         """Whether the continuation stays on candidate `at` though the cost prefers another."""
         g = self.guard
+        if g.max_load_over_gain != math.inf:
+            gain = float(prefills[best] - prefills[at])
+            if load_weight * float(loads[at] - loads[best]) > g.max_load_over_gain * gain:
+                return False
         if g.load_over_mean != math.inf and loads[at] > g.load_over_mean * float(loads.mean()):
             return False
         if g.session_share != math.inf:

@@ -3,6 +3,7 @@ go where its last turn went, unless the guard lets the cost move them."""
 
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,12 +12,14 @@ from router.core.config import RouterConfig
 from router.core.policies import ReplicaView, RouteQuery
 from router.core.policies.cache_aware import CacheAwarePolicy
 from router.core.policies.continuation import ContinuationGuard, Continuations
+from router.core.prefix_match import PrefixMatch
 from router.core.router import Router
 from tests.router.core.core_helpers import FakeClock, h
 
 B = 16
 IDS = ("a", "b")
-OPEN = ContinuationGuard(load_over_mean=math.inf, session_share=math.inf)  # no guard
+OPEN = ContinuationGuard(load_over_mean=math.inf, session_share=math.inf,
+                         max_load_over_gain=math.inf)  # no guard
 
 
 def turns(session: int, n: int) -> list[list[bytes]]:
@@ -25,9 +28,9 @@ def turns(session: int, n: int) -> list[list[bytes]]:
 
 
 def rank(policy: CacheAwarePolicy, name: str, hashes, loads: dict[str, float],
-         ids=IDS) -> str:
+         ids=IDS, matches: dict[str, PrefixMatch] | None = None) -> str:
     query = RouteQuery(name, hashes, B * len(hashes), 0, ids)
-    return policy.rank(query, ReplicaView({}, lambda rid: loads.get(rid, 0.0)))[0]
+    return policy.rank(query, ReplicaView(matches or {}, lambda rid: loads.get(rid, 0.0)))[0]
 
 
 def policy(guard: ContinuationGuard | None = None, on: bool = True) -> CacheAwarePolicy:
@@ -39,7 +42,7 @@ def busy(rid: str, tokens: float = 1e6) -> dict[str, float]:
 
 
 def test_with_min_turns_three_a_session_stays_where_its_last_turn_went_from_its_third():
-    p = policy(ContinuationGuard(min_turns=3, load_over_mean=math.inf, session_share=math.inf))
+    p = policy(replace(OPEN, min_turns=3))
     t1, t2, t3, t4 = turns(0, 4)
     assert rank(p, "1", t1, {}) == "a"
     # the second turn goes by the cost: a is loaded, nothing cached anywhere
@@ -71,25 +74,26 @@ def test_by_default_the_second_turn_stays_too():
 
 def test_a_turn_that_adds_more_than_max_turn_blocks_goes_by_the_cost():
     for added, where in ((4, "a"), (5, "b")):
-        p = policy(ContinuationGuard(load_over_mean=math.inf, session_share=math.inf,
-                                     max_turn_blocks=4))
+        p = policy(replace(OPEN, max_turn_blocks=4))
         first = [h(i) for i in range(8)]
         assert rank(p, "1", first, {}) == "a"
         # the next prompt: 8 blocks + `added` (its last block is never a parent's)
         assert rank(p, "2", first + [h(100 + i) for i in range(added)], busy("a")) == where
 
 
-def third_turn_goes_to(guard: ContinuationGuard, loads: dict[str, float]) -> str:
-    """Where a session's third turn goes: its first two went to a."""
+def third_turn_goes_to(guard: ContinuationGuard, loads: dict[str, float],
+                       matches: dict[str, PrefixMatch] | None = None) -> str:
+    """Where a session's third turn goes (the index holding `matches` of it): its first two
+    went to a."""
     p = policy(guard)
     t1, t2, t3 = turns(0, 3)
     assert rank(p, "1", t1, {}) == "a"
     assert rank(p, "2", t2, {"b": 1.0}) == "a"
-    return rank(p, "3", t3, loads)
+    return rank(p, "3", t3, loads, matches=matches)
 
 
 def test_the_load_guard_releases_a_turn_only_off_a_replica_far_above_the_mean():
-    guard = ContinuationGuard(load_over_mean=1.5, session_share=math.inf)
+    guard = replace(OPEN, load_over_mean=1.5)
     # a 1,000 tokens, b 500: mean 750, a is 1.33x it: kept, though b costs less
     assert third_turn_goes_to(guard, {"a": 1000.0, "b": 500.0}) == "a"
     # a 1,000, b 0: a is 2x the mean: the cost moves it
@@ -97,7 +101,7 @@ def test_the_load_guard_releases_a_turn_only_off_a_replica_far_above_the_mean():
 
 
 def test_the_session_guard_releases_turns_off_a_replica_holding_most_recent_sessions():
-    p = policy(ContinuationGuard(load_over_mean=math.inf, session_share=1.5, session_window=3))
+    p = policy(replace(OPEN, session_share=1.5, session_window=3))
     s, u = turns(0, 3), turns(1, 3)
     for name, prompt in (("s1", s[0]), ("s2", s[1]), ("u1", u[0]), ("u2", u[1])):
         assert rank(p, name, prompt, busy("b")) == "a"  # four prompts, all to a
@@ -110,6 +114,21 @@ def test_the_session_guard_releases_turns_off_a_replica_holding_most_recent_sess
     assert rank(p, "u3", u[2], busy("a")) == "a"
     assert p.continuations._window_tokens == {"a": 192, "b": 192}
     p.continuations.check_invariants()
+
+
+def test_the_gain_guard_keeps_a_turn_while_the_load_it_would_shed_is_at_most_k_times_its_hit():
+    # the third turn's prompt is 12 blocks (192 tokens); a holds the first 8 (128 tokens)
+    guard = replace(OPEN, max_load_over_gain=3.0)
+    cached = {"a": PrefixMatch(8, 0)}
+    # load_weight 0.2 x a gap of 1,000 = 200 tokens of load against a 128-token hit: the
+    # cost moves it (200 > 128), the guard keeps it (200 <= 3 x 128)
+    assert third_turn_goes_to(guard, {"a": 1000.0}, cached) == "a"
+    # a gap of 2,000: 400 > 3 x 128 = 384: the guard lets the cost move it
+    assert third_turn_goes_to(guard, {"a": 2000.0}, cached) == "b"
+    # nothing cached on a (evicted): no hit to keep, the cost decides at any gap
+    assert third_turn_goes_to(guard, {"a": 1.0}, {}) == "b"
+    # b holds as much of it as a: no hit from staying either
+    assert third_turn_goes_to(guard, {"a": 10.0}, {**cached, "b": PrefixMatch(8, 0)}) == "b"
 
 
 def test_a_request_that_ran_elsewhere_takes_its_session_there():
@@ -145,7 +164,9 @@ def test_memory_is_bounded_and_its_sums_hold_under_random_sessions():
         hashes = [h(1000 * session + i) for i in range(4 * grown[session])]
         grown[session] = grown[session] + 1 if rng.random() < 0.8 else 1  # or a new chat
         loads = [rng.choice((0.0, 100.0, 1e4)) for _ in ids]
-        got = c.follow(hashes, B * len(hashes), ids, np.array(loads), rng.randrange(3))
+        prefills = np.array([rng.choice((0.0, B * len(hashes))) for _ in ids])
+        got = c.follow(hashes, B * len(hashes), ids, np.array(loads), rng.randrange(3),
+                       prefills, 0.2)
         assert 0 <= got < 3
         if rng.random() < 0.1:
             c.moved(hashes, rng.choice(ids))
@@ -160,6 +181,7 @@ def test_memory_is_bounded_and_its_sums_hold_under_random_sessions():
     (dict(session_window=0), "session_window must be a positive integer"),
     (dict(max_prompts=0), "max_prompts must be a positive integer"),
     (dict(max_turn_blocks=0), "max_turn_blocks must be a positive integer"),
+    (dict(max_load_over_gain=0.0), "max_load_over_gain must be > 0"),
 ])
 def test_guard_refuses_bad_settings(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -14,7 +14,9 @@ poll reply. A restarted actor has forgotten them: whoever added them adds them a
 `get_incarnation()` changes.
 
 With direct streaming, replicas also report the claims and ends of requests a router
-routed, with their publishes (a request's end publishes at once), and each router's poll
+routed, as they end (with a publish when one is due, else `report_routes`, which wakes only
+those routers' long polls, each at most once every `min_end_wake_gap_s` for ends alone),
+and each router's poll
 takes its own (router/cluster/route_ends.py); every other router gets the ends as work ends
 in the routing router's name, as if it had shared them (router/cluster/shared_marks.py),
 so that router need not send them back through here.

@@ -67,8 +67,8 @@ class RemoteWork:
         self._routes: dict[str, _Route] = {}  # insertion order: oldest first
         self._num_on: dict[str, int] = {}  # replica -> remote routes counted there
         # ends that came before their route (the sender's calls overtook each other), by
-        # (route id, replica id)
-        self._early_ends: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # (route id, replica id; None: any placement)
+        self._early_ends: OrderedDict[tuple[str, str | None], None] = OrderedDict()
         self.num_lost = 0  # routes dropped by a safety net, their end never seen
 
     def __len__(self) -> int:
@@ -77,10 +77,10 @@ class RemoteWork:
     def add(self, replica_id: str, work: RoutedWork) -> None:
         """Counts a route another router sent to `replica_id` (unless its end came first;
         an earlier placement of the same id is replaced)."""
-        key = (work.route_id, replica_id)
-        if key in self._early_ends:
-            del self._early_ends[key]
-            return  # ended already: a later placement counted meanwhile stays
+        for key in ((work.route_id, replica_id), (work.route_id, None)):
+            if key in self._early_ends:
+                del self._early_ends[key]
+                return  # ended already: a later placement counted meanwhile stays
         self._drop(work.route_id)
         self.loads.add(work.route_id, replica_id, work.work_tokens, work.decode_tokens,
                        work.recent_tokens)
@@ -90,11 +90,13 @@ class RemoteWork:
             self._lose(next(iter(self._routes)))
 
     def end(self, end: WorkEnd) -> None:
-        """A remote route ended on `end.replica_id` (one not counted there: its route comes
-        later, was never seen here, or was dropped already)."""
+        """A remote route ended on `end.replica_id`, or wherever it is counted when
+        `end.any_placement` (one not counted: its route comes later, was never seen here,
+        or was dropped already)."""
         route = self._routes.get(end.route_id)
-        if route is None or route.replica_id != end.replica_id:
-            self._early_ends[(end.route_id, end.replica_id)] = None
+        if route is None or not (end.any_placement or route.replica_id == end.replica_id):
+            where = None if end.any_placement else end.replica_id
+            self._early_ends[(end.route_id, where)] = None
             if len(self._early_ends) > self.config.max_routes:
                 self._early_ends.popitem(last=False)
             return
@@ -172,7 +174,8 @@ class RemoteWork:
         assert len(self._routes) <= self.config.max_routes, "over max_routes"
         assert len(self._early_ends) <= self.config.max_routes, "early ends over max_routes"
         assert self._early_ends.keys().isdisjoint(
-            (route_id, route.replica_id) for route_id, route in self._routes.items()), (
+            key for route_id, route in self._routes.items()
+            for key in ((route_id, route.replica_id), (route_id, None))), (
             "a counted placement ended")
         for replica_id, n in counts.items():
             assert self.loads.num_outstanding(replica_id) >= n, (

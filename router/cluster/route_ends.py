@@ -3,9 +3,10 @@ routed them.
 
 With direct streaming the request goes from HAProxy straight to the engine replica's HTTP
 port, so the router that picked the replica never sees it end. The replica tells it through
-the index actor: a request's end publishes at once (one publish in flight and a gap between
-the calls that carry reports: what ends meanwhile goes with the next), by router id; the
-actor wakes the routers' long polls, and each takes its own, at most once a gap for ends
+the index actor: a request's end goes as it ends, with a publish when one is due, else
+alone (`report_routes`; one call in flight and a gap between the calls that carry reports:
+what ends meanwhile goes with the next), by router id; the actor wakes the routing router's
+long poll, which takes its own, at most once a gap for ends
 alone (`min_take_gap_s`, `due_s`: on a busy router ends wait for it, or go with the poll's
 other news). The other routers, which count the route's work in their load
 (router/cluster/remote_work.py), get its end from the actor at the same time, as a work end
@@ -101,10 +102,11 @@ def split_reports(reported: Sequence[str]) -> RouteReports:
 
 def work_ends_of(replica_id: str, reports: Sequence[str]) -> list[WorkEnd]:
     """The ends and refusals among a router's reports from `replica_id`, as the work ends it
-    would share (claims go)."""
+    would share (claims go): each releases its route wherever the others counted it."""
     split = split_reports(reports)
-    out = [WorkEnd(r, replica_id, False, split.output_tokens.get(r)) for r in split.ended]
-    out.extend(WorkEnd(r, replica_id, True) for r in split.refused)
+    out = [WorkEnd(r, replica_id, False, split.output_tokens.get(r), any_placement=True)
+           for r in split.ended]
+    out.extend(WorkEnd(r, replica_id, True, any_placement=True) for r in split.refused)
     return out
 
 

@@ -62,12 +62,15 @@ class WorkEnd(NamedTuple):
     """A shared route ended on `replica_id`: its work leaves the load (`withdrawn`: it never
     ran, so its recent work goes too); `output_tokens`, what it produced when its end said.
     A route id can be placed twice (Serve spilled it down the ranking, or retried it): the
-    replica tells which placement ended."""
+    replica tells which placement ended. `any_placement`: the end releases the route
+    wherever it is counted (a direct route's end as its replica reported it: the routing
+    router counted it on the replica it ranked first, and Serve may have sent it on)."""
 
     route_id: str
     replica_id: str
     withdrawn: bool = False
     output_tokens: int | None = None
+    any_placement: bool = False
 
 
 class SharedGap(NamedTuple):

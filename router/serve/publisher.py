@@ -12,17 +12,19 @@ that batch on purpose: the actor sees the gap and asks for a snapshot, so nothin
 retry buffer here.
 
 With direct streaming the replica also reports the routes it serves
-(router/serve/route_tracking.py): an end publishes soon, with the events drained so far (a
-router's load holds an ended request for that round trip, not for up to a publish interval
-more, and the blocks the request stored reach the routers with its end: one call and one
-wake of each router a request, where a report of its own beside the publish cost two of
-each); claims, which only need to arrive within the routers' claim window, go with it or
-with the next publish. One publish is in flight at a time (their batches keep their
-order), and an early one starts no sooner than `min_report_gap_s` after the last call that
-carried reports: a lone end on a quiet replica leaves at once, a busy replica's ends queue
-meanwhile and go together. A failed publish puts its reports back for the next (the
-routers apply a claim or an end once however often it comes) and loses its events, as a
-periodic one does.
+(router/serve/route_tracking.py): an end goes to the index actor soon (a router's load
+holds an ended request for that round trip, not for up to a publish interval more): with a
+publish when one is due (a publish interval since the last: the blocks the request stored
+reach the routers with its end, in one call), else in a `report_routes` call of its own,
+which wakes only the routers that routed those requests (an early publish would wake
+every router with the replica's events, up to 1 / `min_report_gap_s` times a second
+instead of 1 / `publish_interval_s`). Claims, which only need to arrive within the routers'
+claim window, go with an end or with the next publish. One call that carries reports is in
+flight at a time, and one starts no sooner than `min_report_gap_s` after the last: a lone
+end on a quiet replica leaves at once, a busy replica's ends queue meanwhile and go
+together. One publish is in flight at a time (their batches keep their order). A failed
+call puts its reports back for the next (the routers apply a claim or an end once however
+often it comes); a failed publish loses its events, which the actor heals with a snapshot.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class RouteReportSource(Protocol):
 class ReplicaPublisher:
     """Publishes one engine's events to the index actor that `get_index()` returns (called
     again after a failure: a dead actor is re-created under its name). The actor has the
-    remote methods `publish`, `publish_snapshot` and `forget_replica`."""
+    remote methods `publish`, `publish_snapshot`, `report_routes` and `forget_replica`."""
 
     def __init__(self, engine: EventSource, get_index: Callable[[], Any],
                  config: PublisherConfig | None = None,
@@ -95,7 +97,8 @@ class ReplicaPublisher:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         """`replica_id`: this replica's, sent with its route reports (publishes carry it in
-        their batch). `clock` and `sleep` time the gap between reports (tests fake them)."""
+        their batch). `clock` times the publishes and the gap between reports, `sleep` waits
+        the gap (tests fake both)."""
         self._engine = engine
         self._replica_id = replica_id
         self._index = ActorLink("publishing KV events", get_index)
@@ -115,7 +118,8 @@ class ReplicaPublisher:
         self.num_publishes_sent = 0
         self.num_reports_sent = 0
         self._last_stats: EngineStats | None = None  # as last sent
-        self._last_sent_s = float("-inf")  # time.monotonic() of the last send
+        self._last_sent_s = float("-inf")  # `clock()` of the last publish
+        self._stopping = False  # said goodbye: reports no longer publish (nor revive it)
 
     def start(self) -> None:
         interval_s = self._config.publish_interval_s
@@ -132,6 +136,7 @@ class ReplicaPublisher:
         """Stops publishing (the ends reported last sent first) and tells the actor to
         forget this replica."""
         self._index.stop()
+        self._stopping = True
         if self._route_reports is not None:
             self._route_reports.on_end(None)
             try:  # bounded: a goodbye must not wait on an actor that does not answer
@@ -152,12 +157,12 @@ class ReplicaPublisher:
             batch = self._engine.drain_events()  # an empty drain takes no sequence number
             stats = self._engine.stats()
             ended = self._route_reports.take() if self._route_reports is not None else None
-            now_s = time.monotonic()
+            now_s = self._clock()
             if (not force and not batch.events and not ended and stats == self._last_stats
                     and now_s - self._last_sent_s < self._config.heartbeat_interval_s):
                 return False
             if ended:  # it carries reports: the next report keeps the gap from it too
-                self._next_report_s = self._clock() + self._config.min_report_gap_s
+                self._next_report_s = now_s + self._config.min_report_gap_s
             try:
                 needs_snapshot = await index.publish.remote(batch, stats, ended or None)
             except BaseException:
@@ -196,8 +201,8 @@ class ReplicaPublisher:
             self._report_task = self._loop.create_task(self._report())
 
     async def _report(self) -> None:
-        """Publishes the queued claims and ends (with the events drained so far), then
-        again, a gap after the last call, while more queued meanwhile."""
+        """Sends the queued claims and ends, then again, a gap after the last call, while
+        more queued meanwhile."""
         try:
             while True:
                 wait_s = self._next_report_s - self._clock()
@@ -206,7 +211,7 @@ class ReplicaPublisher:
                 if not self._route_reports.pending():
                     return
                 try:
-                    await self._index.call(self._publish)
+                    await self._index.call(self._send_reports)
                 except Exception as err:  # the actor is away: they go with the next
                     # publish (a retry interval from now), not in a loop here
                     if not self._report_failing:  # once an outage, not once a request
@@ -217,3 +222,19 @@ class ReplicaPublisher:
                 self.num_reports_sent += 1
         finally:
             self._report_task = None
+
+    async def _send_reports(self, index: Any) -> None:
+        """The queued reports: with a publish if one is due, else alone."""
+        due_s = self._last_sent_s + self._config.publish_interval_s
+        if not self._stopping and self._clock() >= due_s:
+            await self._publish(index)
+            return
+        reports = self._route_reports.take()
+        if not reports:
+            return
+        self._next_report_s = self._clock() + self._config.min_report_gap_s
+        try:
+            await index.report_routes.remote(reports, self._replica_id)
+        except BaseException:
+            self._route_reports.put_back(reports)
+            raise

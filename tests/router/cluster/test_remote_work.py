@@ -105,3 +105,19 @@ def test_a_retried_routes_late_first_end_leaves_the_retry_counted():
     assert (remote.num_on("r0"), remote.num_on("r1")) == (0, 1)
     assert remote.loads.num_outstanding("r1") == 1
     remote.check_invariants()
+
+
+def test_a_direct_routes_end_releases_it_wherever_it_is_counted():
+    """Counted on r0 (its router ranked r0 first); Serve sent it to r1, which reports the
+    end: the end the actor relays releases it on r0, before or after its route comes."""
+    remote, _ = remote_work()
+    remote.add("r0", RoutedWork("q1", 100.0, 20.0, 100.0))
+    remote.end(WorkEnd("q1", "r1", output_tokens=5, any_placement=True))
+    assert remote.num_on("r0") == 0 and remote.loads.num_outstanding("r0") == 0
+    remote.end(WorkEnd("q2", "r1", withdrawn=True, any_placement=True))  # before its route
+    remote.add("r0", RoutedWork("q2", 100.0, 20.0, 100.0))
+    assert remote.num_on("r0") == 0 and remote.loads.num_outstanding("r0") == 0
+    remote.end(WorkEnd("q3", "r1"))  # a placement's own end still names it
+    remote.add("r0", RoutedWork("q3", 100.0, 20.0, 100.0))
+    assert remote.num_on("r0") == 1
+    remote.check_invariants()

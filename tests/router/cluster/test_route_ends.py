@@ -109,7 +109,8 @@ async def test_an_end_reaches_its_router_and_the_others_in_one_publish():
     assert not any(isinstance(m, WorkEnd) for m in mine.shared_marks)
     assert other.ended_route_ids == ()
     assert [m for m in other.shared_marks if isinstance(m, WorkEnd)] == [
-        WorkEnd("q1", "replica-1", False, 5), WorkEnd("q2", "replica-1", True)]
+        WorkEnd("q1", "replica-1", False, 5, any_placement=True),
+        WorkEnd("q2", "replica-1", True, any_placement=True)]
 
 
 def test_a_gone_routers_ends_go_to_the_other_routers_as_its_work_ends(monkeypatch):
@@ -128,8 +129,9 @@ def test_a_gone_routers_ends_go_to_the_other_routers_as_its_work_ends(monkeypatc
     index.route_ends.take("router-b")  # router-a is gone: its queued end is dropped
     index.report_routes({"router-a": (refusal_of("q2"),)}, "replica-2")  # after it went
     assert index.route_ends.num_queued() == 0
-    assert index.shared_marks.take("router-b") == (WorkEnd("q1", "replica-1", False, 7),
-                                                   WorkEnd("q2", "replica-2", True))
+    assert index.shared_marks.take("router-b") == (
+        WorkEnd("q1", "replica-1", False, 7, any_placement=True),
+        WorkEnd("q2", "replica-2", True, any_placement=True))
 
 
 def test_a_routers_reports_are_due_a_gap_after_it_last_took_some(monkeypatch):

@@ -49,12 +49,12 @@ async def _tick(publisher: ReplicaPublisher, link: InProcessIndex) -> None:
     await publisher._publish(link)  # one turn of the publishing loop
 
 
-async def test_idle_replica_sends_heartbeats_only(engine, monkeypatch):
+async def test_idle_replica_sends_heartbeats_only(engine):
     link = InProcessIndex()
     clock = [100.0]
-    monkeypatch.setattr("router.serve.publisher.time.monotonic", lambda: clock[0])
     publisher = ReplicaPublisher(engine, lambda: link,
-                                 PublisherConfig(publish_interval_s=0.05, heartbeat_interval_s=1))
+                                 PublisherConfig(publish_interval_s=0.05, heartbeat_interval_s=1),
+                                 clock=lambda: clock[0])
     await publisher.publish_once()  # the first publish: a new epoch asks for a snapshot
     assert (link.num_publishes, publisher.num_snapshots_sent) == (1, 1)
     for _ in range(19):  # 0.95 s of ticks with nothing new

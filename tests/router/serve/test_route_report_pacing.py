@@ -1,7 +1,8 @@
-"""A replica's route reports, paced: a lone end publishes at once; a busy replica's ends wait
+"""A replica's route reports, paced: a lone end leaves at once; a busy replica's ends wait
 for the gap after the last call that carried reports (`min_report_gap_s`) and go together,
-one publish in flight. The clock and the gap's sleep are faked: each sleep parks until the
-test lets it end."""
+one call in flight; they ride a publish when one is due (a publish interval since the
+last), else go alone (`report_routes`). The clock and the gap's sleep are faked: each
+sleep parks until the test lets it end."""
 
 import asyncio
 from types import SimpleNamespace
@@ -38,13 +39,15 @@ ENGINE = SimpleNamespace(drain_events=lambda: SimpleNamespace(events=()), stats=
 
 
 class GatedIndex:
-    """Records the reports each `publish` carries; a call returns (asking no snapshot) when
-    the test opens its gate."""
+    """Records the reports each `publish` or `report_routes` call carries, and which it was;
+    a call returns (a publish asking no snapshot) when the test opens its gate."""
 
     def __init__(self) -> None:
         self.reports: list[dict[str, tuple[str, ...]]] = []
+        self.kinds: list[str] = []
         self.gate: asyncio.Future | None = None
         self.publish = SimpleNamespace(remote=self._publish)
+        self.report_routes = SimpleNamespace(remote=self._report_routes)
         self._called = asyncio.Event()
 
     async def next_call(self) -> None:
@@ -54,11 +57,19 @@ class GatedIndex:
         self._called.clear()
 
     async def _publish(self, batch, stats, reports) -> bool:
+        await self._call("publish", reports)
+        return False
+
+    async def _report_routes(self, reports, replica_id) -> None:
+        assert replica_id == "replica-a"
+        await self._call("report_routes", reports)
+
+    async def _call(self, kind: str, reports) -> None:
+        self.kinds.append(kind)
         self.reports.append(reports)
         self._called.set()
         self.gate = asyncio.get_running_loop().create_future()
         await self.gate
-        return False
 
 
 async def _settle() -> None:
@@ -91,6 +102,7 @@ async def test_a_busy_replicas_ends_wait_for_the_gap_and_go_together():
     fake.end_sleep(100.010)
     await _settle()
     assert index.reports[1:] == [{"router-1": (second, third)}]
+    assert index.kinds == ["publish", "report_routes"]  # 10 ms after the publish: alone
     fake.now_s = 100.012
     index.gate.set_result(None)
     await _settle()
@@ -99,10 +111,11 @@ async def test_a_busy_replicas_ends_wait_for_the_gap_and_go_together():
     await _settle()
     assert len(index.reports) == 2
     await publisher.drain_reports()  # the reporting task ended
-    fake.now_s = 101.0  # quiet again: the next end leaves at once
+    fake.now_s = 101.0  # quiet again: the next end leaves at once, with a publish due
     fourth = _end(reports, "q4")
     await _settle()
     assert index.reports[2:] == [{"router-1": (fourth,)}] and len(fake.sleeps_s) == 2
+    assert index.kinds[2:] == ["publish"]
     index.gate.set_result(None)
     await _settle()
     fake.end_sleep(101.010)
@@ -133,3 +146,28 @@ async def test_a_failed_report_is_sent_again_after_the_gap():
     await _settle()
     fake.end_sleep(100.020)
     await publisher.drain_reports()
+
+
+async def test_after_its_goodbye_a_replicas_last_ends_go_alone():
+    """A publish would make the actor know the replica again after it forgot it."""
+    fake, index = FakeTime(), GatedIndex()
+    reports = RouteReports(clock=lambda: 7.0)
+    publisher = ReplicaPublisher(ENGINE, lambda: index,
+                                 PublisherConfig(min_report_gap_s=GAP_S), reports,
+                                 "replica-a", clock=fake.clock, sleep=fake.sleep)
+    publisher.start()
+    index.forget_replica = SimpleNamespace(remote=lambda replica_id: asyncio.sleep(0))
+    first = _end(reports, "q1")  # a publish is due: it rides one
+    await index.next_call()
+    second = _end(reports, "q2")  # while that call is in flight
+    stopping = asyncio.ensure_future(publisher.stop("replica-a"))  # waits for the drain
+    await _settle()
+    fake.now_s = 101.0  # a publish would be due again, and the gap has passed
+    index.gate.set_result(None)
+    await index.next_call()
+    assert index.kinds == ["publish", "report_routes"]
+    assert index.reports == [{"router-1": (first,)}, {"router-1": (second,)}]
+    index.gate.set_result(None)
+    await _settle()
+    fake.end_sleep(101.020)
+    await stopping

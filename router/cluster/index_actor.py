@@ -16,10 +16,9 @@ poll reply. A restarted actor has forgotten them: whoever added them adds them a
 With direct streaming, replicas also report the claims and ends of requests a router
 routed, as they end (with a publish when one is due, else `report_routes`, which wakes only
 those routers' long polls, each at most once every `min_end_wake_gap_s` for ends alone),
-and each router's poll
-takes its own (router/cluster/route_ends.py); every other router gets the ends as work ends
-in the routing router's name, as if it had shared them (router/cluster/shared_marks.py),
-so that router need not send them back through here.
+and each router's poll takes its own (router/cluster/route_ends.py); every other router gets
+the ends as work ends in the routing router's name, as if it had shared them
+(router/cluster/shared_marks.py), so that router need not send them back through here.
 
 The routers that polled in the last `router_timeout_s` are the live routers; each reply
 tells its router its rank among them, sorted by id, from which it lists the replicas

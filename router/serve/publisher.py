@@ -150,9 +150,9 @@ class ReplicaPublisher:
         except ray.exceptions.RayError as err:
             log.warning("goodbye to the index actor failed: %s", err)
 
-    async def _publish(self, index: Any, force: bool = False) -> bool:
+    async def _publish(self, index: Any, force: bool = False) -> None:
         """Sends what is news (everything when `force`): the events drained, the stats, the
-        route reports queued. True if a publish was sent."""
+        route reports queued."""
         async with self._publish_lock:
             batch = self._engine.drain_events()  # an empty drain takes no sequence number
             stats = self._engine.stats()
@@ -160,7 +160,7 @@ class ReplicaPublisher:
             now_s = self._clock()
             if (not force and not batch.events and not ended and stats == self._last_stats
                     and now_s - self._last_sent_s < self._config.heartbeat_interval_s):
-                return False
+                return
             if ended:  # it carries reports: the next report keeps the gap from it too
                 self._next_report_s = now_s + self._config.min_report_gap_s
             try:
@@ -175,7 +175,6 @@ class ReplicaPublisher:
                 await index.publish_snapshot.remote(self._engine.snapshot(), stats,
                                                     self._engine.pinned_prefixes())
                 self.num_snapshots_sent += 1
-            return True
 
     def _report_soon(self) -> None:
         """A request ended (on any thread): its report leaves on the publisher's loop."""

@@ -78,18 +78,25 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+def _started() -> tuple[FakeTime, GatedIndex, RouteReports, ReplicaPublisher]:
+    """A started publisher on the faked clock (no Ray here: the periodic publish loop ends
+    at once), reporting to a gated index."""
+    fake, index = FakeTime(), GatedIndex()
+    reports = RouteReports(clock=lambda: 7.0)
+    publisher = ReplicaPublisher(ENGINE, lambda: index,
+                                 PublisherConfig(min_report_gap_s=GAP_S), reports,
+                                 "replica-a", clock=fake.clock, sleep=fake.sleep)
+    publisher.start()
+    return fake, index, reports, publisher
+
+
 def _end(reports: RouteReports, route_id: str) -> str:
     reports.end(Route("router-1", route_id), cached_tokens=0, output_tokens=4)
     return end_of(route_id, 0, 4, 7.0)
 
 
 async def test_a_busy_replicas_ends_wait_for_the_gap_and_go_together():
-    fake, index = FakeTime(), GatedIndex()
-    reports = RouteReports(clock=lambda: 7.0)
-    publisher = ReplicaPublisher(ENGINE, lambda: index,
-                                 PublisherConfig(min_report_gap_s=GAP_S), reports,
-                                 "replica-a", clock=fake.clock, sleep=fake.sleep)
-    publisher.start()  # no Ray here: the periodic publish loop ends at once
+    fake, index, reports, publisher = _started()
     first = _end(reports, "q1")  # a quiet replica: it leaves at once
     await index.next_call()
     assert index.reports == [{"router-1": (first,)}] and fake.sleeps_s == []
@@ -123,12 +130,7 @@ async def test_a_busy_replicas_ends_wait_for_the_gap_and_go_together():
 
 
 async def test_a_failed_report_is_sent_again_after_the_gap():
-    fake, index = FakeTime(), GatedIndex()
-    reports = RouteReports(clock=lambda: 7.0)
-    publisher = ReplicaPublisher(ENGINE, lambda: index,
-                                 PublisherConfig(min_report_gap_s=GAP_S), reports,
-                                 "replica-a", clock=fake.clock, sleep=fake.sleep)
-    publisher.start()
+    fake, index, reports, publisher = _started()
     first = _end(reports, "q1")
     await index.next_call()
     index.gate.set_exception(ConnectionError("actor away"))
@@ -150,12 +152,7 @@ async def test_a_failed_report_is_sent_again_after_the_gap():
 
 async def test_after_its_goodbye_a_replicas_last_ends_go_alone():
     """A publish would make the actor know the replica again after it forgot it."""
-    fake, index = FakeTime(), GatedIndex()
-    reports = RouteReports(clock=lambda: 7.0)
-    publisher = ReplicaPublisher(ENGINE, lambda: index,
-                                 PublisherConfig(min_report_gap_s=GAP_S), reports,
-                                 "replica-a", clock=fake.clock, sleep=fake.sleep)
-    publisher.start()
+    fake, index, reports, publisher = _started()
     index.forget_replica = SimpleNamespace(remote=lambda replica_id: asyncio.sleep(0))
     first = _end(reports, "q1")  # a publish is due: it rides one
     await index.next_call()

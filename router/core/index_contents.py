@@ -148,9 +148,10 @@ class IndexContents:
         rows = table.intern(key_words(block_hashes))
         new = table.unique_rows(rows[(table.masks[rows, held.word] & held.bit) == 0])
         if new.size:
-            self.num_blocks[medium] += int(np.count_nonzero(
-                none_on(medium, table.masks_of(new))))
-            table.masks[new, held.word] |= held.bit
+            masks = table.masks_of(new)
+            self.num_blocks[medium] += int(np.count_nonzero(none_on(medium, masks)))
+            # the rows' words are in hand: a scatter, not a second gather and a scatter
+            table.masks[new, held.word] = masks[:, held.word] | held.bit
             held.append(new)
 
     def remove(self, held: HeldRows, medium: Medium, block_hashes: Iterable[BlockHash]) -> None:

@@ -55,6 +55,21 @@ class PrefixMatches(Mapping[str, PrefixMatch]):
         device = int(self.device_blocks[i])
         return PrefixMatch(device, int(self.cached_blocks[i]) - device)
 
+    def get(self, replica_id: str, default: PrefixMatch | None = None) -> PrefixMatch | None:
+        """One replica's match (a decision asks for its pick's): a scan of the ids in C,
+        where `Mapping.get` would build the position of every replica."""
+        if self._positions is None:
+            try:
+                i = self.replica_ids.index(replica_id)
+            except ValueError:
+                return default
+        else:
+            i = self._positions.get(replica_id)
+            if i is None:
+                return default
+        device = int(self.device_blocks[i])
+        return PrefixMatch(device, int(self.cached_blocks[i]) - device)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.replica_ids)
 

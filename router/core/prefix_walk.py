@@ -30,11 +30,15 @@ from operator import contains
 import numpy as np
 
 from kv.hashing import BlockHash
-from router.core.block_table import rows_nonzero
+from router.core.block_table import rows_differ
 from router.core.hash_loops import num_leading_in
 from router.core.pending import PendingMarks
 
 WORD_BITS = 64
+# Runs found in Python up to this many (slot, run) pairs: a few dozen loop steps cost less
+# than `_lengths`' dozen numpy calls (at 64 replicas half the prompts have under 8 slots
+# with a run, a sixth have all 64)
+_RUNS_IN_PYTHON = 16
 _NO_SLOTS = np.zeros(0, np.int64)
 _NO_SLOTS.flags.writeable = False
 
@@ -61,7 +65,7 @@ def set_bits(bits: int) -> Iterator[int]:
 
 def changed_rows(rows: np.ndarray) -> list[int]:
     """Row 0 and every row that differs from the row before it ([n, W] uint64)."""
-    return [0, *(np.flatnonzero(rows_nonzero(rows[1:] ^ rows[:-1])) + 1).tolist()]
+    return [0, *map((1).__add__, rows_differ(rows[1:], rows[:-1]).nonzero()[0].tolist())]
 
 
 def _carried_run_end(masks: np.ndarray, bit: int, start: int, block_hashes: Sequence[BlockHash],
@@ -70,7 +74,7 @@ def _carried_run_end(masks: np.ndarray, bit: int, start: int, block_hashes: Sequ
     row at or after `start` neither on the device (`bit`) nor pending (len(masks): none)."""
     word, shift = divmod(bit.bit_length() - 1, WORD_BITS)
     column = masks[start:, word] & np.uint64(1 << shift)
-    gaps = (np.flatnonzero(column == 0) + start).tolist()
+    gaps = ((column == 0).nonzero()[0] + start).tolist()
     k = num_leading_in(pending, map(block_hashes.__getitem__, gaps))
     return gaps[k] if k < len(gaps) else len(masks)
 
@@ -81,13 +85,15 @@ class PrefixWalk:
 
     Args:
         candidates: the device bits (bit 2s) of the candidate slots.
+        candidates_are_all: no bit of the masks walked is another replica's.
         block_hashes: the prompt's hashes (pending marks are found by hash).
         pending: the pending marks, by replica device bit.
     """
 
     def __init__(self, candidates: int, block_hashes: Sequence[BlockHash],
-                 pending: PendingMarks):
+                 pending: PendingMarks, candidates_are_all: bool = False):
         self.candidates = candidates
+        self.candidates_are_all = candidates_are_all
         self.block_hashes = block_hashes
         self.pending = pending
         self.alive = candidates  # see the module docstring
@@ -118,7 +124,11 @@ class PrefixWalk:
                 carried[i] = (_carried_run_end(masks, bit, start, block_hashes,
                                                pending.by_bit[bit]), bit)
         heapq.heapify(carried)
-        masked = masks[start:] & as_words(candidates | candidates << 1, num_words)
+        # The candidates' bits only: another replica's bits change no run, but each block
+        # where they change is one more to visit. When the candidates are every replica the
+        # index has (a router's mostly are), the masks are read as they are: two calls less.
+        masked = (masks[start:] if self.candidates_are_all else
+                  masks[start:] & as_words(candidates | candidates << 1, num_words))
         at = changed_rows(masked)
         width = 8 * num_words
         row_bytes = masked[at].tobytes()
@@ -186,9 +196,26 @@ class PrefixWalk:
         confirmed = {(bit.bit_length() - 1) >> 1: i for bit, i in self.confirmed.items()}
         if not ends:  # no run at all (a device run's end is some whole run's end too)
             return _NO_SLOTS, _NO_SLOTS, _NO_SLOTS, confirmed
+        if sum(bits.bit_count() for _, bits in ends) <= _RUNS_IN_PYTHON:
+            total_at, device_at = _ends_by_slot(ends), _ends_by_slot(device_ends)
+            slots = sorted(total_at)
+            return (np.array(slots, np.int64),
+                    np.array(list(map(device_at.get, slots, repeat(0))), np.int64),
+                    np.array(list(map(total_at.__getitem__, slots)), np.int64), confirmed)
         total = _lengths(ends, self._num_words)
-        slots = np.flatnonzero(total)
+        slots = total.nonzero()[0]
         return slots, _lengths(device_ends, self._num_words)[slots], total[slots], confirmed
+
+
+def _ends_by_slot(ends: list[tuple[int, int]]) -> dict[int, int]:
+    """`_lengths` for a few slots: slot -> the block at which its run ends (runs only)."""
+    at = {}
+    for i, bits in ends:
+        while bits:
+            low = bits & -bits
+            at[low.bit_length() >> 1] = i  # device bit 2s: bit_length 2s + 1
+            bits ^= low
+    return at
 
 
 def _lengths(ends: list[tuple[int, int]], num_words: int) -> np.ndarray:

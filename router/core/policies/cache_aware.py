@@ -80,21 +80,25 @@ class CacheAwarePolicy(RankingPolicy):
         n = len(ids)
         loads = (view.loads(ids) if view.loads is not None
                  else np.fromiter(map(view.load, ids), np.float64, n))
-        prefills = np.full(n, float(query.num_prompt_tokens))
+        prefills = np.empty(n)  # (np.full: ~2 us of Python-level dispatch more)
+        prefills.fill(float(query.num_prompt_tokens))
         matches = view.matches
         if isinstance(matches, PrefixMatches) and len(matches) >= _ARRAY_PRICING_FROM:
-            at = np.fromiter(map(self._positions(ids).get, matches.replica_ids, repeat(-1)),
-                             np.int64, len(matches))
-            listed = at >= 0  # the index answers for candidates only; kept general
+            positions = list(map(self._positions(ids).get, matches.replica_ids, repeat(-1)))
+            at = np.array(positions, np.int64)
             num_prompt_tokens = query.num_prompt_tokens
-            device_blocks = matches.device_blocks[listed]
-            host_blocks = matches.cached_blocks[listed] - device_blocks
+            device_blocks, cached_blocks = matches.device_blocks, matches.cached_blocks
+            if -1 in positions:  # the index answers for candidates only; kept general
+                listed = at >= 0
+                at, device_blocks, cached_blocks = (
+                    at[listed], device_blocks[listed], cached_blocks[listed])
+            host_blocks = cached_blocks - device_blocks
             # PrefixMatch.hit_tokens and prefill_cost_tokens, on every match at once
             device_tokens = np.minimum(device_blocks * self.block_size, num_prompt_tokens)
             host_tokens = np.minimum(host_blocks * self.block_size,
                                      num_prompt_tokens - device_tokens)
-            prefills[at[listed]] = (num_prompt_tokens - device_tokens - host_tokens
-                                    + self.host_cost_fraction * host_tokens)
+            prefills[at] = (num_prompt_tokens - device_tokens - host_tokens
+                            + self.host_cost_fraction * host_tokens)
         elif matches:  # a few: one by one costs less than the array calls
             positions = self._positions(ids)
             for rid, match in matches.items():

@@ -64,8 +64,11 @@ def _expected(index: PrefixIndex, prompt: list[bytes], rid: str
     return PrefixMatch(d, t - d), confirmed
 
 
+@pytest.mark.parametrize("every_replica", [False, True])
 @pytest.mark.parametrize("num_replicas,seed", [(3, 0), (40, 1), (70, 2), (130, 3)])
-def test_walk_equals_a_per_replica_walk(num_replicas, seed):
+def test_walk_equals_a_per_replica_walk(num_replicas, seed, every_replica):
+    """Candidates some of the replicas, or all of them (the walk then reads the masks as
+    they are, where it masks out the others' bits otherwise)."""
     rng = random.Random(seed)
     index, replicas, chains = _fleet(rng, num_replicas)
     index.check_invariants()
@@ -74,9 +77,13 @@ def test_walk_equals_a_per_replica_walk(num_replicas, seed):
         chain = rng.choice(chains)
         prompt = chain[:rng.randint(1, len(chain))] + [
             rng.randbytes(16) for _ in range(rng.choice([0, 1, 40]))]
-        candidates = rng.sample(replicas, rng.randint(1, len(replicas))) + ["unknown"]
+        candidates = (rng.sample(replicas, len(replicas) if every_replica
+                                 else rng.randint(1, len(replicas) - 1)) + ["unknown"])
         confirmed: dict[str, int] = {}
         got = index.match(prompt, candidates, confirmed)
+        # one replica's match read alone (a decision's pick), as every one of them
+        assert [got.get(rid) for rid in candidates] == [
+            dict(got.items()).get(rid) for rid in candidates]
         want, want_confirmed = {}, {}
         for rid in candidates[:-1]:
             match, events_only = _expected(index, prompt, rid)

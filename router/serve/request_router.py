@@ -132,7 +132,6 @@ class ServeRequestRouter(RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:
-        self._start()
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
@@ -143,6 +142,10 @@ class ServeRequestRouter(RequestRouter):
         token_ids = getattr(call, "prompt_token_ids", None)
         if pending_request is None or token_ids is None:
             return [candidate_replicas]  # not a prompt (an admin call): Serve's least queue
+        # Only a prompt starts the mirror: Serve's own proxy serves the GETs (readiness
+        # probes, /v1/models) through a handle like this one, and a router started there
+        # would take every replica's events and every shared mark without routing anything
+        self._start()
         await self.mirror.wait_first_poll()
         # A direct-streaming route (router/serve/ingress_endpoint.py) goes out over HTTP, not
         # through Serve: it is routed now, and its arrival and end come back from the engine
@@ -307,10 +310,10 @@ class ServeRequestRouter(RequestRouter):
     # ---- internals ----
 
     def _start(self) -> None:
-        """The mirror's polls and the series' pushes start with the first decision: a
-        process whose handle never routes (Serve's fallback proxy in front of the engine
-        replicas with ingress direct, an engine replica's handle to its own deployment)
-        costs the index actor and its own CPU nothing."""
+        """The mirror's polls and the series' pushes start with the first prompt to route: a
+        process whose handle never routes one (Serve's fallback proxy in front of the engine
+        replicas with ingress direct, which still serves the GETs; an engine replica's handle
+        to its own deployment) costs the index actor and its own CPU nothing."""
         if not self._started:  # on Serve's router loop
             self._started = True
             self.mirror.start()

@@ -146,13 +146,23 @@ class IndexMirror:
                     work: RoutedWork | None = None) -> None:
         """A decision's replica, prompt blocks and the work it charged there, for the other
         routers (queued: the decision path makes no call)."""
-        self.marks.share(replica_id, block_hashes, work)
+        if not self.alone():
+            self.marks.share(replica_id, block_hashes, work)
 
     def share_end(self, route_id: str, replica_id: str, withdrawn: bool = False,
                   output_tokens: int | None = None) -> None:
         """The end of a route whose work was shared, on `replica_id` (`withdrawn`: it never
         ran)."""
-        self.marks.share_end(route_id, replica_id, withdrawn, output_tokens)
+        if not self.alone():
+            self.marks.share_end(route_id, replica_id, withdrawn, output_tokens)
+
+    def alone(self) -> bool:
+        """Whether the last poll said this is the only live router: then nothing is shared
+        (a send a decision, for no reader, was a third of the index actor's calls). A router
+        that joins later sees this one's work from its next decision on; the work routed
+        before stays uncounted there until it ends."""
+        rank = self.router_rank
+        return rank is not None and rank.num_routers == 1
 
     async def wait_first_poll(self) -> None:
         """Waits (up to poll_timeout_s) until the mirror has been filled once, so the first

@@ -55,6 +55,15 @@ class LocalActor:
         return _Method(getattr(self._index, name))
 
 
+async def know_each_other(mirrors: list[IndexMirror]) -> tuple[IndexMirror, IndexMirror]:
+    """The first router polls again after the second registered (live, the actor wakes its
+    waiting poll for that): a router that knows it is alone shares nothing."""
+    assert mirrors[0].alone()
+    assert await mirrors[0].sync_once()
+    assert not mirrors[0].alone() and not mirrors[1].alone()
+    return mirrors[0], mirrors[1]
+
+
 async def two_routers(share_marks: bool) -> tuple[IndexMirror, IndexMirror]:
     index = KVIndex()
     for rid in ("r0", "r1"):
@@ -68,7 +77,7 @@ async def two_routers(share_marks: bool) -> tuple[IndexMirror, IndexMirror]:
         assert router.index.replica_ids == ["r0", "r1"]
         mirror.marks.start()  # the sends only: each test polls by hand
         mirrors.append(mirror)
-    return mirrors[0], mirrors[1]
+    return await know_each_other(mirrors)
 
 
 def route(mirror: IndexMirror, request_id: str, replica_ids: list[str]) -> str:
@@ -93,6 +102,26 @@ async def test_the_second_router_follows_the_prefix_the_first_just_routed(share_
     assert a.marks.num_sends == b.marks.num_sends == (1 if share_marks else 0)
     # the counts kvroute_router_shared_decisions_total follows: one decision each way
     assert a.marks.num_shared_decisions == a.num_shared_received == (1 if share_marks else 0)
+
+
+async def test_a_lone_router_sends_nothing_until_another_polls():
+    index = KVIndex()
+    index.publish_snapshot(EventLog("r0", epoch="e0").snapshot([]))
+    mirrors = [IndexMirror(Router(RouterConfig(block_size=BLOCK_SIZE)), router_id,
+                           threading.Lock(), index=LocalActor(index))
+               for router_id in ("router-a", "router-b")]
+    a, b = mirrors
+    assert await a.sync_once()
+    a.marks.start()
+    route(a, "q1", ["r0"])
+    a.share_end("q1", "r0")
+    await a.marks.drain()
+    assert a.marks.num_sends == a.marks.num_shared_decisions == 0  # nobody to read them
+    assert await b.sync_once() and await a.sync_once()
+    route(a, "q2", ["r0"])
+    await a.marks.drain()
+    assert a.marks.num_sends == a.marks.num_shared_decisions == 1
+    assert await b.sync_once() and b.num_shared_received == 1
 
 
 def test_blocks_confirmed_here_are_not_marked_and_unknown_replicas_are_skipped():
@@ -156,7 +185,7 @@ async def two_sharing_work(clock: Clock, share_work: bool = True
         assert await mirror.sync_once()
         mirror.marks.start()
         mirrors.append(mirror)
-    return mirrors[0], mirrors[1]
+    return await know_each_other(mirrors)
 
 
 def route_shared(mirror: IndexMirror, request_id: str, prompt: list[bytes],

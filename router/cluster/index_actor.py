@@ -50,7 +50,7 @@ from router.cluster.poll_messages import PollReply, PollRequest, positions_of, v
 from router.cluster.prefix_registry import PrefixRecord, PrefixRegistry, record_of_pin
 from router.cluster.replica_log import ReplicaLog
 from router.cluster.route_ends import RouteEnds, work_ends_of
-from router.cluster.shared_marks import Shared, SharedMarks
+from router.cluster.shared_marks import Shared, SharedMarks, SharedMarksConfig
 from router.cluster.vllm_subscriber_spec import SubscriberConfig
 from router.core.candidates import rank_among
 
@@ -108,7 +108,8 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         self._router_ids: tuple[str, ...] = ()  # the live routers, sorted (their ranks)
         self.route_ends = RouteEnds(self._config.router_timeout_s,
                                     min_take_gap_s=self._config.min_end_wake_gap_s)
-        self.shared_marks = SharedMarks()
+        self.shared_marks = SharedMarks(
+            SharedMarksConfig(router_timeout_s=self._config.router_timeout_s))
         self.prefixes = PrefixRegistry()
         self._waiters: dict[asyncio.Future, str] = {}  # long polls waiting: router id
         # the followed external workers (their metrics collector; tests read it too)
@@ -268,8 +269,10 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         """A router polled: it counts among the live routers, whose ranks each reply
         carries. When that set changes the other routers' waiting polls return now, so
         they list the replicas from their new ranks at once."""
-        self._router_views[router_id] = (now_s, view)
         self._expire_routers(now_s)
+        if router_id not in self._router_views:  # new, or back after it expired
+            self.shared_marks.forget(router_id)
+        self._router_views[router_id] = (now_s, view)
         router_ids = tuple(sorted(self._router_views))
         if router_ids != self._router_ids:
             self._router_ids = router_ids

@@ -182,6 +182,12 @@ class SharedMarks:
         self._cursors[router_id] = (seq, now)
         return gap + tuple(out)
 
+    def forget(self, router_id: str) -> None:
+        """The router left the live set (or never was in it): its next take starts after a
+        `SharedGap(None)`, so it drops the work it holds from the others. While it was not
+        live, the others took themselves for alone and shared nothing, their ends too."""
+        self._cursors.pop(router_id, None)
+
     def num_blocks(self) -> int:
         return self._num_blocks
 

@@ -5,6 +5,7 @@ import asyncio
 
 from router.cluster.index_actor import IndexActorConfig, KVIndex
 from router.cluster.poll_messages import PollRequest
+from router.cluster.shared_marks import SharedGap
 from router.core.candidates import RouterRank, list_offset, rank_among, router_offset
 
 
@@ -53,3 +54,25 @@ async def test_a_router_silent_for_router_timeout_s_leaves_the_ranks(monkeypatch
     assert (await index.poll(PollRequest("gw-c", {}))).router_rank == RouterRank(0, 1)
     assert (await index.poll(PollRequest("gw-a", {}))).router_rank == RouterRank(0, 2)
     assert list(index.router_views()) == ["gw-c", "gw-a"]
+
+
+async def test_a_router_back_after_it_expired_starts_after_a_gap(monkeypatch):
+    """While it was gone the others took themselves for alone and shared nothing, their
+    ends too: it must drop the work it holds from them, not keep it counted."""
+    now = [100.0]
+    monkeypatch.setattr("router.cluster.index_actor.time.monotonic", lambda: now[0])
+    index = KVIndex(IndexActorConfig(router_timeout_s=10.0))
+    reply_lag = [0.0]  # a long poll takes the marks when it answers, up to 1 s after it came
+    index.shared_marks._clock = lambda: now[0] + reply_lag[0]
+    for router_id in ("gw-a", "gw-b"):
+        await index.poll(PollRequest(router_id, {}))
+    reply_lag[0] = 0.9
+    assert (await index.poll(PollRequest("gw-b", {}))).shared_marks == ()  # caught up
+    reply_lag[0] = 0.0
+    now[0] = 109.5
+    assert (await index.poll(PollRequest("gw-a", {}))).router_rank == RouterRank(0, 2)
+    now[0] = 110.5  # gw-b came 10.5 s ago: gone from the ranks; its cursor is 9.6 s old
+    assert (await index.poll(PollRequest("gw-a", {}))).router_rank == RouterRank(0, 1)
+    reply = await index.poll(PollRequest("gw-b", {}))
+    assert reply.router_rank == RouterRank(1, 2)
+    assert reply.shared_marks == (SharedGap(None),)

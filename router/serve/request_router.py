@@ -121,6 +121,7 @@ class ServeRequestRouter(RequestRouter):
         self._bound = HitBoundLink(self.gateway_id, self.router.config.block_size,
                                    HitCurveConfig(**(bound or {})))
         self._started = False
+        self._pushing = False
         self._misses_counted: OrderedDict[str, None] = OrderedDict()  # the newest ids
         # Ray's, Serve's and this router's start-up objects leave the collector's
         # generations: a full collection inside a decision would walk all of them
@@ -132,6 +133,7 @@ class ServeRequestRouter(RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:
+        self._start_pushes()
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
@@ -145,7 +147,7 @@ class ServeRequestRouter(RequestRouter):
         # Only a prompt starts the mirror: Serve's own proxy serves the GETs (readiness
         # probes, /v1/models) through a handle like this one, and a router started there
         # would take every replica's events and every shared mark without routing anything
-        self._start()
+        self._start_routing()
         await self.mirror.wait_first_poll()
         # A direct-streaming route (router/serve/ingress_endpoint.py) goes out over HTTP, not
         # through Serve: it is routed now, and its arrival and end come back from the engine
@@ -309,15 +311,24 @@ class ServeRequestRouter(RequestRouter):
 
     # ---- internals ----
 
-    def _start(self) -> None:
-        """The mirror's polls and the series' pushes start with the first prompt to route: a
-        process whose handle never routes one (Serve's fallback proxy in front of the engine
-        replicas with ingress direct, which still serves the GETs; an engine replica's handle
-        to its own deployment) costs the index actor and its own CPU nothing."""
+    def _start_pushes(self) -> None:
+        """The series' pushes start with the first call of any kind, so they are there, at
+        zero, before the first prompt counts: a counter whose first sample is not zero
+        makes Prometheus's rate() extrapolate each series by its own value, and the hit
+        rate's numerator and denominator by different factors. A process whose handle is
+        never called (an engine replica's handle to its own deployment) pushes nothing."""
+        if not self._pushing:  # on Serve's router loop
+            self._pushing = True
+            self._pusher.start()
+
+    def _start_routing(self) -> None:
+        """The mirror's polls and the bound's samples start with the first prompt to route:
+        a process whose handle never routes one (Serve's fallback proxy in front of the
+        engine replicas with ingress direct, which still serves the GETs) costs the index
+        actor and its own CPU nothing."""
         if not self._started:  # on Serve's router loop
             self._started = True
             self.mirror.start()
-            self._pusher.start()
             self._bound.start()
 
     def _drop_replica(self, replica_id: str, dead: bool) -> None:

@@ -20,7 +20,8 @@ def gateway(gateway_id: str) -> ServeRequestRouter:
     router = ServeRequestRouter.__new__(ServeRequestRouter)
     router.initialize_state(model="tiny", router={"policy": "cache_aware", "block_size": 16},
                             gateway_id=gateway_id)
-    router._started, router.mirror.num_polls = True, 1  # no index actor here
+    router._started = router._pushing = True
+    router.mirror.num_polls = 1  # no index actor here
     return router
 
 

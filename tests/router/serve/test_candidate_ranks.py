@@ -24,7 +24,7 @@ def gateway(gateway_id: str, index: KVIndex) -> ServeRequestRouter:
     router = ServeRequestRouter.__new__(ServeRequestRouter)
     router.initialize_state(model="tiny", router={"policy": "cache_aware", "block_size": 16},
                             gateway_id=gateway_id)
-    router._started = True  # polls are driven here, one at a time
+    router._started = router._pushing = True  # polls are driven here, one at a time
     router.mirror._index._handle = LocalActor(index)
     return router
 

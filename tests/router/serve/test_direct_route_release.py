@@ -89,7 +89,8 @@ async def test_a_route_no_replica_claims_is_withdrawn_after_the_claim_window():
     now = [1000.0]
     router, alone = _router(now), _router(now)  # alone: routes only "running"
     for r in (router, alone):
-        r._started, r.mirror.num_polls = True, 1  # no index actor here
+        r._started = r._pushing = True  # no index actor here
+        r.mirror.num_polls = 1
         await _route_direct(r, "running", max_tokens=8)
         r.routes_finished([claim_of("running")])
     await _route_direct(router, "never-sent", max_tokens=2000)
@@ -107,7 +108,8 @@ async def test_a_route_no_replica_claims_is_withdrawn_after_the_claim_window():
 
 async def test_a_refused_route_takes_back_all_it_charged():
     router = _router()
-    router._started, router.mirror.num_polls = True, 1
+    router._started = router._pushing = True
+    router.mirror.num_polls = 1
     await _route_direct(router, "refused", max_tokens=2000)
     assert _load(router) > 2000
     router.routes_finished([claim_of("refused"), refusal_of("refused")])
@@ -118,7 +120,8 @@ async def test_an_end_reported_for_a_serve_calls_id_releases_nothing():
     """Ends reported through the index actor are direct routes' only: an id that names a
     Serve call (which its completion callback ends) is not taken for one."""
     router = _router()
-    router._started, router.mirror.num_polls = True, 1
+    router._started = router._pushing = True
+    router.mirror.num_polls = 1
     router.router.route("call-1", [], 8, ["a"], kind=RouteKind.CALL)
     router.routes_finished([claim_of("call-1"), "call-1", refusal_of("call-1")])
     assert router.router.ledger.get("call-1").state is RouteState.ROUTED
@@ -133,7 +136,8 @@ def _miss_tokens(router: ServeRequestRouter) -> dict[str, float]:
 
 async def test_an_ended_route_counts_its_miss_causes_from_the_engines_cached_tokens():
     router = _router()
-    router._started, router.mirror.num_polls = True, 1
+    router._started = router._pushing = True
+    router.mirror.num_polls = 1
     assert _miss_tokens(router) == {"cold": 0, "capacity": 0, "placement": 0, "race": 0}
     await _route_direct(router, "first", max_tokens=8)  # 64 tokens nobody saw
     router.routes_finished([claim_of("first"), end_of("first", 0)])

@@ -22,7 +22,7 @@ def make_router(now: list[float] | None = None) -> ServeRequestRouter:
     clock = {"clock": lambda: now[0]} if now is not None else {}
     router.initialize_state(model="tiny", router={"block_size": 16}, **clock)
     router.candidate_offset = 0  # lists the replicas as given: the ties these tests assert
-    router._started = True  # no index actor here: polls and pushes stay off
+    router._started = router._pushing = True  # no index actor here: polls and pushes stay off
     router.mirror.num_polls = 1  # and decisions do not wait for a first poll
     return router
 

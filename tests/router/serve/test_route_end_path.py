@@ -59,7 +59,8 @@ async def engine():
 def _router() -> ServeRequestRouter:
     router = ServeRequestRouter.__new__(ServeRequestRouter)  # Serve's part unused here
     router.initialize_state(model="tiny", router={"policy": "cache_aware", "block_size": 4})
-    router._started, router.mirror.num_polls = True, 1  # polled by hand here
+    router._started = router._pushing = True
+    router.mirror.num_polls = 1  # polled by hand here
     return router
 
 

@@ -72,13 +72,16 @@ def send_prompt(base_url: str, headers: dict[str, str], group: int, i: int) -> A
 
 
 def shared_decisions(server: Server) -> dict[str, tuple[float, float, float]]:
-    """Per router (gateway): (decisions it shared, the others' it applied, refreshes of its
-    series)."""
+    """Per router (gateway) that has routed a prompt: (decisions it shared, the others' it
+    applied, refreshes of its series). Serve's proxy holds a router too, which serves GETs
+    and pushes its series but never routes, so it applies nothing."""
     name = "kvroute_router_shared_decisions_total"
     sent = server.by_label(name, "gateway", direction="sent")
     received = server.by_label(name, "gateway", direction="received")
     refreshes = server.by_label("kvroute_router_series_refreshes_total", "gateway")
-    return {g: (sent[g], received.get(g, 0.0), refreshes.get(g, 0.0)) for g in sent}
+    routed = server.by_label("kvroute_router_decision_seconds_count", "gateway")
+    return {g: (sent[g], received.get(g, 0.0), refreshes.get(g, 0.0)) for g in sent
+            if routed.get(g, 0.0) > 0}
 
 
 def settled(server: Server) -> dict[str, float]:

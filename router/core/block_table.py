@@ -50,7 +50,12 @@ _WALK_IN_PYTHON = 8
 def _unique_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct keys, where each key is among them). Sorts on the second word alone
     (a uint64 sort: ~20x a sort of 16-byte records), and falls back to np.unique on whole
-    keys only when two keys share that word."""
+    keys only when two keys share that word. Keys whose second words all differ (nearly
+    every batch: a run seldom stores a new hash twice) are returned as they are, after a
+    plain sort of those words (a third of an argsort's time, and no gathers)."""
+    second = np.sort(keys[:, 1])
+    if (second[1:] != second[:-1]).all():
+        return keys, np.arange(len(keys))
     order = np.argsort(keys[:, 1])
     ordered = keys[order]
     same_word = ordered[1:, 1] == ordered[:-1, 1]

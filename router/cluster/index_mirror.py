@@ -129,6 +129,10 @@ class IndexMirror:
         # the routed work other routers shared, in `router.loads`
         self.remote = RemoteWork(router.loads, clock=router.clock)
         self.num_shared_received = 0  # the other routers' decisions applied here
+        # route id -> replica, of the routes whose work was shared and whose end was not
+        # yet: only their ends are shared (each leaves with its end, the ledger's expiry of
+        # its record, or its replica)
+        self._work_shared: dict[str, str] = {}
 
     def start(self) -> None:
         if self._first_poll is None:
@@ -146,14 +150,20 @@ class IndexMirror:
                     work: RoutedWork | None = None) -> None:
         """A decision's replica, prompt blocks and the work it charged there, for the other
         routers (queued: the decision path makes no call)."""
-        if not self.alone():
-            self.marks.share(replica_id, block_hashes, work)
+        if self.alone():
+            return
+        if work is not None and self.config.share_work:
+            self._work_shared[work.route_id] = replica_id
+        self.marks.share(replica_id, block_hashes, work)
 
     def share_end(self, route_id: str, replica_id: str, withdrawn: bool = False,
                   output_tokens: int | None = None) -> None:
-        """The end of a route whose work was shared, on `replica_id` (`withdrawn`: it never
-        ran)."""
-        if not self.alone():
+        """The end of a route, on `replica_id` (`withdrawn`: it never ran), if its work was
+        shared: then whether this router is alone now does not matter (a router that joined
+        since replays the shared log, that work included, and counts it until this end
+        comes); if it was not, no router holds it, and an end would wait on the others as an
+        early end that swallows a retry under the same id."""
+        if self._work_shared.pop(route_id, None) is not None:
             self.marks.share_end(route_id, replica_id, withdrawn, output_tokens)
 
     def alone(self) -> bool:
@@ -268,12 +278,19 @@ class IndexMirror:
     def _on_removed(self, replica_id: str) -> None:
         self._remove(replica_id)
         self.remote.forget_replica(replica_id)
+        self._forget_shared_work(replica_id)
+
+    def _forget_shared_work(self, replica_id: str) -> None:
+        """The replica's routes leave with it, here and on the other routers: no end to share."""
+        for route_id in [r for r, rid in self._work_shared.items() if rid == replica_id]:
+            del self._work_shared[route_id]
 
     def forget_replica(self, replica_id: str) -> None:
         """The replica is gone (Serve says so): drop it here now, not at the next poll."""
         with self._lock:
             self.router.remove_replica(replica_id)
             self.remote.forget_replica(replica_id)
+            self._forget_shared_work(replica_id)
             cursor = self._cursors.pop(replica_id, None)
             self._gone[replica_id] = (cursor.epoch if cursor else None, time.monotonic())
             if cursor is not None:

@@ -141,6 +141,11 @@ class ServeRequestRouter(RequestRouter):
         target = getattr(call, "target_replica_id", None)
         if target in by_id:
             return [[by_id[target]]]
+        if pending_request is not None and not pending_request.args:
+            # an argument-less call is a routing process's warm-up (the ingress router's
+            # `choose_replica()`, the gateway's `replica_info`): the mirror's first poll is
+            # done before its first client's prompt, not awaited by it
+            self._start_routing()
         token_ids = getattr(call, "prompt_token_ids", None)
         if pending_request is None or token_ids is None:
             return [candidate_replicas]  # not a prompt (an admin call): Serve's least queue
@@ -322,10 +327,11 @@ class ServeRequestRouter(RequestRouter):
             self._pusher.start()
 
     def _start_routing(self) -> None:
-        """The mirror's polls and the bound's samples start with the first prompt to route:
-        a process whose handle never routes one (Serve's fallback proxy in front of the
-        engine replicas with ingress direct, which still serves the GETs) costs the index
-        actor and its own CPU nothing."""
+        """The mirror's polls and the bound's samples start with the first prompt to route
+        or an argument-less warm-up call: a process whose handle never routes one (Serve's
+        fallback proxy in front of the engine replicas with ingress direct, which still
+        serves the GETs, each call with the request as its argument) costs the index actor
+        and its own CPU nothing."""
         if not self._started:  # on Serve's router loop
             self._started = True
             self.mirror.start()

@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,6 +165,12 @@ class IndexMirror:
         early end that swallows a retry under the same id."""
         if self._work_shared.pop(route_id, None) is not None:
             self.marks.share_end(route_id, replica_id, withdrawn, output_tokens)
+
+    def ended_by_relay(self, route_ids: Iterable[str]) -> None:
+        """Routes whose end the index actor relayed to the other routers itself (a direct
+        route's end or refusal, as its replica reported it): no end of theirs to share."""
+        for route_id in route_ids:
+            self._work_shared.pop(route_id, None)
 
     def alone(self) -> bool:
         """Whether the last poll said this is the only live router: then nothing is shared

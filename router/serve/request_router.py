@@ -281,6 +281,7 @@ class ServeRequestRouter(RequestRouter):
                     continue
                 self.router.withdraw(route_id)
                 touched.add(record.replica_id)
+        self.mirror.ended_by_relay((*reports.ended, *reports.refused))
         for delay_s in delays_s:
             self._end_delay.observe(delay_s)
         self._update_outstanding(touched)

@@ -147,3 +147,18 @@ async def test_an_ended_route_counts_its_miss_causes_from_the_engines_cached_tok
     router.routes_finished([claim_of("refused"), refusal_of("refused")])
     assert _miss_tokens(router) == {"cold": 64, "capacity": 0, "placement": 0, "race": 0}
     assert router.router.misses.num_outstanding() == 0
+
+
+async def test_a_direct_route_ended_through_the_actor_leaves_no_end_to_share():
+    """The actor relays a direct route's end (or refusal) to the other routers itself: the
+    deciding router keeps no record of the route's shared work after it, nor sends an end."""
+    router = _router()
+    router._started = router._pushing = True  # no index actor here
+    router.mirror.num_polls = 1
+    for route_id in ("ended", "refused", "running"):
+        await _route_direct(router, route_id, max_tokens=8)
+    assert set(router.mirror._work_shared) == {"ended", "refused", "running"}
+    queued = len(router.mirror.marks.outbox)
+    router.routes_finished([claim_of("ended"), end_of("ended", 0), refusal_of("refused")])
+    assert set(router.mirror._work_shared) == {"running"}
+    assert len(router.mirror.marks.outbox) == queued  # no end of its own queued

@@ -131,7 +131,7 @@ class IndexMirror:
         self.num_shared_received = 0  # the other routers' decisions applied here
         # route id -> replica, of the routes whose work was shared and whose end was not
         # yet: only their ends are shared (each leaves with its end, the ledger's expiry of
-        # its record, or its replica)
+        # its record, or its replica). On the router's event loop only, as `marks` is.
         self._work_shared: dict[str, str] = {}
 
     def start(self) -> None:
@@ -163,8 +163,13 @@ class IndexMirror:
         since replays the shared log, that work included, and counts it until this end
         comes); if it was not, no router holds it, and an end would wait on the others as an
         early end that swallows a retry under the same id."""
-        if self._work_shared.pop(route_id, None) is not None:
-            self.marks.share_end(route_id, replica_id, withdrawn, output_tokens)
+        shared_on = self._work_shared.pop(route_id, None)
+        if shared_on is None:
+            return
+        if shared_on != replica_id:  # chosen again since, while alone: the others hold the
+            # placement that was shared, which never ran
+            replica_id, withdrawn = shared_on, True
+        self.marks.share_end(route_id, replica_id, withdrawn, output_tokens)
 
     def ended_by_relay(self, route_ids: Iterable[str]) -> None:
         """Routes whose end the index actor relayed to the other routers itself (a direct
@@ -288,8 +293,9 @@ class IndexMirror:
 
     def _forget_shared_work(self, replica_id: str) -> None:
         """The replica's routes leave with it, here and on the other routers: no end to share."""
-        for route_id in [r for r, rid in self._work_shared.items() if rid == replica_id]:
-            del self._work_shared[route_id]
+        for route_id, shared_on in list(self._work_shared.items()):
+            if shared_on == replica_id:
+                self._work_shared.pop(route_id, None)
 
     def forget_replica(self, replica_id: str) -> None:
         """The replica is gone (Serve says so): drop it here now, not at the next poll."""

@@ -13,7 +13,9 @@ import router.cluster.index_actor as index_actor
 from kv.events import EventLog
 from router.cluster.index_actor import IndexActorConfig, KVIndex
 from router.cluster.index_mirror import IndexMirror
+from router.cluster.shared_marks import RoutedWork
 from router.core.config import RouterConfig
+from router.core.ledger import RouteKind
 from router.core.router import Router
 from tests.router.cluster.test_mark_sharing import BLOCK_SIZE, PREFIX, LocalActor, route_shared
 
@@ -114,3 +116,48 @@ async def test_a_removed_replica_takes_its_shared_routes_with_it():
     assert a._work_shared == {"q1": replica}
     a.forget_replica(replica)
     assert a._work_shared == {}
+    queued = len(a.marks.outbox)
+    a.share_end("q1", replica)
+    assert len(a.marks.outbox) == queued  # the others dropped it with the replica
+
+
+def choose(m: IndexMirror, route_id: str, replica_ids: list[str]) -> str:
+    """A decision as Serve's request router makes it, shared (unless alone)."""
+    decision = m.router.route(route_id, PREFIX, len(PREFIX) * BLOCK_SIZE, replica_ids, 64,
+                              RouteKind.CALL)
+    m.share_marks(decision.replica_id, PREFIX,
+                  RoutedWork(route_id, *m.router.loads.charge(route_id)))
+    return decision.replica_id
+
+
+async def test_a_request_chosen_again_while_alone_ends_where_it_was_shared(monkeypatch):
+    """Serve chose again for a request whose ranked replicas were full: the first placement,
+    shared, never ran; the second, made alone, was not shared. Its end goes to where the
+    others hold it, as withdrawn."""
+    now = [100.0]
+    monkeypatch.setattr(index_actor, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    index = fleet(IndexActorConfig(replica_timeout_s=1e6, router_timeout_s=10.0))
+    index.shared_marks._clock = lambda: now[0]
+    actor = LocalActor(index)
+    a, b = mirror("router-a", actor), mirror("router-b", actor)
+    await settle(a, b, polls=1)
+    assert await a.sync_once() and not a.alone()
+    a.marks.start()
+    b.marks.start()
+    now[0] = 109.0
+    assert choose(a, "X", ["r0"]) == "r0"
+    await a.marks.drain()
+    now[0] = 110.5  # b left the live set
+    assert await a.sync_once() and a.alone()
+    assert choose(a, "X", ["r1"]) == "r1"
+    a.router.on_finished("X")
+    a.share_end("X", "r1")
+    await a.marks.drain()
+    now[0] = 110.8
+    assert await b.sync_once()
+    assert await a.sync_once() and not a.alone()
+    for _ in range(3):
+        now[0] += 0.5
+        await settle(b, a, polls=1)
+    assert b.router.loads.num_outstanding("r0") == 0
+    assert len(b.remote) == 0

@@ -284,13 +284,16 @@ def _loads_agree(server) -> bool:
     others' (the recent work decays 2.3% a second, and a router's gauges read through the
     metrics hub may be a few seconds older than another's). Each router counting only its
     own work would be far off: a group's first prompt (its whole prefill) is in the load of
-    the router that routed it only."""
+    the router that routed it only. Routers that routed a prompt: Serve's proxy holds one
+    too, which pushes its series (a load of 0) once it has served a GET, and routes none."""
     if _outstanding(server) != 0:
         return False
+    routed = server.by_label("kvroute_router_decision_seconds_count", "gateway")
     loads: dict[str, list[float]] = {}
     for (name, labels), value in server.metrics().items():
-        if name == "kvroute_router_load_tokens":
-            loads.setdefault(dict(labels)["replica"], []).append(value)
+        labels = dict(labels)
+        if name == "kvroute_router_load_tokens" and routed.get(labels["gateway"], 0.0) > 0:
+            loads.setdefault(labels["replica"], []).append(value)
     return bool(loads) and all(len(v) > 1 and min(v) >= 0.9 * max(v) > 0
                                for v in loads.values())
 

@@ -38,9 +38,10 @@ async def settle(*mirrors: IndexMirror, polls: int = 3) -> None:
             assert await m.sync_once()
 
 
-@pytest.mark.parametrize("joiner_id", ["router-b", "router-c"])  # back after expiry; new
-async def test_work_shared_before_the_router_was_alone_is_ended_on_a_joiner(monkeypatch,
-                                                                              joiner_id):
+async def two_live_routers(monkeypatch) -> tuple[list[float], LocalActor, IndexMirror,
+                                                  IndexMirror]:
+    """Routers a and b, each live on the other's side, on a clock the test moves
+    (`now[0]`, monotonic seconds, from 100; routers leave the live set after 10 s)."""
     now = [100.0]
     monkeypatch.setattr(index_actor, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     index = fleet(IndexActorConfig(replica_timeout_s=1e6, router_timeout_s=10.0))
@@ -51,6 +52,13 @@ async def test_work_shared_before_the_router_was_alone_is_ended_on_a_joiner(monk
     assert await a.sync_once() and not a.alone()
     a.marks.start()
     b.marks.start()
+    return now, actor, a, b
+
+
+@pytest.mark.parametrize("joiner_id", ["router-b", "router-c"])  # back after expiry; new
+async def test_work_shared_before_the_router_was_alone_is_ended_on_a_joiner(monkeypatch,
+                                                                              joiner_id):
+    now, actor, a, b = await two_live_routers(monkeypatch)
     now[0] = 109.0  # b silent since 100; the actor still lists it
     replica = route_shared(a, "q1", PREFIX, ["r0", "r1"])
     await a.marks.drain()  # q1's work is in the shared log
@@ -134,16 +142,7 @@ async def test_a_request_chosen_again_while_alone_ends_where_it_was_shared(monke
     """Serve chose again for a request whose ranked replicas were full: the first placement,
     shared, never ran; the second, made alone, was not shared. Its end goes to where the
     others hold it, as withdrawn."""
-    now = [100.0]
-    monkeypatch.setattr(index_actor, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
-    index = fleet(IndexActorConfig(replica_timeout_s=1e6, router_timeout_s=10.0))
-    index.shared_marks._clock = lambda: now[0]
-    actor = LocalActor(index)
-    a, b = mirror("router-a", actor), mirror("router-b", actor)
-    await settle(a, b, polls=1)
-    assert await a.sync_once() and not a.alone()
-    a.marks.start()
-    b.marks.start()
+    now, _, a, b = await two_live_routers(monkeypatch)
     now[0] = 109.0
     assert choose(a, "X", ["r0"]) == "r0"
     await a.marks.drain()

@@ -288,11 +288,12 @@ class IndexMirror:
 
     def _on_removed(self, replica_id: str) -> None:
         self._remove(replica_id)
-        self.remote.forget_replica(replica_id)
         self._forget_shared_work(replica_id)
 
     def _forget_shared_work(self, replica_id: str) -> None:
-        """The replica's routes leave with it, here and on the other routers: no end to share."""
+        """The replica's routes leave with it, here and on the other routers: the others'
+        work counted there goes, and no end of this router's is left to share."""
+        self.remote.forget_replica(replica_id)
         for route_id, shared_on in list(self._work_shared.items()):
             if shared_on == replica_id:
                 self._work_shared.pop(route_id, None)
@@ -301,7 +302,6 @@ class IndexMirror:
         """The replica is gone (Serve says so): drop it here now, not at the next poll."""
         with self._lock:
             self.router.remove_replica(replica_id)
-            self.remote.forget_replica(replica_id)
             self._forget_shared_work(replica_id)
             cursor = self._cursors.pop(replica_id, None)
             self._gone[replica_id] = (cursor.epoch if cursor else None, time.monotonic())

@@ -141,17 +141,17 @@ class ServeRequestRouter(RequestRouter):
         target = getattr(call, "target_replica_id", None)
         if target in by_id:
             return [[by_id[target]]]
+        # Only a prompt or an argument-less call (a routing process's warm-up: the ingress
+        # router's `choose_replica()`, the gateway's `replica_info`, so that its first
+        # client's prompt does not wait for the mirror's first poll) starts the mirror:
+        # Serve's own proxy serves the GETs (readiness probes, /v1/models) through a handle
+        # like this one, each call with its request, and a router started there would take
+        # every replica's events and every shared mark without routing anything
         if pending_request is not None and not pending_request.args:
-            # an argument-less call is a routing process's warm-up (the ingress router's
-            # `choose_replica()`, the gateway's `replica_info`): the mirror's first poll is
-            # done before its first client's prompt, not awaited by it
             self._start_routing()
         token_ids = getattr(call, "prompt_token_ids", None)
         if pending_request is None or token_ids is None:
             return [candidate_replicas]  # not a prompt (an admin call): Serve's least queue
-        # Only a prompt starts the mirror: Serve's own proxy serves the GETs (readiness
-        # probes, /v1/models) through a handle like this one, and a router started there
-        # would take every replica's events and every shared mark without routing anything
         self._start_routing()
         await self.mirror.wait_first_poll()
         # A direct-streaming route (router/serve/ingress_endpoint.py) goes out over HTTP, not

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import ray
 
+from router.cluster.fast_calls import FastHandle
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -61,7 +63,9 @@ class ActorLink:
         try:
             return await call(await self.handle())
         except Exception:
-            self._handle = None
+            lost, self._handle = self._handle, None
+            if isinstance(lost, FastHandle):  # its socket goes with it
+                lost.close()
             raise
 
     async def try_call(self, call: ActorCall[Any]) -> bool:

@@ -43,6 +43,13 @@ from kv.events import ContentsDigest, EventBatch, Snapshot
 from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actors import get_or_create_actor
 from router.cluster.external_workers import ExternalWorkers
+from router.cluster.fast_calls import (
+    FAST_METHODS,
+    FastAddress,
+    FastCallServer,
+    FastHandle,
+    with_fast_calls,
+)
 from router.cluster.index_actor_calls import ExternalWorkerCalls, PrefixCalls
 from router.cluster.metrics_hub import MetricsPusher
 from router.cluster.packed_batches import PackedBatches, join, split
@@ -115,6 +122,14 @@ class KVIndex(PrefixCalls, ExternalWorkerCalls):
         # the followed external workers (their metrics collector; tests read it too)
         self.external_workers = ExternalWorkers(self, SubscriberConfig())
         self._external_metrics: MetricsPusher | None = None
+        self._fast: FastCallServer | None = None  # the per-request calls over ZMQ
+
+    async def fast_calls(self) -> FastAddress:
+        """Where this actor serves its per-request calls over ZMQ (fast_calls.py)."""
+        if self._fast is None:
+            host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+            self._fast = FastCallServer(self, FAST_METHODS, host)
+        return self._fast.address()
 
     # ---- replicas ----
 
@@ -374,3 +389,12 @@ IndexActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
 def get_index_actor(config: IndexActorConfig | None = None) -> ray.actor.ActorHandle:
     """The cluster's `kvroute-index` actor, created by the first process that asks."""
     return get_or_create_actor(IndexActor, INDEX_ACTOR_NAME, config or IndexActorConfig())
+
+
+def find_index(timeout_s: float = 30.0) -> ray.actor.ActorHandle | FastHandle:
+    """The index actor's handle, its per-request calls over ZMQ when they answer there
+    (fast_calls.py), else through Ray. Blocking: call it from a thread. Raises what asking
+    the actor for its address raised (it is restarting, say): the caller finds it again
+    later, rather than keeping Ray's handle for good."""
+    handle = get_index_actor()
+    return with_fast_calls(handle, ray.get(handle.fast_calls.remote(), timeout=timeout_s))

@@ -24,7 +24,7 @@ import ray
 from kv.events import ContentsDigest, Cursor, EventBatch, contents_digest
 from kv.hashing import BlockHash
 from router.cluster.actor_link import ActorLink
-from router.cluster.index_actor import PollReply, PollRequest, get_index_actor
+from router.cluster.index_actor import PollReply, PollRequest, find_index
 from router.cluster.mark_sharing import MarkSender, MarkSharingConfig, apply_shared_marks
 from router.cluster.remote_work import RemoteWork
 from router.cluster.shared_marks import RoutedWork, SharedMark
@@ -100,7 +100,7 @@ class IndexMirror:
         self.router_id = router_id
         self.config = config or MirrorConfig()
         self._lock = lock
-        self._index = ActorLink(f"router {router_id}: index poll", get_index_actor, index,
+        self._index = ActorLink(f"router {router_id}: index poll", find_index, index,
                                 on_failure=lambda _: self._set_fallback("index_unreachable"))
         self._cursors: dict[str, Cursor] = {}
         # replica_id -> (epoch it died in, None: any; when) for replicas seen dead here

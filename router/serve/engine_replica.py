@@ -31,7 +31,7 @@ from protocol.engine import (
     UnpinRequest,
 )
 from router.cluster.hit_bound import HitBoundLink
-from router.cluster.index_actor import get_index_actor
+from router.cluster.index_actor import find_index
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.serve.publisher import PublisherConfig, ReplicaPublisher, RouteReportSource
 from worker.engine.config import EngineConfig
@@ -78,7 +78,7 @@ class EngineReplicaBody:
         config = dataclasses.replace(engine_config, replica_id=self.replica_id)
         self.engine = await asyncio.to_thread(Engine.from_config, config)
         engine_s = time.monotonic() - start_s
-        self._publisher = ReplicaPublisher(self.engine, get_index_actor, publisher_config,
+        self._publisher = ReplicaPublisher(self.engine, find_index, publisher_config,
                                            route_reports, self.replica_id)
         await self._publisher.publish_once()  # known to the index before the first request
         self._publisher.start()

@@ -1,0 +1,208 @@
+"""The index actor's per-request calls over ZMQ (router/cluster/fast_calls.py), on real
+sockets on loopback: the same results and errors as through Ray, in the order sent, only
+with the token, and a lost connection fails the calls in flight at once."""
+
+import asyncio
+import threading
+
+import pytest
+import ray
+import zmq
+
+from kv.events import EventLog
+from router.cluster.actor_link import ActorLink
+from router.cluster.fast_calls import (
+    FAST_METHODS,
+    FastAddress,
+    FastCallClient,
+    FastCallConfig,
+    FastCallServer,
+    FastHandle,
+    ping,
+    with_fast_calls,
+)
+from router.cluster.index_actor import KVIndex, find_index
+from router.cluster.index_mirror import IndexMirror
+from router.cluster.poll_messages import PollRequest
+from router.core.config import RouterConfig
+from router.core.router import Router
+from tests.router.cluster.test_mark_sharing import BLOCK_SIZE, LocalActor, route
+
+
+class Target:
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.release = asyncio.Event()
+
+    def publish(self, x):
+        self.calls.append(("publish", x))
+        return x * 2
+
+    def poll(self, x):  # called in order; its coroutine runs as a task, as Ray runs it
+        self.calls.append(("poll", x))
+        return self._poll(x)
+
+    async def _poll(self, x):
+        await self.release.wait()
+        return ("polled", x)
+
+    def share_marks(self, x):
+        raise KeyError(x)
+
+    def report_routes(self, *args):
+        self.calls.append(("report_routes", args))
+
+
+def serve(target) -> FastCallServer:
+    return FastCallServer(target, FAST_METHODS, "127.0.0.1")
+
+
+async def test_calls_run_in_the_order_sent_and_return_what_the_method_did():
+    target = Target()
+    server = serve(target)
+    client = FastCallClient(server.address())
+    polled = asyncio.ensure_future(client.call("poll", 1))
+    assert await client.call("publish", 21) == 42  # a waiting coroutine blocks nothing
+    await client.call("report_routes", "a", ("b",))
+    assert target.calls == [("poll", 1), ("publish", 21), ("report_routes", ("a", ("b",)))]
+    target.release.set()
+    assert await polled == ("polled", 1)
+    with pytest.raises(KeyError):  # the method's own error, as Ray raises it
+        await client.call("share_marks", "k")
+    with pytest.raises(AttributeError, match="no fast call 'check_invariants'"):
+        await client.call("check_invariants")
+    assert server.num_calls == 5
+    client.close()
+    server.close()
+
+
+async def test_a_request_without_the_token_is_dropped_unread():
+    target = Target()
+    server = serve(target)
+    address = server.address()
+    forged = FastCallClient(FastAddress(address.address, b"x" * 16),
+                            FastCallConfig(call_timeout_s=0.5))
+    with pytest.raises(asyncio.TimeoutError):
+        await forged.call("publish", 1)
+    client = FastCallClient(address)
+    assert await client.call("publish", 2) == 4
+    assert target.calls == [("publish", 2)] and server.num_calls == 1
+    forged.close()
+    client.close()
+    server.close()
+
+
+async def test_a_lost_connection_fails_the_calls_in_flight_and_every_later_one():
+    target = Target()
+    server = serve(target)
+    client = FastCallClient(server.address(), FastCallConfig(call_timeout_s=60.0))
+    assert await client.call("publish", 1) == 2  # connected
+    polled = asyncio.ensure_future(client.call("poll", 1))
+    while len(target.calls) < 2:  # the poll reached the server and waits there
+        await asyncio.sleep(0.01)
+    server.close()  # the actor's process died: its end of the connection closes
+    with pytest.raises(ConnectionError):  # at once, not after the call's timeout
+        await asyncio.wait_for(polled, 30.0)
+    with pytest.raises(ConnectionError):
+        await client.call("publish", 1)
+    client.close()
+
+
+async def test_a_handle_keeps_ray_where_nothing_answers_the_fast_calls():
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # bound, never read
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    address = FastAddress(f"tcp://127.0.0.1:{port}", b"t" * 16)
+    ray_handle = object()
+    config = FastCallConfig(ping_timeout_s=0.3)
+    assert not await asyncio.to_thread(ping, address, 0.3)
+    assert await asyncio.to_thread(with_fast_calls, ray_handle, address, config) is ray_handle
+    assert with_fast_calls(ray_handle, None) is ray_handle
+    silent.close()
+    server = serve(Target())
+    fast = await asyncio.to_thread(with_fast_calls, ray_handle, server.address(), config)
+    assert isinstance(fast, FastHandle) and fast.ray_handle is ray_handle
+    fast.close()
+    server.close()
+
+
+async def test_a_failed_call_closes_the_fast_handle_and_finds_the_actor_again():
+    servers = [serve(Target()), serve(Target())]
+    found = iter([FastHandle(object(), FastCallClient(s.address())) for s in servers])
+    link = ActorLink("test", lambda: next(found))
+    assert await link.call(lambda index: index.publish.remote(1)) == 2
+    first = link.found_handle
+    with pytest.raises(KeyError):
+        await link.call(lambda index: index.share_marks.remote(1))
+    with pytest.raises(ConnectionError):  # closed with the handle it lost
+        await first.client.call("publish", 1)
+    assert await link.call(lambda index: index.publish.remote(2)) == 4
+    assert link.found_handle is not first and servers[1].num_calls == 1
+    link.found_handle.close()
+    for server in servers:
+        server.close()
+
+
+async def test_two_routers_share_marks_and_poll_through_the_fast_calls():
+    index = KVIndex()
+    for rid in ("r0", "r1"):
+        index.publish_snapshot(EventLog(rid, epoch="e0").snapshot([]))
+    server = serve(index)
+    mirrors = []
+    for router_id in ("router-a", "router-b"):
+        handle = FastHandle(LocalActor(index), FastCallClient(server.address()))
+        mirror = IndexMirror(Router(RouterConfig(block_size=BLOCK_SIZE)), router_id,
+                             threading.Lock(), index=handle)
+        assert await mirror.sync_once()
+        mirror.marks.start()
+        mirrors.append(mirror)
+    a, b = mirrors
+    assert await a.sync_once() and not a.alone()
+    assert route(a, "q1", ["r1", "r0"]) == "r1"
+    await a.marks.drain()
+    await b.sync_once()
+    assert route(b, "q2", ["r0", "r1"]) == "r1"  # the mark a shared leads b to r1
+    assert server.num_calls == 5  # 4 polls and a's marks: every call went over ZMQ
+    for mirror in mirrors:
+        mirror.stop()
+        mirror._index.found_handle.close()
+    server.close()
+
+
+@pytest.mark.slow
+def test_the_index_actor_is_found_with_its_fast_calls_and_found_again_after_a_restart():
+    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=128 * 1024**2,
+             log_to_driver=False, namespace="fast-calls-test")
+
+    async def scenario():
+        link = ActorLink("test", find_index)
+
+        def poll(index):
+            return index.poll.remote(PollRequest("router", {}))
+
+        before = (await link.call(poll)).incarnation
+        first = link.found_handle
+        assert isinstance(first, FastHandle)
+        ray.kill(first.ray_handle, no_restart=False)
+        for _ in range(1000):  # until the connection's loss is seen: at once, no timeout
+            try:
+                await link.call(poll)
+            except ConnectionError:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("calls kept succeeding after the actor was killed")
+        for _ in range(6000):  # found again once Ray restarted it
+            try:
+                after = (await link.call(poll)).incarnation
+                break
+            except ray.exceptions.RayError:  # restarting: not yet
+                await asyncio.sleep(0.01)
+        assert isinstance(link.found_handle, FastHandle) and link.found_handle is not first
+        assert after != before
+        assert link.found_handle.client.address != first.client.address
+        link.found_handle.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        ray.shutdown()

@@ -5,9 +5,10 @@ most of it Ray's task machinery whatever the call carries; on the default path a
 makes about six (its replica's publish and end report, its router's marks, the routers'
 polls that these wake). The same call as a request and reply on a ZMQ socket costs 0.2 and
 0.2 ms (`python benchmarks/bench_fast_calls.py`). So the actor also serves those
-four calls (`FAST_METHODS`) on a ZMQ ROUTER socket of its own: the same methods, the same
-arguments and replies, pickled as Ray pickles them. Ray keeps every other call, the finding
-of the actor, and its restarts.
+four calls, and a relay's `publish_packed` (many replicas' batches in one call: the fleet's
+publish path, benchmarks/bench_index_actor.py), as `FAST_METHODS` on a ZMQ ROUTER socket of
+its own: the same methods, the same arguments and replies, pickled as Ray pickles them. Ray
+keeps every other call, the finding of the actor, and its restarts.
 
 - Whoever finds the actor asks it for the socket's address and a token (`fast_calls`), and
   pings it from the finding thread: no answer within `ping_timeout_s` (say, a network
@@ -40,7 +41,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger(__name__)
 
-FAST_METHODS = frozenset({"poll", "publish", "report_routes", "share_marks"})
+FAST_METHODS = frozenset({"poll", "publish", "publish_packed", "report_routes",
+                          "share_marks"})
 _PING = b"ping"
 _OK, _ERR = b"ok", b"err"
 

@@ -9,7 +9,8 @@ import pytest
 import ray
 import zmq
 
-from kv.events import EventLog
+from kv.events import BlockStored, Cursor, EventBatch, EventLog
+from protocol.engine import EngineStats
 from router.cluster.actor_link import ActorLink
 from router.cluster.fast_calls import (
     FAST_METHODS,
@@ -23,10 +24,12 @@ from router.cluster.fast_calls import (
 )
 from router.cluster.index_actor import KVIndex, find_index
 from router.cluster.index_mirror import IndexMirror
+from router.cluster.packed_batches import PackedBatches
 from router.cluster.poll_messages import PollRequest
 from router.core.config import RouterConfig
 from router.core.router import Router
 from tests.router.cluster.test_mark_sharing import BLOCK_SIZE, LocalActor, route
+from tests.router.cluster.test_packed_batches import h, mixed_batches
 
 
 class Target:
@@ -165,6 +168,34 @@ async def test_two_routers_share_marks_and_poll_through_the_fast_calls():
     for mirror in mirrors:
         mirror.stop()
         mirror._index.found_handle.close()
+    server.close()
+
+
+async def test_a_relays_packed_publish_goes_over_the_fast_calls_as_through_ray():
+    """A relay's publish_packed (many replicas' batches, their stats) applies and answers
+    over ZMQ as the actor's own method does: the stale replicas come back, the batches
+    reach a poll."""
+    direct, served = KVIndex(), KVIndex()
+    for index in (direct, served):
+        for rid in ("a", "b"):
+            index.publish_snapshot(EventLog(rid, epoch=f"{rid}-0").snapshot(()))
+    first, second, third = mixed_batches()
+    late = EventBatch("b", "b-0", 5, (BlockStored((h(7),), None),))  # a gap: b must resync
+    stats = {"a": EngineStats(1, 2, 3, 64, 10, 5, 0, 49, 0, 0)}
+    server = serve(served)
+    handle = FastHandle(object(), FastCallClient(server.address()))
+    for batches in ([first, second, third], [late]):
+        packed = PackedBatches.pack(batches)
+        assert (await handle.publish_packed.remote(packed, stats)
+                == direct.publish_packed(packed, stats))
+    assert server.num_calls == 2  # both over ZMQ
+    served.check_invariants()
+    start = {"a": Cursor("a-0", 0), "b": Cursor("b-0", 0)}
+    got = await handle.poll.remote(PollRequest("r", start, packed=True))
+    want = await direct.poll(PollRequest("r", start, packed=True))
+    assert got.packed.unpack() == want.packed.unpack() == [first, third, second]
+    assert got.stats == want.stats
+    handle.close()
     server.close()
 
 

@@ -5,7 +5,10 @@ processes that each play many replicas, and G mirror processes, each a bare poll
 only takes the replies (`--mirror receive`, the default: the actor's cost alone) or a real
 `IndexMirror` long-polling the actor into a real `Router` (`--mirror router`: the routers'
 apply cost too). `--shards N` splits the index by replica over N actors; each mirror then
-follows every shard (one IndexMirror per shard, into its one Router).
+follows every shard (one IndexMirror per shard, into its one Router). `--calls ray,fast`:
+the publishers and mirrors call the shards through Ray, or as the product finds the index
+actor (`find_index`): its per-request calls and a relay's `publish_packed` over the actor's
+ZMQ socket (router/cluster/fast_calls.py); snapshots and setup calls stay on Ray.
 
 The replicas replay batches shaped like the simulator's (benchmarks/simlib/event_shapes.py:
 Mooncake at twice the trace's rate, about 1,230 block events a second per busy replica, as
@@ -30,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -70,7 +74,7 @@ def cpu_s(pids: list[int]) -> list[float]:
 
 
 def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int,
-            mirror: str, publish: str, args) -> dict:
+            mirror: str, publish: str, calls: str, args) -> dict:
     shards = [IndexActor.remote(IndexActorConfig()) for _ in range(num_shards)]
     ray.get([index.get_incarnation.remote() for index in shards])
     ids = [f"b{k}" for k in range(num_replicas)]
@@ -78,10 +82,11 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
                                  args.held_blocks) for p in range(args.publishers)]
     mirrors = [MirrorProbe.remote(f"mirror-{g}", mirror == "router", args.poll == "packed")
                for g in range(num_mirrors)]
-    ray.get([m.start.remote(shards) for m in mirrors])
+    ray.get([m.start.remote(shards, calls) for m in mirrors]
+            + [p.connect.remote(shards, calls) for p in pubs])
     # The replicas' first snapshots, then the run once every mirror has them all.
     setup_s = time.time()
-    ray.get([p.publish_snapshots.remote(shards) for p in pubs])
+    ray.get([p.publish_snapshots.remote() for p in pubs])
     setup_deadline_s = time.time() + 120.0
     while not all(ray.get([m.wait_replicas.remote(num_replicas, 1.0) for m in mirrors])):
         if time.time() > setup_deadline_s:
@@ -89,19 +94,20 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
         # 8 mirrors taking 800 snapshots can outlast the actor's replica_timeout_s (10 s)
         # on a busy box: the replicas heartbeat meanwhile, as real ones do, or the actor
         # would forget them all and the run would be a storm of snapshots
-        ray.get([p.heartbeat.remote(shards) for p in pubs])
+        ray.get([p.heartbeat.remote() for p in pubs])
     setup_s = time.time() - setup_s
     pids = ray.get([index.__ray_call__.remote(lambda _self: os.getpid()) for index in shards]
                    + [m.pid.remote() for m in mirrors] + [p.pid.remote() for p in pubs])
     cpu0 = cpu_s(pids)
     spy = None
     if args.profile:  # py-spy on the index actor for the run, as collapsed stacks
-        out = Path(args.profile) / f"index_actor_{mirror}_S{num_shards}_G{num_mirrors}.txt"
+        out = (Path(args.profile)
+               / f"index_actor_{mirror}_{calls}_S{num_shards}_G{num_mirrors}.txt")
         spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p",
                                 str(pids[0]), "-d", str(int(args.duration_s)), "-r", "50",
                                 "-f", "raw", "-o", str(out)], stdout=subprocess.DEVNULL)
     start_s = time.time() + 1.0
-    sent = ray.get([p.run.remote(shards, start_s, args.duration_s, shapes.publish_interval_s,
+    sent = ray.get([p.run.remote(start_s, args.duration_s, shapes.publish_interval_s,
                                  publish == "relay") for p in pubs])
     final = {}
     for s in sent:
@@ -139,7 +145,8 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
     per_m = 1e6 / max(acked, 1)
     num_publishes = sum(s["num_publishes"] for s in sent)
     return {
-        "mirror": mirror, "publish": publish, "poll": args.poll, "mirrors": num_mirrors,
+        "mirror": mirror, "publish": publish, "poll": args.poll, "calls": calls,
+        "mirrors": num_mirrors,
         "shards": num_shards,
         "replicas": num_replicas,
         "duration_s": args.duration_s,
@@ -153,6 +160,9 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
         "mirror_lag_max_s": round(float(lag.max()), 4),
         "batches_missed": missed, "caught_up": caught_up,
         "snapshots_asked": sum(s["num_snapshots"] for s in sent),
+        # failed calls: publishes (their blocks not counted as taken), bare mirrors' polls
+        "call_errors": sum(s["num_errors"] for s in sent) + sum(r["num_errors"]
+                                                                for r in received),
         "actor_cpu_s_per_m_events": round(sum(actor_cpu) * per_m, 3),
         "actor_cpu_us_per_publish": round(1e6 * sum(actor_cpu) / max(num_publishes, 1)),
         "actor_busiest_core_share": round(max(actor_cpu) / (end_s - start_s), 3),
@@ -181,6 +191,10 @@ def main(argv: list[str] | None = None) -> dict:
                    help="comma-separated, of replica (a publish call per replica and tick, "
                         "as router/serve/publisher.py does) and relay (each publisher process "
                         "is a node's relay: the replicas due at one phase in one packed call)")
+    p.add_argument("--calls", default="ray",
+                   help="comma-separated, of ray (every call through Ray) and fast (the "
+                        "per-request calls and publish_packed over the actor's ZMQ socket); "
+                        "given both, each combination runs with one then the other")
     p.add_argument("--poll", default="packed", choices=("packed", "objects"),
                    help="bare polls' replies as columns or as EventBatch objects")
     p.add_argument("--publishers", type=int, default=2, help="processes playing the replicas")
@@ -188,9 +202,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ring-blocks", type=int, default=1 << 20)
     p.add_argument("--profile", default=None, help="directory: py-spy the index actor")
     p.add_argument("--capture-arrivals-s", type=float, default=90.0)
+    p.add_argument("--shapes-cache", default=None,
+                   help="a file: the captured shapes are read from it if it exists, else "
+                        "captured and written there (runs in turn replay the same batches "
+                        "and skip the minutes of simulation)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    shapes = capture_shapes(arrivals_s=args.capture_arrivals_s)
+    cache = Path(args.shapes_cache) if args.shapes_cache else None
+    if cache is not None and cache.exists():
+        shapes = pickle.loads(cache.read_bytes())
+        if not isinstance(shapes, Shapes):
+            raise SystemExit(f"{cache}: not captured shapes")
+    else:
+        shapes = capture_shapes(arrivals_s=args.capture_arrivals_s)
+        if cache is not None:
+            cache.write_bytes(pickle.dumps(shapes))
     print(f"shapes: {json.dumps(shapes.summary())} ({time.perf_counter() - t0:.0f} s)",
           flush=True)
     per_replica = shapes.blocks_per_s_per_replica()
@@ -205,16 +231,18 @@ def main(argv: list[str] | None = None) -> dict:
             for publish in args.publish.split(","):
                 for num_shards in (int(x) for x in args.shards.split(",")):
                     for g in (int(x) for x in args.mirrors.split(",")):
-                        row = run_one(shapes, num_replicas, g, num_shards, mirror, publish,
-                                      args)
-                        print(json.dumps(row), flush=True)
-                        rows.append(row)
+                        for calls in args.calls.split(","):
+                            row = run_one(shapes, num_replicas, g, num_shards, mirror,
+                                          publish, calls, args)
+                            print(json.dumps(row), flush=True)
+                            rows.append(row)
     finally:
         ray.shutdown()
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"uptime: {load}")
     def key(r: dict) -> str:
-        return f"{r['mirror']} {r['publish']} shards={r['shards']} G={r['mirrors']}"
+        return (f"{r['mirror']} {r['publish']} {r['calls']} shards={r['shards']} "
+                f"G={r['mirrors']}")
 
     out = {"bench": "index_actor", "shapes": shapes.summary(), "runs": rows, "uptime": load,
            "events_per_s": {key(r): r["events_per_s"] for r in rows},

@@ -6,6 +6,10 @@ A `FeedPublisher` process plays many replicas (event_shapes.ReplicaFeed), each o
 router/serve/publisher.py: a tick that finds the last publish unanswered adds its events to
 the next batch. A `MirrorProbe` is a router process's mirror: a real `IndexMirror` into a
 real `Router`, or only the long poll (`apply_to_router=False`).
+
+Each calls the shards through Ray, or (`calls="fast"`) as the product's `find_index` hands
+out the index actor: its per-request calls and a relay's `publish_packed` over the actor's
+ZMQ socket (router/cluster/fast_calls.py), everything else through Ray.
 """
 
 from __future__ import annotations
@@ -16,19 +20,43 @@ import threading
 import time
 from array import array
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import ray
 
 from benchmarks.simlib.event_shapes import BatchShape, ReplicaFeed, hash_ring
 from kv.events import Cursor, EventBatch
+from router.cluster.fast_calls import FastCallConfig, FastHandle, with_fast_calls
 from router.cluster.index_actor import PollReply, PollRequest
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.packed_batches import PackedBatches
 from router.core.router import Router, RouterConfig
 
 SLOTS_PER_INTERVAL = 10  # replicas publish at 10 phases of the interval
+# Every fast call's timeout here (a poll's too), as Ray's calls have none: an overloaded
+# actor answers late, which the bench measures as lag; the product's few seconds would
+# turn that into failed calls (counted: call_errors).
+FAST_CALL_TIMEOUT_S = 120.0
+
+
+async def shard_handles(shards: list, calls: str) -> list:
+    """The handles this process calls the shards by: Ray's (`calls="ray"`), or each with
+    its fast calls (`"fast"`), which must answer (no silent fall back to Ray)."""
+    if calls == "ray":
+        return list(shards)
+    if calls != "fast":
+        raise ValueError(f"calls must be ray or fast, got {calls!r}")
+    config = FastCallConfig(**{f.name: FAST_CALL_TIMEOUT_S for f in fields(FastCallConfig)
+                               if f.name.endswith("timeout_s") and f.name != "ping_timeout_s"})
+    handles = []
+    for shard in shards:
+        handle = await asyncio.to_thread(with_fast_calls, shard,
+                                         await shard.fast_calls.remote(), config)
+        if not isinstance(handle, FastHandle):
+            raise RuntimeError("an index shard's fast calls did not answer")
+        handles.append(handle)
+    return handles
 
 
 def replica_number(replica_id: str) -> int:
@@ -61,23 +89,31 @@ class FeedPublisher:
                                            start_batch=k // len(shapes) * 101))
         self._tasks: set[asyncio.Task] = set()
         self._rows: tuple[array, array, array] = (array("q"), array("q"), array("d"))
+        self._shards: list = []
         self.num_blocks_acked = 0
         self.num_publishes = 0
+        self.num_errors = 0  # publishes that failed (their blocks are not acked)
         self.num_snapshots = 0
         self.last_ack_s = 0.0
 
     def pid(self) -> int:
         return os.getpid()
 
-    async def publish_snapshots(self, shards: list) -> None:
+    async def connect(self, shards: list, calls: str) -> None:
+        """The shards every later call goes to, through Ray or with fast calls."""
+        self._shards = await shard_handles(shards, calls)
+
+    async def publish_snapshots(self) -> None:
+        shards = self._shards
         await asyncio.gather(*[
             shards[shard_of(f.replica_id, len(shards))].publish_snapshot.remote(
                 f.snapshot(), f.stats()) for f in self._feeds])
 
-    async def heartbeat(self, shards: list) -> None:
+    async def heartbeat(self) -> None:
         """Every replica's empty batch, one packed call a shard: real replicas heartbeat
         every second while idle (router/serve/publisher.py), so while the mirrors take
         their first snapshots none stays silent past the actor's replica_timeout_s."""
+        shards = self._shards
         for k, shard in enumerate(shards):
             feeds = [f for f in self._feeds if shard_of(f.replica_id, len(shards)) == k]
             if feeds:
@@ -87,11 +123,12 @@ class FeedPublisher:
                 await asyncio.gather(*[shard.publish_snapshot.remote(f.snapshot(), f.stats())
                                        for f in feeds if f.replica_id in stale])
 
-    async def run(self, shards: list, start_s: float, duration_s: float,
-                  interval_s: float, relay: bool = False) -> dict:
+    async def run(self, start_s: float, duration_s: float, interval_s: float,
+                  relay: bool = False) -> dict:
         """Publishes every replica's batches to the shard that owns it, each replica every
         `interval_s` from `start_s` (wall clock) for `duration_s`. `relay`: the replicas due
         at one phase go to each shard in one packed call (a node's relay), not a call each."""
+        shards = self._shards
         owners = [shards[shard_of(f.replica_id, len(shards))] for f in self._feeds]
         pending = [_Pending() for _ in self._feeds]
         slot_s = interval_s / SLOTS_PER_INTERVAL
@@ -127,6 +164,7 @@ class FeedPublisher:
                 "num_blocks_acked": self.num_blocks_acked,
                 "num_blocks_due": self.num_blocks_acked + owed,
                 "last_ack_s": self.last_ack_s, "num_publishes": self.num_publishes,
+                "num_errors": self.num_errors,
                 "num_snapshots": self.num_snapshots,
                 "final_seq": {replica_number(f.replica_id): f.next_seq for f in self._feeds}}
 
@@ -163,29 +201,36 @@ class FeedPublisher:
         try:
             stale = await index.publish_packed.remote(
                 PackedBatches.pack(batches), {f.replica_id: f.stats() for f in feeds})
+            self._acked(num_blocks)
             for feed in feeds:
                 if feed.replica_id in stale:
                     self.num_snapshots += 1
                     await index.publish_snapshot.remote(feed.snapshot(), feed.stats())
+        except Exception:
+            self.num_errors += 1
         finally:
             for state in states:
                 state.in_flight = False
             self.num_publishes += 1
-            self.num_blocks_acked += num_blocks
-            self.last_ack_s = time.time()
 
     async def _publish(self, index, feed: ReplicaFeed, state: _Pending, batch: EventBatch,
                        num_blocks: int) -> None:
         stats = feed.stats()
         try:
-            if await index.publish.remote(batch, stats):
+            needs_snapshot = await index.publish.remote(batch, stats)
+            self._acked(num_blocks)
+            if needs_snapshot:
                 self.num_snapshots += 1
                 await index.publish_snapshot.remote(feed.snapshot(), stats)
+        except Exception:
+            self.num_errors += 1
         finally:
             state.in_flight = False
             self.num_publishes += 1
-            self.num_blocks_acked += num_blocks
-            self.last_ack_s = time.time()
+
+    def _acked(self, num_blocks: int) -> None:
+        self.num_blocks_acked += num_blocks
+        self.last_ack_s = time.time()
 
 
 @ray.remote(num_cpus=0)
@@ -202,14 +247,16 @@ class MirrorProbe:
         self._tasks: list[asyncio.Task] = []
         self._replicas_seen = asyncio.Event()
         self._num_replicas_wanted = 1 << 62
+        self.num_errors = 0  # bare polls that failed (an IndexMirror's go to its fallback)
 
     def pid(self) -> int:
         return os.getpid()
 
-    async def start(self, shards: list) -> None:
+    async def start(self, shards: list, calls: str = "ray") -> None:
         """Follows every shard: one IndexMirror per shard, all into this process's one
         Router (each mirror keeps the cursors of its shard's replicas), or one bare poll
-        loop per shard."""
+        loop per shard; through Ray or with fast calls (`calls`)."""
+        shards = await shard_handles(shards, calls)
         if self._apply:
             router, lock = Router(RouterConfig()), threading.Lock()
             for index in shards:
@@ -241,7 +288,8 @@ class MirrorProbe:
         return {"replica": np.frombuffer(replica, dtype=np.int64),
                 "next_seq": np.frombuffer(next_seq, dtype=np.int64),
                 "t": np.frombuffer(t, dtype=np.float64),
-                "num_blocks": self._num_blocks, "last_s": self._last_s}
+                "num_blocks": self._num_blocks, "last_s": self._last_s,
+                "num_errors": self.num_errors}
 
     def stop(self) -> None:
         for mirror in self._mirrors:
@@ -252,8 +300,13 @@ class MirrorProbe:
     async def _receive(self, index) -> None:
         cursors: dict[str, Cursor] = {}
         while True:
-            reply = await index.poll.remote(PollRequest(self.router_id, dict(cursors), 1.0,
-                                                        packed=self._packed))
+            try:
+                reply = await index.poll.remote(PollRequest(self.router_id, dict(cursors),
+                                                            1.0, packed=self._packed))
+            except Exception:  # counted; the next poll, paced, asks from the same cursors
+                self.num_errors += 1
+                await asyncio.sleep(MirrorConfig().poll_interval_s)
+                continue
             for snap in reply.snapshots:
                 cursors[snap.replica_id] = Cursor(snap.epoch, snap.next_seq)
             for batch in reply.batches:

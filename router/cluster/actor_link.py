@@ -46,6 +46,7 @@ class ActorLink:
         self._handle = handle
         self._on_failure = on_failure
         self._task: asyncio.Task | None = None
+        self._finding: asyncio.Lock | None = None  # one find at a time (made on first use)
 
     @property
     def found_handle(self) -> Any:
@@ -55,18 +56,29 @@ class ActorLink:
 
     async def handle(self) -> Any:
         if self._handle is None:
-            self._handle = await asyncio.to_thread(self._find_actor)
+            if self._finding is None:
+                self._finding = asyncio.Lock()
+            async with self._finding:  # calls that found none wait for one find
+                if self._handle is None:
+                    self._handle = await asyncio.to_thread(self._find_actor)
         return self._handle
 
     async def call(self, call: ActorCall[T]) -> T:
         """Runs `call` with the handle; a failure loses the handle and is raised."""
+        handle = await self.handle()
         try:
-            return await call(await self.handle())
+            return await call(handle)
         except Exception:
-            lost, self._handle = self._handle, None
-            if isinstance(lost, FastHandle):  # its socket goes with it
-                lost.close()
+            self._lose(handle)
             raise
+
+    def _lose(self, handle: Any) -> None:
+        """The handle a call failed on is found again next time (unless it was already);
+        a fast one closes its socket once its other calls are done."""
+        if self._handle is handle:
+            self._handle = None
+        if isinstance(handle, FastHandle):
+            handle.close_when_idle()
 
     async def try_call(self, call: ActorCall[Any]) -> bool:
         """Runs `call`; True on success. A failure is logged and told to `on_failure`."""
@@ -89,6 +101,7 @@ class ActorLink:
                 self._run(call, interval_s, retry_interval_s))
 
     def stop(self) -> None:
+        """Ends the loop; the handle stays, for a goodbye through it."""
         if self._task is not None:
             self._task.cancel()
             self._task = None

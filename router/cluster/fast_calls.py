@@ -17,9 +17,13 @@ keeps every other call, the finding of the actor, and its restarts.
   whoever can call the actor through Ray anyway.
 - Calls from one caller run in the order sent, as Ray runs one caller's calls: a plain
   method at once in the socket's loop, a coroutine method (`poll`) as a task started then.
-- Every call has a timeout, and the connection's loss (the actor's process died) fails the
-  calls in flight at once; either loses the handle (actor_link.py), and the next call finds
-  the actor anew, at its new address.
+- Every call has a timeout (a publish's well under the actor's `replica_timeout_s`: a
+  replica whose calls stall is found again, on Ray if need be, before it is forgotten), and
+  the connection's loss (the actor's process died, or was gone before it connected) fails the
+  calls in flight at once. A failure loses the handle (actor_link.py): it closes once its
+  calls in flight are done, and the next call finds the actor anew, at its new address.
+- The server yields to the actor's loop between requests, so a flood on its socket, with the
+  token or without, cannot starve the actor's Ray calls and polls.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger(__name__)
 
+# `forget_replica` too: a replica's goodbye must not overtake its last publish
 FAST_METHODS = frozenset({"poll", "publish", "publish_packed", "report_routes",
-                          "share_marks"})
+                          "share_marks", "forget_replica"})
+_MAX_MESSAGE_BYTES = 1 << 30  # a snapshot of millions of blocks fits
 _PING = b"ping"
 _OK, _ERR = b"ok", b"err"
 
@@ -55,11 +61,13 @@ class FastAddress:
 
 @dataclass(frozen=True)
 class FastCallConfig:
-    call_timeout_s: float = 10.0  # longer than a long poll's wait and timeout (1 + 5 s)
+    call_timeout_s: float = 3.0
+    # a long poll's bound: its caller's own (wait + poll timeout, 1 + 5 s) comes first
+    poll_timeout_s: float = 10.0
     ping_timeout_s: float = 2.0
 
     def __post_init__(self):
-        for name in ("call_timeout_s", "ping_timeout_s"):
+        for name in ("call_timeout_s", "poll_timeout_s", "ping_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"FastCallConfig: {name} must be > 0, got {getattr(self, name)}")
 
@@ -84,6 +92,7 @@ class FastCallServer:
         if self._address is None:
             socket = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
             socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.MAXMSGSIZE, _MAX_MESSAGE_BYTES)
             port = socket.bind_to_random_port(f"tcp://{self._host}")
             self._socket = socket
             self._address = FastAddress(f"tcp://{self._host}:{port}", self._token)
@@ -104,6 +113,9 @@ class FastCallServer:
     async def _serve(self) -> None:
         socket = self._socket
         while True:
+            # pyzmq hands queued messages back without a turn of the loop: yield one, or a
+            # flood would hold the actor's Ray calls until it drained
+            await asyncio.sleep(0)
             frames = await socket.recv_multipart()
             if len(frames) != 5 or not hmac.compare_digest(frames[2], self._token):
                 continue  # not one of ours: no reply, nothing unpickled
@@ -162,12 +174,14 @@ class FastCallClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._lost: Exception | None = None  # the connection's loss, once seen
+        self._closing = False  # lost by its link: closes once its calls are done
+        self._closed = False
 
-    def call(self, method: str, *args: Any) -> Awaitable[Any]:
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Awaitable[Any]:
         """Sends `method(*args)` for the server's target now, as Ray's `.remote()` submits
         (so calls run in the order made), and returns what awaits its reply: what the
         method returned or raised, ConnectionError once the connection was lost,
-        TimeoutError after `call_timeout_s`."""
+        TimeoutError after `timeout_s` (default `call_timeout_s`)."""
         self._connect()
         reply = self._loop.create_future()
         if self._lost is not None:
@@ -178,23 +192,42 @@ class FastCallClient:
         sent = self._socket.send_multipart(
             [call_id, self.address.token, method.encode(), pickle.dumps(args, protocol=5)],
             copy=False)
-        return self._wait(call_id, sent, reply)
+        return self._wait(call_id, sent, reply, timeout_s or self.config.call_timeout_s)
 
-    async def _wait(self, call_id: bytes, sent: Awaitable, reply: asyncio.Future) -> Any:
+    async def _wait(self, call_id: bytes, sent: Awaitable, reply: asyncio.Future,
+                    timeout_s: float) -> Any:
         async def sent_then_reply():
-            await sent
+            # the send waits while there is no connection: a loss fails the reply meanwhile
+            await asyncio.wait((sent, reply), return_when=asyncio.FIRST_COMPLETED)
+            if reply.done():
+                return reply.result()
+            sent.result()  # raises what the send raised
             return await reply
         try:
-            return await asyncio.wait_for(sent_then_reply(), self.config.call_timeout_s)
+            return await asyncio.wait_for(sent_then_reply(), timeout_s)
         finally:
+            sent.cancel()  # a send still queued never leaves (a no-op once sent)
             self._pending.pop(call_id, None)
+            if self._closing and not self._pending:
+                self.close()
+
+    def close_when_idle(self) -> None:
+        """Closes now if no call is in flight, else once the last one is done (a lost
+        handle's other calls keep their replies, as Ray's would)."""
+        self._closing = True
+        if not self._pending:
+            self.close()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._fail_all(ConnectionError(f"fast calls to {self.address.address} closed"))
-        for task in self._tasks:
-            task.cancel()
         if self._socket is not None:
-            self._socket.disable_monitor()
+            self._tasks[0].cancel()  # the reader; the watcher ends with the monitor
+            # not disable_monitor(): libzmq's blocking send of MONITOR_STOPPED to a monitor
+            # socket already closed hung the loop. Closing stops the monitor, whose watcher
+            # then closes its end.
             self._socket.close()
 
     def _connect(self) -> None:
@@ -207,35 +240,42 @@ class FastCallClient:
         socket.setsockopt(zmq.LINGER, 0)
         # a send waits for the connection, not in a queue that outlives it
         socket.setsockopt(zmq.IMMEDIATE, 1)
-        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # a connection dropped, or refused before it was ever made: the server is gone
+        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+                                            | zmq.EVENT_MONITOR_STOPPED)
         socket.connect(self.address.address)
         self._socket, self._loop = socket, loop
         self._tasks = [loop.create_task(self._read()), loop.create_task(self._watch(monitor))]
 
     async def _read(self) -> None:
         while True:
-            call_id, status, body = await self._socket.recv_multipart()
-            reply = self._pending.pop(call_id, None)
-            if reply is None or reply.done():  # timed out meanwhile
+            frames = await self._socket.recv_multipart()
+            reply = self._pending.pop(frames[0], None) if len(frames) == 3 else None
+            if reply is None or reply.done():  # timed out meanwhile, or not a reply
                 continue
             try:
-                value = pickle.loads(body)
+                value = pickle.loads(frames[2])
             except Exception as err:
                 reply.set_exception(err)
                 continue
-            if status == _OK:
+            if frames[1] == _OK:
                 reply.set_result(value)
-            else:
+            elif isinstance(value, Exception) and not isinstance(value, StopIteration):
                 reply.set_exception(value)
+            else:  # a future takes no StopIteration (nor a non-exception)
+                reply.set_exception(RuntimeError(repr(value)))
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """Reads the monitor until the socket's close stops it (its events must be read:
+        libzmq's sends to it block)."""
         try:
             while True:
-                event = parse_monitor_message(await monitor.recv_multipart())
-                if event["event"] == zmq.EVENT_DISCONNECTED:
-                    self._fail_all(ConnectionError(
-                        f"fast calls to {self.address.address}: disconnected"))
+                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                if event == zmq.EVENT_MONITOR_STOPPED:
                     return
+                if event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED):
+                    self._fail_all(ConnectionError(
+                        f"fast calls to {self.address.address}: connection lost"))
         finally:
             monitor.close()
 
@@ -275,13 +315,17 @@ class FastHandle:
     def close(self) -> None:
         self.client.close()
 
+    def close_when_idle(self) -> None:
+        self.client.close_when_idle()
+
 
 class _FastMethod:
     def __init__(self, client: FastCallClient, name: str):
         self._client, self._name = client, name
 
     def remote(self, *args: Any):
-        return self._client.call(self._name, *args)
+        timeout_s = self._client.config.poll_timeout_s if self._name == "poll" else None
+        return self._client.call(self._name, *args, timeout_s=timeout_s)
 
 
 def with_fast_calls(handle: Any, address: FastAddress | None,

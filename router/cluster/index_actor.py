@@ -397,4 +397,8 @@ def find_index(timeout_s: float = 30.0) -> ray.actor.ActorHandle | FastHandle:
     the actor for its address raised (it is restarting, say): the caller finds it again
     later, rather than keeping Ray's handle for good."""
     handle = get_index_actor()
-    return with_fast_calls(handle, ray.get(handle.fast_calls.remote(), timeout=timeout_s))
+    try:
+        fast_calls = handle.fast_calls
+    except AttributeError:  # an actor of an older kvroute, still running: Ray only
+        return handle
+    return with_fast_calls(handle, ray.get(fast_calls.remote(), timeout=timeout_s))

@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import ray
-
 from kv.events import ContentsDigest, Cursor, EventBatch, contents_digest
 from kv.hashing import BlockHash
 from router.cluster.actor_link import ActorLink
@@ -362,7 +360,7 @@ class IndexMirror:
         """Tells the index actor now, rather than after the replica's lease runs out."""
         try:
             await self._index.call(lambda index: index.forget_replica.remote(replica_id))
-        except ray.exceptions.RayError as err:
+        except Exception as err:  # a RayError, or the fast call's timeout or lost connection
             log.warning("could not report dead replica %s: %r", replica_id, err)
 
     def _digests(self) -> dict[str, ContentsDigest]:

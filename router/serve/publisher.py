@@ -36,8 +36,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import ray
-
 from kv.events import EventBatch, Snapshot
 from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actor_link import ActorLink
@@ -147,8 +145,9 @@ class ReplicaPublisher:
         try:
             if index is not None:
                 await index.forget_replica.remote(replica_id)
-        except ray.exceptions.RayError as err:
-            log.warning("goodbye to the index actor failed: %s", err)
+        except Exception as err:  # through Ray or its fast calls: a RayError, a timeout,
+            # a lost connection
+            log.warning("goodbye to the index actor failed: %r", err)
 
     async def _publish(self, index: Any, force: bool = False) -> None:
         """Sends what is news (everything when `force`): the events drained, the stats, the

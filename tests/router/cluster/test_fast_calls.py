@@ -11,6 +11,7 @@ import zmq
 
 from kv.events import BlockStored, Cursor, EventBatch, EventLog
 from protocol.engine import EngineStats
+from router.cluster import index_actor
 from router.cluster.actor_link import ActorLink
 from router.cluster.fast_calls import (
     FAST_METHODS,
@@ -22,7 +23,7 @@ from router.cluster.fast_calls import (
     ping,
     with_fast_calls,
 )
-from router.cluster.index_actor import KVIndex, find_index
+from router.cluster.index_actor import IndexActorConfig, KVIndex, find_index
 from router.cluster.index_mirror import IndexMirror
 from router.cluster.packed_batches import PackedBatches
 from router.cluster.poll_messages import PollRequest
@@ -237,3 +238,121 @@ def test_the_index_actor_is_found_with_its_fast_calls_and_found_again_after_a_re
         asyncio.run(scenario())
     finally:
         ray.shutdown()
+
+
+def test_a_stalled_publish_is_found_again_well_before_its_replica_is_forgotten():
+    config = FastCallConfig()
+    assert config.call_timeout_s + config.ping_timeout_s <= IndexActorConfig().replica_timeout_s / 2
+
+
+def test_an_index_actor_of_an_older_kvroute_is_called_through_ray(monkeypatch):
+    class OldHandle:  # a Ray handle whose actor has no `fast_calls`
+        pass
+
+    old = OldHandle()
+    monkeypatch.setattr(index_actor, "get_index_actor", lambda: old)
+    assert find_index() is old
+
+
+async def test_calls_without_a_handle_wait_for_one_find():
+    server = serve(Target())
+    address = server.address()
+    finds = []
+
+    def find():
+        finds.append(1)
+        return FastHandle(object(), FastCallClient(address))
+
+    link = ActorLink("test", find)
+    assert await asyncio.gather(*[link.call(lambda index, i=i: index.publish.remote(i))
+                                  for i in range(5)]) == [0, 2, 4, 6, 8]
+    assert len(finds) == 1
+    link.found_handle.close()
+    server.close()
+
+
+async def test_a_failed_call_leaves_the_others_in_flight_their_replies():
+    target = Target()
+    server = serve(target)
+    found = iter([FastHandle(object(), FastCallClient(server.address())) for _ in range(2)])
+    link = ActorLink("test", lambda: next(found))
+    polled = asyncio.ensure_future(link.call(lambda index: index.poll.remote(1)))
+    while not target.calls:  # the poll waits at the server
+        await asyncio.sleep(0.01)
+    first = link.found_handle
+    with pytest.raises(KeyError):  # lost: the next call finds another handle
+        await link.call(lambda index: index.share_marks.remote(1))
+    assert await link.call(lambda index: index.publish.remote(1)) == 2
+    second = link.found_handle
+    assert second is not first
+    target.release.set()
+    assert await polled == ("polled", 1)  # as Ray's would, the poll kept its reply
+    assert first.client._closed and not second.client._closed  # closed once idle
+    assert await link.call(lambda index: index.publish.remote(2)) == 4
+    second.close()
+    server.close()
+
+
+async def test_a_method_raising_stop_iteration_fails_its_call_and_no_other():
+    class Odd(Target):
+        def share_marks(self, x):
+            raise StopIteration
+
+    server = serve(Odd())
+    client = FastCallClient(server.address())
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        await client.call("share_marks", 1)
+    assert await client.call("publish", 3) == 6
+    client.close()
+    client.close()  # twice: a no-op
+    await asyncio.wait_for(client._tasks[1], 10.0)  # the monitor stopped, its watcher ended
+    server.close()
+
+
+async def test_a_server_gone_before_the_first_call_fails_it_at_once():
+    gone = serve(Target())
+    address = gone.address()
+    gone.close()
+    client = FastCallClient(address, FastCallConfig(call_timeout_s=60.0))
+    with pytest.raises(ConnectionError):  # refused, not the call's timeout
+        await asyncio.wait_for(client.call("publish", 1), 30.0)
+    client.close()
+
+
+unpickled = []
+
+
+def _record_unpickling():
+    unpickled.append(1)
+    return ()
+
+
+class _Tripwire:
+    def __reduce__(self):
+        return (_record_unpickling, ())
+
+
+async def test_nothing_is_unpickled_without_the_token():
+    server = serve(Target())
+    address = server.address()
+    forged = FastCallClient(FastAddress(address.address, b"x" * 16),
+                            FastCallConfig(call_timeout_s=0.5))
+    with pytest.raises(asyncio.TimeoutError):
+        await forged.call("publish", _Tripwire())
+    client = FastCallClient(address)
+    assert await client.call("publish", _Tripwire()) == ()  # with it, it is: () * 2
+    assert unpickled == [1]
+    forged.close()
+    client.close()
+    server.close()
+
+
+async def test_a_goodbye_goes_the_way_the_publishes_went():
+    index = KVIndex()
+    server = serve(index)
+    handle = FastHandle(LocalActor(index), FastCallClient(server.address()))
+    await handle.publish.remote(EventBatch("r0", "e0", 0, ()), None)
+    assert await handle.forget_replica.remote("r0") is True
+    assert index.replica_ids() == [] and server.num_calls == 2
+    handle.close()
+    server.close()

@@ -155,6 +155,9 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
         "events_per_s": round(acked / (last_ack_s - start_s)),
         "mirror_events_per_s_min": round(min(mirror_rates)),
         "publishes_per_s": round(num_publishes / args.duration_s),
+        # each mirror's polls a second, over the run and its drain
+        "mirror_polls_per_s": round(sum(int((r["poll_t"] >= start_s).sum()) for r in received)
+                                    / num_mirrors / (end_s - start_s), 1),
         "mirror_lag_p50_s": round(float(np.percentile(lag, 50)), 4),
         "mirror_lag_p99_s": round(float(np.percentile(lag, 99)), 4),
         "mirror_lag_max_s": round(float(lag.max()), 4),

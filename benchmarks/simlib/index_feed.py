@@ -242,6 +242,7 @@ class MirrorProbe:
         self._rows: tuple[array, array, array] = (array("q"), array("q"), array("d"))
         self._max_seq: dict[int, int] = {}
         self._num_blocks = 0
+        self._poll_t = array("d")  # when each reply came (a call's fixed cost is per poll)
         self._last_s: float | None = None
         self._mirrors: list[IndexMirror] = []
         self._tasks: list[asyncio.Task] = []
@@ -288,7 +289,9 @@ class MirrorProbe:
         return {"replica": np.frombuffer(replica, dtype=np.int64),
                 "next_seq": np.frombuffer(next_seq, dtype=np.int64),
                 "t": np.frombuffer(t, dtype=np.float64),
-                "num_blocks": self._num_blocks, "last_s": self._last_s,
+                "num_blocks": self._num_blocks,
+                "poll_t": np.frombuffer(self._poll_t, dtype=np.float64),
+                "last_s": self._last_s,
                 "num_errors": self.num_errors}
 
     def stop(self) -> None:
@@ -323,6 +326,7 @@ class MirrorProbe:
 
     def _record(self, reply: PollReply) -> None:
         now_s = time.time()
+        self._poll_t.append(now_s)
         got = [(s.replica_id, s.next_seq, 0) for s in reply.snapshots]
         got += [(b.replica_id, b.next_seq, _num_blocks(b)) for b in reply.batches if b.events]
         if reply.packed is not None:

@@ -80,7 +80,8 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
     ids = [f"b{k}" for k in range(num_replicas)]
     pubs = [FeedPublisher.remote(ids[p::args.publishers], shapes.per_replica, args.ring_blocks,
                                  args.held_blocks) for p in range(args.publishers)]
-    mirrors = [MirrorProbe.remote(f"mirror-{g}", mirror == "router", args.poll == "packed")
+    mirrors = [MirrorProbe.remote(f"mirror-{g}", mirror == "router", args.poll == "packed",
+                                  args.poll_interval_s)
                for g in range(num_mirrors)]
     ray.get([m.start.remote(shards, calls) for m in mirrors]
             + [p.connect.remote(shards, calls) for p in pubs])
@@ -146,6 +147,7 @@ def run_one(shapes: Shapes, num_replicas: int, num_mirrors: int, num_shards: int
     num_publishes = sum(s["num_publishes"] for s in sent)
     return {
         "mirror": mirror, "publish": publish, "poll": args.poll, "calls": calls,
+        "poll_interval_s": args.poll_interval_s,
         "mirrors": num_mirrors,
         "shards": num_shards,
         "replicas": num_replicas,
@@ -200,6 +202,9 @@ def main(argv: list[str] | None = None) -> dict:
                         "given both, each combination runs with one then the other")
     p.add_argument("--poll", default="packed", choices=("packed", "objects"),
                    help="bare polls' replies as columns or as EventBatch objects")
+    p.add_argument("--poll-interval-s", type=float, default=None,
+                   help="each mirror's pause between a reply and its next poll (default: "
+                        "IndexMirror's, 50 ms at this many replicas)")
     p.add_argument("--publishers", type=int, default=2, help="processes playing the replicas")
     p.add_argument("--held-blocks", type=int, default=2048, help="each replica's snapshot")
     p.add_argument("--ring-blocks", type=int, default=1 << 20)

@@ -235,8 +235,12 @@ class FeedPublisher:
 
 @ray.remote(num_cpus=0)
 class MirrorProbe:
-    def __init__(self, router_id: str, apply_to_router: bool, packed: bool = True):
+    def __init__(self, router_id: str, apply_to_router: bool, packed: bool = True,
+                 poll_interval_s: float | None = None):
         self.router_id = router_id
+        # between a reply and the next poll (IndexMirror's own default if None)
+        self._poll_interval_s = (MirrorConfig().poll_interval_s if poll_interval_s is None
+                                 else poll_interval_s)
         self._apply = apply_to_router
         self._packed = packed  # bare polls: replies as columns (IndexMirror's always are)
         self._rows: tuple[array, array, array] = (array("q"), array("q"), array("d"))
@@ -262,7 +266,9 @@ class MirrorProbe:
             router, lock = Router(RouterConfig()), threading.Lock()
             for index in shards:
                 mirror = IndexMirror(router, self.router_id, lock, index=index,
-                                     config=MirrorConfig(share_marks=False),
+                                     config=MirrorConfig(
+                                         share_marks=False,
+                                         poll_interval_s=self._poll_interval_s),
                                      on_poll=self._record)
                 mirror.start()
                 self._mirrors.append(mirror)
@@ -308,7 +314,7 @@ class MirrorProbe:
                                                             1.0, packed=self._packed))
             except Exception:  # counted; the next poll, paced, asks from the same cursors
                 self.num_errors += 1
-                await asyncio.sleep(MirrorConfig().poll_interval_s)
+                await asyncio.sleep(self._poll_interval_s)
                 continue
             for snap in reply.snapshots:
                 cursors[snap.replica_id] = Cursor(snap.epoch, snap.next_seq)
@@ -322,7 +328,7 @@ class MirrorProbe:
             for replica_id in reply.removed_replica_ids:
                 cursors.pop(replica_id, None)
             self._record(reply)
-            await asyncio.sleep(MirrorConfig().poll_interval_s)  # paced as IndexMirror is
+            await asyncio.sleep(self._poll_interval_s)  # paced as IndexMirror is
 
     def _record(self, reply: PollReply) -> None:
         now_s = time.time()

@@ -35,6 +35,7 @@ import itertools
 import logging
 import pickle
 import secrets
+import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 FAST_METHODS = frozenset({"poll", "publish", "publish_packed", "report_routes",
                           "share_marks", "forget_replica"})
 _MAX_MESSAGE_BYTES = 1 << 30  # a snapshot of millions of blocks fits
+_monitor_ids = itertools.count()
 _PING = b"ping"
 _OK, _ERR = b"ok", b"err"
 
@@ -172,7 +174,8 @@ class FastCallClient:
         self._pending: dict[bytes, asyncio.Future] = {}
         self._socket: zmq.asyncio.Socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._reader: asyncio.Task | None = None
+        self._watcher: threading.Thread | None = None  # reads the socket's monitor
         self._lost: Exception | None = None  # the connection's loss, once seen
         self._closing = False  # lost by its link: closes once its calls are done
         self._closed = False
@@ -187,11 +190,11 @@ class FastCallClient:
         if self._lost is not None:
             reply.set_exception(self._lost)
             return reply
+        body = pickle.dumps(args, protocol=5)  # raises here, before the call is pending
         call_id = next(self._ids).to_bytes(8, "little")
         self._pending[call_id] = reply
         sent = self._socket.send_multipart(
-            [call_id, self.address.token, method.encode(), pickle.dumps(args, protocol=5)],
-            copy=False)
+            [call_id, self.address.token, method.encode(), body], copy=False)
         return self._wait(call_id, sent, reply, timeout_s or self.config.call_timeout_s)
 
     async def _wait(self, call_id: bytes, sent: Awaitable, reply: asyncio.Future,
@@ -224,28 +227,37 @@ class FastCallClient:
         self._closed = True
         self._fail_all(ConnectionError(f"fast calls to {self.address.address} closed"))
         if self._socket is not None:
-            self._tasks[0].cancel()  # the reader; the watcher ends with the monitor
-            # not disable_monitor(): libzmq's blocking send of MONITOR_STOPPED to a monitor
-            # socket already closed hung the loop. Closing stops the monitor, whose watcher
-            # then closes its end.
-            self._socket.close()
+            self._reader.cancel()
+            self._socket.close()  # stops the monitor: its watcher thread then ends
 
     def _connect(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._closed:
+            raise ConnectionError(f"fast calls to {self.address.address} closed")
         if self._socket is not None:
             if loop is not self._loop:
                 raise RuntimeError("a FastCallClient is called from one event loop")
             return
-        socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        context = zmq.asyncio.Context.instance()
+        socket = context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         # a send waits for the connection, not in a queue that outlives it
         socket.setsockopt(zmq.IMMEDIATE, 1)
-        # a connection dropped, or refused before it was ever made: the server is gone
-        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
-                                            | zmq.EVENT_MONITOR_STOPPED)
+        # A connection dropped, or refused before it was ever made: the server is gone.
+        # libzmq's sends to a monitor block until read, so a thread of its own reads it
+        # until the socket's close stops it, whatever becomes of this event loop (a watcher
+        # on the loop that ended with it wedged libzmq's threads for the whole process).
+        endpoint = f"inproc://kvroute-fast-calls-monitor-{next(_monitor_ids)}"
+        socket.monitor(endpoint, zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+                       | zmq.EVENT_MONITOR_STOPPED)
+        monitor = zmq.Context.shadow(context.underlying).socket(zmq.PAIR)
+        monitor.connect(endpoint)
+        self._watcher = threading.Thread(target=self._watch, args=(monitor, loop),
+                                         daemon=True, name="kvroute-fast-calls-monitor")
+        self._watcher.start()
         socket.connect(self.address.address)
         self._socket, self._loop = socket, loop
-        self._tasks = [loop.create_task(self._read()), loop.create_task(self._watch(monitor))]
+        self._reader = loop.create_task(self._read())
 
     async def _read(self) -> None:
         while True:
@@ -265,17 +277,20 @@ class FastCallClient:
             else:  # a future takes no StopIteration (nor a non-exception)
                 reply.set_exception(RuntimeError(repr(value)))
 
-    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
-        """Reads the monitor until the socket's close stops it (its events must be read:
-        libzmq's sends to it block)."""
+    def _watch(self, monitor: zmq.Socket, loop: asyncio.AbstractEventLoop) -> None:
+        """In its own thread: reads the monitor until the socket's close stops it; a lost
+        connection fails the calls, on their loop."""
+        lost = ConnectionError(f"fast calls to {self.address.address}: connection lost")
         try:
             while True:
-                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                event = parse_monitor_message(monitor.recv_multipart())["event"]
                 if event == zmq.EVENT_MONITOR_STOPPED:
                     return
                 if event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED):
-                    self._fail_all(ConnectionError(
-                        f"fast calls to {self.address.address}: connection lost"))
+                    try:
+                        loop.call_soon_threadsafe(self._fail_all, lost)
+                    except RuntimeError:  # the loop is closed: no call is left to fail
+                        pass
         finally:
             monitor.close()
 

@@ -3,6 +3,7 @@ sockets on loopback: the same results and errors as through Ray, in the order se
 with the token, and a lost connection fails the calls in flight at once."""
 
 import asyncio
+import pickle
 import threading
 
 import pytest
@@ -305,7 +306,10 @@ async def test_a_method_raising_stop_iteration_fails_its_call_and_no_other():
     assert await client.call("publish", 3) == 6
     client.close()
     client.close()  # twice: a no-op
-    await asyncio.wait_for(client._tasks[1], 10.0)  # the monitor stopped, its watcher ended
+    await asyncio.to_thread(client._watcher.join, 10.0)
+    assert not client._watcher.is_alive()  # the monitor stopped, its watcher ended
+    with pytest.raises(ConnectionError):  # a closed client makes no socket again
+        client.call("publish", 1)
     server.close()
 
 
@@ -356,3 +360,33 @@ async def test_a_goodbye_goes_the_way_the_publishes_went():
     assert index.replica_ids() == [] and server.num_calls == 2
     handle.close()
     server.close()
+
+
+async def test_an_argument_that_does_not_pickle_leaves_no_call_pending():
+    server = serve(Target())
+    client = FastCallClient(server.address())
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # a lambda: plain pickle
+        client.call("publish", lambda: 1)
+    assert not client._pending
+    client.close_when_idle()
+    assert client._closed
+    server.close()
+
+
+def test_a_client_whose_loop_ended_leaves_zmq_working_for_the_next():
+    """A client closed (or left open) as its event loop ends must not wedge libzmq's
+    threads: the next client, on a new loop, still gets its replies and its close through."""
+    async def one_round(close: bool) -> FastCallClient:
+        server = serve(Target())
+        client = FastCallClient(server.address())
+        assert await client.call("publish", 1) == 2
+        if close:
+            client.close()
+        server.close()  # the server dies after its client's loop is gone, or with it
+        return client
+
+    for i in range(6):
+        asyncio.run(one_round(close=i % 2 == 0))
+    last = asyncio.run(one_round(close=True))  # served, and its close carried out:
+    last._watcher.join(10.0)
+    assert not last._watcher.is_alive()  # libzmq stopped its monitor: nothing wedged

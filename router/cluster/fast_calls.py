@@ -4,11 +4,11 @@ A Ray actor call costs here about 0.9 ms of the actor's CPU and 0.8 ms of the ca
 most of it Ray's task machinery whatever the call carries; on the default path a request
 makes about six (its replica's publish and end report, its router's marks, the routers'
 polls that these wake). The same call as a request and reply on a ZMQ socket costs 0.2 and
-0.2 ms (`python benchmarks/bench_fast_calls.py`). So the actor also serves those
-four calls, and a relay's `publish_packed` (many replicas' batches in one call: the fleet's
-publish path, benchmarks/bench_index_actor.py), as `FAST_METHODS` on a ZMQ ROUTER socket of
-its own: the same methods, the same arguments and replies, pickled as Ray pickles them. Ray
-keeps every other call, the finding of the actor, and its restarts.
+0.2 ms (`python benchmarks/bench_fast_calls.py`). So the actor also serves those four
+calls, a replica's goodbye, and a relay's `publish_packed` (many replicas' batches in one
+call: the fleet's publish path, benchmarks/bench_index_actor.py), as `FAST_METHODS` on a
+ZMQ ROUTER socket of its own: the same methods, the same arguments and replies, pickled as
+Ray pickles them. Ray keeps every other call, the finding of the actor, and its restarts.
 
 - Whoever finds the actor asks it for the socket's address and a token (`fast_calls`), and
   pings it from the finding thread: no answer within `ping_timeout_s` (say, a network

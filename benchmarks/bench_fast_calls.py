@@ -22,7 +22,7 @@ import ray
 
 from kv.events import Cursor, EventBatch, EventLog
 from protocol.engine import EngineStats
-from router.cluster.fast_calls import with_fast_calls
+from router.cluster.fast_calls import reach_fast_calls
 from router.cluster.index_actor import KVIndex
 from router.cluster.poll_messages import PollRequest
 
@@ -53,8 +53,7 @@ async def _run(args) -> dict:
     replica_ids = [f"r{i}" for i in range(args.replicas)]
     for rid in replica_ids:
         await actor.publish_snapshot.remote(EventLog(rid, epoch="e0").snapshot([]))
-    fast = await asyncio.to_thread(with_fast_calls, actor,
-                                   await actor.fast_calls.remote())
+    fast = await asyncio.to_thread(reach_fast_calls, actor)
     if fast is actor:
         raise SystemExit("the fast calls did not answer")
     snapshots = (await actor.poll.remote(PollRequest("bench", {}))).snapshots

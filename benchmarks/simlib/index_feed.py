@@ -27,7 +27,7 @@ import ray
 
 from benchmarks.simlib.event_shapes import BatchShape, ReplicaFeed, hash_ring
 from kv.events import Cursor, EventBatch
-from router.cluster.fast_calls import FastCallConfig, FastHandle, with_fast_calls
+from router.cluster.fast_calls import FastCallConfig, FastHandle, reach_fast_calls
 from router.cluster.index_actor import PollReply, PollRequest
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.packed_batches import PackedBatches
@@ -51,8 +51,7 @@ async def shard_handles(shards: list, calls: str) -> list:
                                if f.name.endswith("timeout_s") and f.name != "ping_timeout_s"})
     handles = []
     for shard in shards:
-        handle = await asyncio.to_thread(with_fast_calls, shard,
-                                         await shard.fast_calls.remote(), config)
+        handle = await asyncio.to_thread(reach_fast_calls, shard, config)
         if not isinstance(handle, FastHandle):
             raise RuntimeError("an index shard's fast calls did not answer")
         handles.append(handle)

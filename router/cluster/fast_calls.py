@@ -40,6 +40,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -356,3 +357,15 @@ def with_fast_calls(handle: Any, address: FastAddress | None,
         return handle
     log.info("calling the index actor's per-request methods at %s", address.address)
     return FastHandle(handle, FastCallClient(address, config))
+
+
+def reach_fast_calls(handle: Any, config: FastCallConfig | None = None,
+                     timeout_s: float = 30.0) -> Any:
+    """`handle` with its fast calls, at the address the actor gives (`with_fast_calls`).
+    Blocking: call it from a thread. Raises what asking the actor raised (it is restarting,
+    say): the caller finds it again later, rather than keeping Ray's handle for good."""
+    try:
+        fast_calls = handle.fast_calls
+    except AttributeError:  # an actor of an older kvroute, still running: Ray only
+        return handle
+    return with_fast_calls(handle, ray.get(fast_calls.remote(), timeout=timeout_s), config)

@@ -36,6 +36,7 @@ import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 
@@ -43,13 +44,7 @@ from kv.events import ContentsDigest, EventBatch, Snapshot
 from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actors import get_or_create_actor
 from router.cluster.external_workers import ExternalWorkers
-from router.cluster.fast_calls import (
-    FAST_METHODS,
-    FastAddress,
-    FastCallServer,
-    FastHandle,
-    with_fast_calls,
-)
+from router.cluster.fast_calls import FAST_METHODS, FastAddress, FastCallServer, reach_fast_calls
 from router.cluster.index_actor_calls import ExternalWorkerCalls, PrefixCalls
 from router.cluster.metrics_hub import MetricsPusher
 from router.cluster.packed_batches import PackedBatches, join, split
@@ -391,14 +386,7 @@ def get_index_actor(config: IndexActorConfig | None = None) -> ray.actor.ActorHa
     return get_or_create_actor(IndexActor, INDEX_ACTOR_NAME, config or IndexActorConfig())
 
 
-def find_index(timeout_s: float = 30.0) -> ray.actor.ActorHandle | FastHandle:
-    """The index actor's handle, its per-request calls over ZMQ when they answer there
-    (fast_calls.py), else through Ray. Blocking: call it from a thread. Raises what asking
-    the actor for its address raised (it is restarting, say): the caller finds it again
-    later, rather than keeping Ray's handle for good."""
-    handle = get_index_actor()
-    try:
-        fast_calls = handle.fast_calls
-    except AttributeError:  # an actor of an older kvroute, still running: Ray only
-        return handle
-    return with_fast_calls(handle, ray.get(fast_calls.remote(), timeout=timeout_s))
+def find_index() -> Any:
+    """The index actor's handle (a `FastHandle`: its per-request calls over ZMQ when they
+    answer there, else Ray's; fast_calls.py). Blocking: call it from a thread."""
+    return reach_fast_calls(get_index_actor())

@@ -227,7 +227,7 @@ class FastCallClient:
             return
         self._closed = True
         self._fail_all(ConnectionError(f"fast calls to {self.address.address} closed"))
-        if self._socket is not None:
+        if self._socket is not None and not self._socket.closed:
             self._reader.cancel()
             self._socket.close()  # stops the monitor: its watcher thread then ends
 
@@ -289,11 +289,23 @@ class FastCallClient:
                     return
                 if event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED):
                     try:
-                        loop.call_soon_threadsafe(self._fail_all, lost)
-                    except RuntimeError:  # the loop is closed: no call is left to fail
-                        pass
+                        loop.call_soon_threadsafe(self._lose, lost)
+                    except RuntimeError:
+                        # The loop is closed: no call is left to fail, and nothing will
+                        # use the socket again, so this thread may close it (bare, as
+                        # its loop's side is gone) and stop its reconnects.
+                        zmq.Socket.close(self._socket)
         finally:
             monitor.close()
+
+    def _lose(self, err: Exception) -> None:
+        """The connection is gone for good (a server that comes back is found again
+        through Ray, at a new address): fail the calls and stop the socket reconnecting,
+        which would wake its monitor ten times a second for the life of the process."""
+        self._fail_all(err)
+        if not self._socket.closed:
+            self._reader.cancel()
+            self._socket.close()
 
     def _fail_all(self, err: Exception) -> None:
         self._lost = self._lost or err

@@ -94,7 +94,33 @@ async def test_a_lost_connection_fails_the_calls_in_flight_and_every_later_one()
         await asyncio.wait_for(polled, 30.0)
     with pytest.raises(ConnectionError):
         await client.call("publish", 1)
+    # and it stops reconnecting: its socket closed, the monitor's thread ends
+    await asyncio.to_thread(client._watcher.join, 10.0)
+    assert not client._watcher.is_alive()
     client.close()
+
+
+def test_a_client_left_open_by_its_ended_loop_stops_reconnecting_once_its_server_dies():
+    """A loss first seen after the client's loop ended still closes its socket: left to
+    reconnect, it would wake the monitor's thread ten times a second for good."""
+    server = zmq.Context.instance().socket(zmq.ROUTER)  # connects, never answers
+    server.setsockopt(zmq.LINGER, 0)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+
+    async def connect_then_end() -> FastCallClient:
+        client = FastCallClient(FastAddress(f"tcp://127.0.0.1:{port}", b"t" * 16),
+                                FastCallConfig(call_timeout_s=60.0))
+        sent = asyncio.ensure_future(client.call("publish", 1))
+        while not server.poll(0):  # the call reached the server: connected
+            await asyncio.sleep(0.01)
+        sent.cancel()
+        return client  # left open as its loop ends
+
+    client = asyncio.run(connect_then_end())
+    assert client._watcher.is_alive()
+    server.close()  # the server dies after the client's loop is gone
+    client._watcher.join(10.0)
+    assert not client._watcher.is_alive()
 
 
 async def test_a_handle_keeps_ray_where_nothing_answers_the_fast_calls():

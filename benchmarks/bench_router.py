@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kv.events import BlockRemoved, BlockStored, EventBatch, EventLog, Snapshot  # noqa: E402
 from kv.hashing import DEFAULT_BLOCK_SIZE  # noqa: E402
-from router.core.gc_policy import freeze_startup_heap  # noqa: E402
+from router.core.process_policy import freeze_startup_heap  # noqa: E402
 from router.core.router import Router, RouterConfig  # noqa: E402
 
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE
@@ -164,7 +164,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gc-freeze", action="store_true",
                     help="freeze the heap once built, as a router process does at start "
-                         "(router/core/gc_policy.py)")
+                         "(router/core/process_policy.py)")
     ap.add_argument("--mark-whole-prompt", choices=("true", "false"), default=None,
                     help="RouterConfig.mark_whole_prompt (default: RouterConfig's)")
     args = ap.parse_args()

@@ -1,5 +1,5 @@
 """A full cyclic collection's pause in a process shaped like a router replica, with and
-without freezing the start-up heap (router/core/gc_policy.py).
+without freezing the start-up heap (router/core/process_policy.py).
 
 Imports what a Serve router replica and an external gateway import (Ray, Serve, kvroute's
 router and gateway), builds bench_router's index, then times `gc.collect(2)` (process CPU,
@@ -30,7 +30,7 @@ import ray.serve  # noqa: E402, F401
 
 import router.gateway.external_gateway  # noqa: E402, F401
 import router.serve.request_router  # noqa: E402, F401
-from router.core.gc_policy import freeze_startup_heap  # noqa: E402
+from router.core.process_policy import freeze_startup_heap  # noqa: E402
 from router.core.router import Router, RouterConfig  # noqa: E402
 
 

@@ -35,9 +35,9 @@ from router.cluster.external_worker_spec import WorkerSetView, WorkerSpec, Worke
 from router.cluster.hit_bound import HitBoundLink
 from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
-from router.core.gc_policy import freeze_startup_heap
 from router.core.hit_curve import HitCurveConfig
 from router.core.ledger import RouteKind
+from router.core.process_policy import freeze_startup_heap, shorten_gil_switch
 from router.core.router import Router, RouterConfig, RoutingDecision
 from router.front.router_metrics import RouterMetrics
 from router.gateway.external_metrics import WorkerModeMetrics
@@ -88,8 +88,10 @@ class ExternalWorkerRouter:
         """Starts the loops; returns once the worker set was read (or could not be)."""
         if self._task is None:
             # the start-up heap leaves the collector's generations: a full collection inside
-            # a decision would walk all of it (router/core/gc_policy.py)
+            # a decision would walk all of it; and a thread hands the GIL to another sooner
+            # (router/core/process_policy.py)
             freeze_startup_heap()
+            shorten_gil_switch()
             self.mirror.start()
             self._pusher.start()
             self.bound.start()

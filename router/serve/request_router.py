@@ -49,9 +49,9 @@ from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.cluster.route_ends import split_reports
 from router.cluster.shared_marks import RoutedWork
 from router.core.candidates import list_offset, rotated, router_offset
-from router.core.gc_policy import freeze_startup_heap
 from router.core.hit_curve import HitCurveConfig
 from router.core.ledger import LedgerConfig, Release, RouteKind
+from router.core.process_policy import freeze_startup_heap, shorten_gil_switch
 from router.core.router import Router, RouterConfig
 from router.front.router_metrics import RouterMetrics
 from router.serve.route_calls import RouteCall
@@ -125,8 +125,11 @@ class ServeRequestRouter(RequestRouter):
         self._misses_counted: OrderedDict[str, None] = OrderedDict()  # the newest ids
         # Ray's, Serve's and this router's start-up objects leave the collector's
         # generations: a full collection inside a decision would walk all of them
-        # (~80 ms at ~140k objects, router/core/gc_policy.py)
+        # (~80 ms at ~140k objects, router/core/process_policy.py)
         freeze_startup_heap()
+        # the mirror's polls run on Serve's router thread, the requests on the replica's:
+        # each hands the GIL to the other sooner (router/core/process_policy.py)
+        shorten_gil_switch()
 
     # ---- Serve hooks ----
 

@@ -5,10 +5,13 @@ not wait for the mirror's first poll; not a call that carries a request and no p
 proxy serving a GET through its own handle), which would make the proxy a router that
 takes every replica's events and routes nothing."""
 
+import sys
+
 import pytest
 from ray.serve._private.common import RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
 
+from router.core.process_policy import SWITCH_INTERVAL_S
 from router.serve.request_router import ServeRequestRouter
 from tests.router.serve.test_request_router_bookkeeping import pending, replica
 
@@ -44,3 +47,14 @@ async def test_a_prompt_starts_the_mirror_once(calls):
     for i in range(calls):
         await router.choose_replicas([replica("a"), replica("b")], pending(f"q{i}"))
     assert sorted(started) == ["bound", "mirror", "pushes"]
+
+
+def test_a_request_router_process_hands_the_gil_over_sooner():
+    """Its requests and its mirror's polls run on two threads (router/core/process_policy.py)."""
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)  # CPython's default
+    try:
+        unstarted_router()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+    finally:
+        sys.setswitchinterval(saved)

@@ -1,8 +1,9 @@
-"""The start-up heap is frozen: full collections no longer walk it."""
+"""A router process's interpreter: the start-up heap is frozen, so full collections no
+longer walk it."""
 
 import gc
 
-from router.core.gc_policy import freeze_startup_heap
+from router.core.process_policy import freeze_startup_heap
 
 
 def test_objects_alive_at_start_leave_the_collected_generations():

@@ -62,6 +62,14 @@ def serve(target) -> FastCallServer:
     return FastCallServer(target, FAST_METHODS, "127.0.0.1")
 
 
+async def until(condition, timeout_s: float = 30.0) -> None:
+    """Waits for `condition()` to hold (it fails the test after `timeout_s`, never hangs)."""
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(poll(), timeout_s)
+
+
 async def test_calls_run_in_the_order_sent_and_return_what_the_method_did():
     target = Target()
     server = serve(target)
@@ -87,8 +95,7 @@ async def test_a_lost_connection_fails_the_calls_in_flight_and_every_later_one()
     client = FastCallClient(server.address(), FastCallConfig(call_timeout_s=60.0))
     assert await client.call("publish", 1) == 2  # connected
     polled = asyncio.ensure_future(client.call("poll", 1))
-    while len(target.calls) < 2:  # the poll reached the server and waits there
-        await asyncio.sleep(0.01)
+    await until(lambda: len(target.calls) == 2)  # the poll reached the server, waits there
     server.close()  # the actor's process died: its end of the connection closes
     with pytest.raises(ConnectionError):  # at once, not after the call's timeout
         await asyncio.wait_for(polled, 30.0)
@@ -111,8 +118,7 @@ def test_a_client_left_open_by_its_ended_loop_stops_reconnecting_once_its_server
         client = FastCallClient(FastAddress(f"tcp://127.0.0.1:{port}", b"t" * 16),
                                 FastCallConfig(call_timeout_s=60.0))
         sent = asyncio.ensure_future(client.call("publish", 1))
-        while not server.poll(0):  # the call reached the server: connected
-            await asyncio.sleep(0.01)
+        await until(lambda: server.poll(0))  # the call reached the server: connected
         sent.cancel()
         return client  # left open as its loop ends
 
@@ -288,8 +294,7 @@ async def test_a_failed_call_leaves_the_others_in_flight_their_replies():
     found = iter([FastHandle(object(), FastCallClient(server.address())) for _ in range(2)])
     link = ActorLink("test", lambda: next(found))
     polled = asyncio.ensure_future(link.call(lambda index: index.poll.remote(1)))
-    while not target.calls:  # the poll waits at the server
-        await asyncio.sleep(0.01)
+    await until(lambda: target.calls)  # the poll waits at the server
     first = link.found_handle
     with pytest.raises(KeyError):  # lost: the next call finds another handle
         await link.call(lambda index: index.share_marks.remote(1))

@@ -21,8 +21,10 @@ holder blocks, or after the switch interval, 5 ms by default: a request's step t
 wakes while a poll reply is being applied waits up to that, at every hand-over on its way.
 At 0.5 ms a busy thread yields ten times as often, which costs it little (a switch is a few
 microseconds) and caps what each wait adds. Measured with benchmarks/bench_overhead.py
-(default path, two ingress routers, one request in flight): the added p50 fell from 11-15 ms
-to 8-10 ms in alternating runs.
+(default path, two ingress routers), 8 runs each way alternating: medians 9.4 against 10.6 ms
+added p50 (one request in flight), 0.44 against 0.40 of the engines' req/s, 0.85 against
+0.66 of their stream tok/s, each within the spread of the runs on a shared 2-core box
+(benchmarks/results/bench_overhead_gil_switch.txt).
 """
 
 from __future__ import annotations

@@ -227,9 +227,7 @@ class FastCallClient:
             return
         self._closed = True
         self._fail_all(ConnectionError(f"fast calls to {self.address.address} closed"))
-        if self._socket is not None and not self._socket.closed:
-            self._reader.cancel()
-            self._socket.close()  # stops the monitor: its watcher thread then ends
+        self._close_socket()
 
     def _connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -303,9 +301,12 @@ class FastCallClient:
         through Ray, at a new address): fail the calls and stop the socket reconnecting,
         which would wake its monitor ten times a second for the life of the process."""
         self._fail_all(err)
-        if not self._socket.closed:
+        self._close_socket()
+
+    def _close_socket(self) -> None:
+        if self._socket is not None and not self._socket.closed:
             self._reader.cancel()
-            self._socket.close()
+            self._socket.close()  # stops the monitor: its watcher thread then ends
 
     def _fail_all(self, err: Exception) -> None:
         self._lost = self._lost or err

@@ -44,7 +44,9 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
-def shorten_gil_switch() -> None:
-    """Sets the interpreter's GIL switch interval (for every thread of the process) to
-    SWITCH_INTERVAL_S. Call once, when the process has started."""
+def prepare_router_process() -> None:
+    """Both policies: freezes the start-up heap and sets the GIL switch interval (for every
+    thread of the process) to SWITCH_INTERVAL_S. Call once, when the process has started
+    and before it serves."""
+    freeze_startup_heap()
     sys.setswitchinterval(SWITCH_INTERVAL_S)

@@ -37,7 +37,7 @@ from router.cluster.index_mirror import IndexMirror, MirrorConfig
 from router.cluster.metrics_hub import MetricsHubConfig, MetricsPusher
 from router.core.hit_curve import HitCurveConfig
 from router.core.ledger import RouteKind
-from router.core.process_policy import freeze_startup_heap, shorten_gil_switch
+from router.core.process_policy import prepare_router_process
 from router.core.router import Router, RouterConfig, RoutingDecision
 from router.front.router_metrics import RouterMetrics
 from router.gateway.external_metrics import WorkerModeMetrics
@@ -87,11 +87,9 @@ class ExternalWorkerRouter:
     async def start(self) -> None:
         """Starts the loops; returns once the worker set was read (or could not be)."""
         if self._task is None:
-            # the start-up heap leaves the collector's generations: a full collection inside
-            # a decision would walk all of it; and a thread hands the GIL to another sooner
-            # (router/core/process_policy.py)
-            freeze_startup_heap()
-            shorten_gil_switch()
+            # the start-up heap leaves the collector's generations (a full collection inside
+            # a decision would walk all of it), and a thread hands the GIL to another sooner
+            prepare_router_process()
             self.mirror.start()
             self._pusher.start()
             self.bound.start()

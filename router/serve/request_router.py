@@ -51,7 +51,7 @@ from router.cluster.shared_marks import RoutedWork
 from router.core.candidates import list_offset, rotated, router_offset
 from router.core.hit_curve import HitCurveConfig
 from router.core.ledger import LedgerConfig, Release, RouteKind
-from router.core.process_policy import freeze_startup_heap, shorten_gil_switch
+from router.core.process_policy import prepare_router_process
 from router.core.router import Router, RouterConfig
 from router.front.router_metrics import RouterMetrics
 from router.serve.route_calls import RouteCall
@@ -124,12 +124,10 @@ class ServeRequestRouter(RequestRouter):
         self._pushing = False
         self._misses_counted: OrderedDict[str, None] = OrderedDict()  # the newest ids
         # Ray's, Serve's and this router's start-up objects leave the collector's
-        # generations: a full collection inside a decision would walk all of them
-        # (~80 ms at ~140k objects, router/core/process_policy.py)
-        freeze_startup_heap()
-        # the mirror's polls run on Serve's router thread, the requests on the replica's:
-        # each hands the GIL to the other sooner (router/core/process_policy.py)
-        shorten_gil_switch()
+        # generations (a full collection inside a decision would walk all ~140k of them),
+        # and the mirror's polls (Serve's router thread) and the requests (the replica's)
+        # hand each other the GIL sooner: router/core/process_policy.py
+        prepare_router_process()
 
     # ---- Serve hooks ----
 

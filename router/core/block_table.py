@@ -29,7 +29,7 @@ hashes one by one. Freed rows are reused before the arrays grow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -38,6 +38,7 @@ SLOTS_PER_WORD = 32  # two bits (device, host) per replica slot in a 64-bit word
 _MIN_BUCKET_BITS = 10
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX1_INT, _MIX2_INT = int(_MIX1), int(_MIX2)
 _MASK64 = (1 << 64) - 1
 _SHIFTS = [np.uint64(64 - bits) for bits in range(65)]  # by bucket bits
 _BOOL_ROWS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # W bools as one int
@@ -45,6 +46,10 @@ _BOOL_ROWS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # W bools 
 # costs ~9 numpy calls whatever their number, a hash's step in Python well under one
 # (64 x 1M, 512-hash prompts: ~200 walk one step, ~40 two, ~5 three; -3% of a match)
 _WALK_IN_PYTHON = 8
+# Hashes looked up (or interned, deleted) one by one in Python ints up to this many: 3-9 us
+# a hash that way, against an array pass's fixed ~50-400 us (30-60 numpy calls; an event
+# run of 16 hashes applied in 295 us against 420, of 32 in 537 against 498)
+FEW_HASHES = 16
 
 
 def _unique_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -176,20 +181,41 @@ class BlockTable:
             rows[i] = self.lookup_one(keys[i].tobytes()) or 0
         return rows
 
+    def lookup_hashes(self, block_hashes: Sequence[bytes]) -> np.ndarray:
+        """`lookup` of hashes as bytes: a few (a short prompt's) one by one in Python ints,
+        which costs less than the arrays' ~30 numpy calls."""
+        if len(block_hashes) > FEW_HASHES:
+            return self.lookup(key_words(block_hashes))
+        rows = np.zeros(len(block_hashes), np.intp)
+        for i, block_hash in enumerate(block_hashes):
+            if len(block_hash) != HASH_BYTES:
+                raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
+            rows[i] = self.lookup_one(block_hash) or 0
+        return rows
+
     def lookup_one(self, block_hash: bytes) -> int | None:
         """One hash's row without numpy's per-call overhead (None: absent)."""
         if len(block_hash) != HASH_BYTES:
             return None
         k0 = int.from_bytes(block_hash[:8], "little")
         k1 = int.from_bytes(block_hash[8:], "little")
-        x = ((k0 ^ ((k1 * int(_MIX1)) & _MASK64)) * int(_MIX2)) & _MASK64
-        row = int(self._heads[x >> (64 - self._bucket_bits)])
-        keys, nxt = self.keys, self._next
+        return self._find_one(k0, k1, self._bucket_one(k0, k1)) or None
+
+    def _bucket_one(self, k0: int, k1: int) -> int:
+        """`_buckets` of one key, in Python ints."""
+        x = ((k0 ^ ((k1 * _MIX1_INT) & _MASK64)) * _MIX2_INT) & _MASK64
+        return x >> (64 - self._bucket_bits)
+
+    def _find_one(self, k0: int, k1: int, bucket: int) -> int:
+        """The key's row in its bucket's chain, 0 when absent."""
+        # (`.item`: a Python int at a third of the cost of an indexed numpy scalar's int())
+        key_of, next_of = self.keys.item, self._next.item
+        row = self._heads.item(bucket)
         while row:
-            if int(keys[row, 0]) == k0 and int(keys[row, 1]) == k1:
+            if key_of(row, 1) == k1 and key_of(row, 0) == k0:
                 return row
-            row = int(nxt[row])
-        return None
+            row = next_of(row)
+        return 0
 
     def masks_of(self, rows: np.ndarray) -> np.ndarray:
         """The masks of rows ([n] ints) as a new [n, W] array. take, not masks[rows]:
@@ -212,6 +238,36 @@ class BlockTable:
             new_keys, inverse = _unique_keys(keys[absent])
             rows[absent] = self._insert(new_keys)[inverse]
         return rows
+
+    def intern_one(self, block_hash: bytes) -> int:
+        """`intern` of one hash in Python ints: a handful of hashes (a poll's few events)
+        cost ~50 numpy calls through the arrays' path and a few microseconds here."""
+        if len(block_hash) != HASH_BYTES:
+            raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
+        k0 = int.from_bytes(block_hash[:8], "little")
+        k1 = int.from_bytes(block_hash[8:], "little")
+        bucket = self._bucket_one(k0, k1)
+        row = self._find_one(k0, k1, bucket)
+        if row:
+            return row
+        if 2 * (self.num_live + 1) > len(self._heads):  # load factor at most 1/2
+            self._rehash(self._bucket_bits + 1)
+            bucket = self._bucket_one(k0, k1)
+        if self._num_free:
+            self._num_free -= 1
+            row = self._free.item(self._num_free)
+        else:
+            row = self._num_rows
+            self._num_rows += 1
+            if self._num_rows > len(self.keys):  # by an eighth, as `_alloc`
+                self._grow(max(self._num_rows, len(self.keys) + len(self.keys) // 8))
+        self._k0[row] = k0  # (one word at a time: a tuple assigned to the row costs 5x)
+        self._k1[row] = k1
+        self._used[row] = True
+        self._next[row] = self._heads.item(bucket)
+        self._heads[bucket] = row
+        self.num_live += 1
+        return row
 
     def unique_rows(self, rows: np.ndarray) -> np.ndarray:
         """Rows without repeats, one occurrence each in input order (no sort: every
@@ -257,6 +313,26 @@ class BlockTable:
             self._free = grown
         self._free[self._num_free:self._num_free + len(rows)] = rows
         self._num_free += len(rows)
+
+    def free_one(self, row: int) -> None:
+        """`free` of one row whose mask is zero, in Python ints: unlinked from its chain."""
+        self._used[row] = False
+        bucket = self._bucket_one(self.keys.item(row, 0), self.keys.item(row, 1))
+        nxt, next_of = self._next, self._next.item
+        at = self._heads.item(bucket)
+        if at == row:
+            self._heads[bucket] = next_of(row)
+        else:
+            while next_of(at) != row:
+                at = next_of(at)
+            nxt[at] = next_of(row)
+        self.num_live -= 1
+        if self._num_free == len(self._free):
+            grown = np.zeros(max(2 * len(self._free), 16), np.int32)
+            grown[:self._num_free] = self._free
+            self._free = grown
+        self._free[self._num_free] = row
+        self._num_free += 1
 
     def _alloc(self, n: int) -> np.ndarray:
         reused = min(n, self._num_free)

@@ -17,12 +17,19 @@ import numpy as np
 
 from kv.events import MEDIA, Medium, ReplicaEventTracker
 from kv.hashing import BlockHash
-from router.core.block_table import BlockTable, key_words, rows_nonzero
+from router.core.block_table import (
+    FEW_HASHES,
+    HASH_BYTES,
+    BlockTable,
+    key_words,
+    rows_nonzero,
+)
 from router.core.held_rows import HeldRows
 from router.core.prefix_walk import as_int
 from router.core.run_apply import add_runs, remove_runs
 
 DEVICE_WORD = np.uint64(0x5555_5555_5555_5555)  # the device bits of a mask word
+_MEDIUM_BITS = {"device": int(DEVICE_WORD), "host": int(DEVICE_WORD) << 1}  # as Python ints
 _JOIN_BELOW = 1024  # hashes a run: shorter runs of a round are applied joined
 
 
@@ -61,8 +68,16 @@ class ReplicaContents:
 def _one_by_one(runs: Sequence[tuple]) -> bool:
     """Whether a round's runs go one by one rather than joined (run_apply): a run costs
     some 15 numpy calls alone, but the joined scatter costs more a hash (its unbuffered
-    `ufunc.at` and the counts over whole mask rows), so long runs go alone."""
-    return len(runs) <= 1 or sum(len(run[-1]) for run in runs) >= _JOIN_BELOW * len(runs)
+    `ufunc.at` and the counts over whole mask rows), so long runs go alone; and a round of
+    a few hashes goes one by one, hash by hash (`FEW_HASHES`)."""
+    num_hashes = sum(len(run[-1]) for run in runs)
+    return (len(runs) <= 1 or num_hashes >= _JOIN_BELOW * len(runs)
+            or num_hashes <= FEW_HASHES)
+
+
+def _check_lengths(block_hashes: Sequence[BlockHash]) -> None:
+    if any(len(block_hash) != HASH_BYTES for block_hash in block_hashes):
+        raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
 
 
 class ReplicaSlots:
@@ -144,6 +159,9 @@ class IndexContents:
         """Sets the pair's bit on the hashes' rows (interning new hashes)."""
         if not block_hashes:
             return
+        if len(block_hashes) <= FEW_HASHES:
+            self._add_few(held, medium, block_hashes)
+            return
         table = self.table
         rows = table.intern(key_words(block_hashes))
         new = table.unique_rows(rows[(table.masks[rows, held.word] & held.bit) == 0])
@@ -154,11 +172,58 @@ class IndexContents:
             table.masks[new, held.word] = masks[:, held.word] | held.bit
             held.append(new)
 
+    def _add_few(self, held: HeldRows, medium: Medium, block_hashes: Sequence[BlockHash]
+                 ) -> None:
+        """`add` hash by hash, in Python ints: an array pass costs 30-60 numpy calls
+        whatever its size, which made a poll's few events (a back-to-back request stores
+        and evicts a few blocks) cost a router 0.2-0.4 ms a run to apply."""
+        _check_lengths(block_hashes)  # all first: a bad hash changes nothing, as key_words
+        table, word, bit, on_medium = self.table, held.word, int(held.bit), _MEDIUM_BITS[medium]
+        new = []
+        for block_hash in block_hashes:
+            row = table.intern_one(block_hash)
+            words = table.masks[row].tolist()
+            if words[word] & bit:
+                continue  # held already (or twice in the run)
+            if not any(w & on_medium for w in words):
+                self.num_blocks[medium] += 1
+            table.masks[row, word] = words[word] | bit
+            new.append(row)
+        if new:
+            held.append(np.array(new, np.int32))
+
     def remove(self, held: HeldRows, medium: Medium, block_hashes: Iterable[BlockHash]) -> None:
         """Clears the pair's bit on the hashes' rows (absent hashes are skipped)."""
+        if isinstance(block_hashes, (list, tuple)) and len(block_hashes) <= FEW_HASHES:
+            self._remove_few(held, medium, block_hashes)
+            return
         keys = key_words(block_hashes)
         if len(keys):
             self.remove_rows(held, medium, self.table.unique_rows(self.table.lookup(keys)))
+
+    def _remove_few(self, held: HeldRows, medium: Medium, block_hashes: Sequence[BlockHash]
+                    ) -> None:
+        """`remove` hash by hash, in Python ints."""
+        _check_lengths(block_hashes)
+        table, word, bit, on_medium = self.table, held.word, int(held.bit), _MEDIUM_BITS[medium]
+        removed = 0
+        for block_hash in block_hashes:
+            row = table.lookup_one(block_hash)
+            if row is None:
+                continue
+            words = table.masks[row].tolist()
+            if not words[word] & bit:
+                continue  # not held (or twice in the run)
+            words[word] ^= bit
+            table.masks[row, word] = words[word]
+            removed += 1
+            if not any(w & on_medium for w in words):
+                self.num_blocks[medium] -= 1
+            if not any(words):
+                table.free_one(row)
+        if removed:
+            held.count -= removed
+            held.compact(table)
 
     def remove_rows(self, held: HeldRows, medium: Medium, rows: np.ndarray) -> None:
         """Clears the pair's bit on rows (unique; rows it does not hold are skipped) and
@@ -182,7 +247,7 @@ class IndexContents:
 
     def num_leading_held(self, held: HeldRows, block_hashes: Sequence[BlockHash]) -> int:
         """How many leading hashes the pair holds."""
-        rows = self.table.lookup(key_words(block_hashes))
+        rows = self.table.lookup_hashes(block_hashes)
         missing = np.flatnonzero((self.table.masks[rows, held.word] & held.bit) == 0)
         return int(missing[0]) if missing.size else len(block_hashes)
 

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from router.core.block_table import BlockTable, key_words
+from router.core.block_table import FEW_HASHES, BlockTable, key_words
 from router.core.index import PrefixIndex, PrefixMatch
 from tests.router.core.core_helpers import h
 
@@ -49,6 +49,48 @@ def test_table_matches_a_dict_through_growth_deletes_and_row_reuse(seed):
     table.check_invariants()
     assert len(table._heads) >= 2 * table.num_live
     assert len(table.keys) <= 1.5 * (peak + 1) + 8  # freed rows were reused first
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_hash_at_a_time_and_arrays_keep_one_table(seed):
+    """intern_one / free_one / lookup_hashes (a few hashes, in Python ints) and the arrays'
+    intern / free / lookup, mixed at random on one table, against a dict."""
+    rng = random.Random(seed)
+    table = BlockTable(initial_rows=4)
+    model: dict[bytes, int] = {}
+    for step in range(400):
+        if model and rng.random() < 0.4:
+            gone = rng.sample(sorted(model), rng.randint(1, min(len(model), 2 * FEW_HASHES)))
+            rows = [model.pop(x) for x in gone]
+            table.masks[rows] = 0
+            if rng.random() < 0.5:
+                for row in rows:
+                    table.free_one(row)
+            else:
+                table.free(np.array(rows))
+        else:
+            batch = [_random_hash(rng) for _ in range(rng.randint(1, 2 * FEW_HASHES))]
+            batch += rng.sample(sorted(model), min(len(model), 2)) + batch[:1]
+            if rng.random() < 0.5:
+                rows = [table.intern_one(x) for x in batch]
+            else:
+                rows = table.intern(key_words(batch)).tolist()
+            for x, row in zip(batch, rows):
+                assert model.setdefault(x, row) == row, "a hash got two rows"
+            table.masks[rows, 0] = 1
+        probe = rng.sample(sorted(model), min(len(model), 6)) + [_random_hash(rng)]
+        want = [model.get(x, 0) for x in probe]
+        assert table.lookup_hashes(probe).tolist() == want  # a few: one by one
+        many = probe * (FEW_HASHES // len(probe) + 1)  # more: the arrays
+        assert table.lookup_hashes(many).tolist() == [model.get(x, 0) for x in many]
+        assert table.num_live == len(model)
+        if step % 25 == 0:
+            table.check_invariants()
+    table.check_invariants()
+    with pytest.raises(ValueError, match="16 bytes"):
+        table.intern_one(b"short")
+    with pytest.raises(ValueError, match="16 bytes"):
+        table.lookup_hashes([b"short"])
 
 
 def test_key_words_refuses_hashes_that_are_not_16_bytes():
@@ -115,3 +157,19 @@ def test_hashes_that_share_their_second_word_are_told_apart():
     absent = [rng.randbytes(8) + b"samesame" for i in range(100)]
     assert table.lookup(key_words(absent)).tolist() == [0] * 100
     table.check_invariants()
+
+
+@pytest.mark.parametrize("num_hashes", [2, FEW_HASHES + 2])  # one by one; the arrays
+def test_a_run_with_a_bad_hash_changes_nothing(num_hashes):
+    index = PrefixIndex()
+    good = [h(i) for i in range(num_hashes)]
+    index.add_blocks("r0", "device", good)
+    new = [h(100 + i) for i in range(num_hashes - 1)]
+    for bad_run in (good[:-1] + [b"short"], new + [b"short"]):  # num_hashes long
+        with pytest.raises(ValueError, match="16 bytes"):
+            index.add_blocks("r0", "device", bad_run)
+        with pytest.raises(ValueError, match="16 bytes"):
+            index.remove_blocks("r0", "device", bad_run)
+    assert index.blocks_of("r0") == frozenset(good)
+    assert index.num_distinct_blocks() == num_hashes
+    index.check_invariants()

@@ -315,17 +315,20 @@ class BlockTable:
         self._num_free += len(rows)
 
     def free_one(self, row: int) -> None:
-        """`free` of one row whose mask is zero, in Python ints: unlinked from its chain."""
-        self._used[row] = False
+        """`free` of one live row whose mask is zero, in Python ints: unlinked from its
+        chain. Raises ValueError (and changes nothing) for a row that is not live."""
         bucket = self._bucket_one(self.keys.item(row, 0), self.keys.item(row, 1))
         nxt, next_of = self._next, self._next.item
         at = self._heads.item(bucket)
+        while at and at != row and next_of(at) != row:  # row 0 ends every chain
+            at = next_of(at)
+        if not at or not self._used.item(row):
+            raise ValueError(f"BlockTable.free_one: row {row} is not a live row")
         if at == row:
             self._heads[bucket] = next_of(row)
         else:
-            while next_of(at) != row:
-                at = next_of(at)
             nxt[at] = next_of(row)
+        self._used[row] = False
         self.num_live -= 1
         if self._num_free == len(self._free):
             grown = np.zeros(max(2 * len(self._free), 16), np.int32)

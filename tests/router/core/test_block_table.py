@@ -87,6 +87,15 @@ def test_one_hash_at_a_time_and_arrays_keep_one_table(seed):
         if step % 25 == 0:
             table.check_invariants()
     table.check_invariants()
+    alone = BlockTable(initial_rows=4)
+    for i in range(3000):
+        alone.intern_one(h(i))
+    assert len(alone._heads) >= 2 * alone.num_live == 6000  # intern_one rehashes too
+    row = table.intern_one(h(1 << 30))
+    table.free_one(row)
+    with pytest.raises(ValueError, match="not a live row"):
+        table.free_one(row)  # twice: refused, not a walk of its chain forever
+    assert table.num_live == len(model)
     with pytest.raises(ValueError, match="16 bytes"):
         table.intern_one(b"short")
     with pytest.raises(ValueError, match="16 bytes"):
@@ -122,20 +131,22 @@ def test_more_than_32_replicas_widen_the_masks_and_match_the_slow_way():
     index.check_invariants()
 
 
-def test_row_lists_stay_small_under_churn_and_survive_rows_reused_for_other_hashes():
+@pytest.mark.parametrize("size", [100, FEW_HASHES])  # the arrays; one hash at a time
+def test_row_lists_stay_small_under_churn_and_survive_rows_reused_for_other_hashes(size):
     index = PrefixIndex()
-    a, b = [h(i) for i in range(100)], [h(1000 + i) for i in range(100)]
+    a, b = [h(i) for i in range(size)], [h(1000 + i) for i in range(size)]
     for _ in range(50):  # a block leaves the index and its row is reused at once
         index.add_blocks("r0", "device", a)
         index.remove_blocks("r0", "device", a)
         index.add_blocks("r1", "device", b)
         index.add_blocks("r0", "device", b)
         index.remove_blocks("r1", "device", b)
-        index.remove_blocks("r0", "device", b[:50])
+        index.remove_blocks("r0", "device", b[:size // 2])
         index.check_invariants()
-        index.remove_blocks("r0", "device", b[50:])
+        index.remove_blocks("r0", "device", b[size // 2:])
     index.add_blocks("r0", "device", a[:10])
     index.check_invariants()
+    assert index._replicas["r0"].held["device"]._len < 10 + 64 < 50 * size
     assert index.blocks_of("r0") == frozenset(a[:10]) and index.blocks_of("r1") == frozenset()
     assert len(index.held_view("r0")) == 10 and a[3] in index.held_view("r0")
     assert b[3] not in index.held_view("r0") and "not a hash" not in index.held_view("r0")
@@ -173,3 +184,20 @@ def test_a_run_with_a_bad_hash_changes_nothing(num_hashes):
     assert index.blocks_of("r0") == frozenset(good)
     assert index.num_distinct_blocks() == num_hashes
     index.check_invariants()
+
+
+@pytest.mark.parametrize("num_hashes", [1, FEW_HASHES + 1])  # one by one; the arrays
+def test_a_row_another_word_holds_stays_when_one_replica_drops_it(num_hashes):
+    """40 replicas: two mask words. r0 (word 0) drops the blocks r39 (word 1) holds on its
+    host tier: they stay indexed, counted on the host only."""
+    index = PrefixIndex()
+    blocks = [h(i) for i in range(num_hashes)]
+    for i in range(40):
+        index.add_blocks(f"r{i}", "device", [h(10_000 + i)])
+    index.add_blocks("r0", "device", blocks)
+    index.add_blocks("r39", "host", blocks)
+    index.remove_blocks("r0", "device", blocks + blocks[:1])  # a repeat too
+    index.check_invariants()
+    assert index.blocks_of("r39", "host") == frozenset(blocks)
+    assert index.num_distinct_blocks() == 40 + num_hashes
+    assert (index.num_blocks("device"), index.num_blocks("host")) == (40, num_hashes)

@@ -90,6 +90,15 @@ def rows_differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return differs.view(as_one).ravel() if as_one else differs.any(axis=1)
 
 
+def check_lengths(block_hashes: Iterable[bytes]) -> None:
+    if any(len(block_hash) != HASH_BYTES for block_hash in block_hashes):
+        raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
+
+
+def _key_ints(block_hash: bytes) -> tuple[int, int]:  # as key_words reads them
+    return int.from_bytes(block_hash[:8], "little"), int.from_bytes(block_hash[8:], "little")
+
+
 def key_words(block_hashes: Iterable[bytes]) -> np.ndarray:
     """The hashes as a read-only [n, 2] uint64 array (one join, no per-hash work)."""
     hashes = block_hashes if isinstance(block_hashes, (list, tuple)) else list(block_hashes)
@@ -186,31 +195,28 @@ class BlockTable:
         which costs less than the arrays' ~30 numpy calls."""
         if len(block_hashes) > FEW_HASHES:
             return self.lookup(key_words(block_hashes))
+        check_lengths(block_hashes)
         rows = np.zeros(len(block_hashes), np.intp)
         for i, block_hash in enumerate(block_hashes):
-            if len(block_hash) != HASH_BYTES:
-                raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
-            rows[i] = self.lookup_one(block_hash) or 0
+            rows[i] = self._find_one(*_key_ints(block_hash))
         return rows
 
     def lookup_one(self, block_hash: bytes) -> int | None:
         """One hash's row without numpy's per-call overhead (None: absent)."""
         if len(block_hash) != HASH_BYTES:
             return None
-        k0 = int.from_bytes(block_hash[:8], "little")
-        k1 = int.from_bytes(block_hash[8:], "little")
-        return self._find_one(k0, k1, self._bucket_one(k0, k1)) or None
+        return self._find_one(*_key_ints(block_hash)) or None
 
     def _bucket_one(self, k0: int, k1: int) -> int:
         """`_buckets` of one key, in Python ints."""
         x = ((k0 ^ ((k1 * _MIX1_INT) & _MASK64)) * _MIX2_INT) & _MASK64
         return x >> (64 - self._bucket_bits)
 
-    def _find_one(self, k0: int, k1: int, bucket: int) -> int:
-        """The key's row in its bucket's chain, 0 when absent."""
+    def _find_one(self, k0: int, k1: int) -> int:
+        """The key's row, 0 when absent."""
         # (`.item`: a Python int at a third of the cost of an indexed numpy scalar's int())
         key_of, next_of = self.keys.item, self._next.item
-        row = self._heads.item(bucket)
+        row = self._heads.item(self._bucket_one(k0, k1))
         while row:
             if key_of(row, 1) == k1 and key_of(row, 0) == k0:
                 return row
@@ -240,19 +246,15 @@ class BlockTable:
         return rows
 
     def intern_one(self, block_hash: bytes) -> int:
-        """`intern` of one hash in Python ints: a handful of hashes (a poll's few events)
-        cost ~50 numpy calls through the arrays' path and a few microseconds here."""
-        if len(block_hash) != HASH_BYTES:
-            raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
-        k0 = int.from_bytes(block_hash[:8], "little")
-        k1 = int.from_bytes(block_hash[8:], "little")
-        bucket = self._bucket_one(k0, k1)
-        row = self._find_one(k0, k1, bucket)
+        """`intern` of one hash in Python ints (see FEW_HASHES)."""
+        check_lengths((block_hash,))
+        k0, k1 = _key_ints(block_hash)
+        row = self._find_one(k0, k1)
         if row:
             return row
         if 2 * (self.num_live + 1) > len(self._heads):  # load factor at most 1/2
             self._rehash(self._bucket_bits + 1)
-            bucket = self._bucket_one(k0, k1)
+        bucket = self._bucket_one(k0, k1)  # (after any rehash)
         if self._num_free:
             self._num_free -= 1
             row = self._free.item(self._num_free)
@@ -307,12 +309,15 @@ class BlockTable:
         kept = kept[self._used[kept]]
         self._link(kept, self._buckets(self.keys[kept]))
         self.num_live -= len(rows)
-        if self._num_free + len(rows) > len(self._free):
-            grown = np.zeros(max(2 * len(self._free), self._num_free + len(rows)), np.int32)
+        self._push_free(rows, len(rows))
+
+    def _push_free(self, rows: np.ndarray | int, n: int) -> None:  # n rows, or one int
+        if self._num_free + n > len(self._free):
+            grown = np.zeros(max(2 * len(self._free), self._num_free + n), np.int32)
             grown[:self._num_free] = self._free[:self._num_free]
             self._free = grown
-        self._free[self._num_free:self._num_free + len(rows)] = rows
-        self._num_free += len(rows)
+        self._free[self._num_free:self._num_free + n] = rows
+        self._num_free += n
 
     def free_one(self, row: int) -> None:
         """`free` of one live row whose mask is zero, in Python ints: unlinked from its
@@ -330,12 +335,7 @@ class BlockTable:
             nxt[at] = next_of(row)
         self._used[row] = False
         self.num_live -= 1
-        if self._num_free == len(self._free):
-            grown = np.zeros(max(2 * len(self._free), 16), np.int32)
-            grown[:self._num_free] = self._free
-            self._free = grown
-        self._free[self._num_free] = row
-        self._num_free += 1
+        self._push_free(row, 1)
 
     def _alloc(self, n: int) -> np.ndarray:
         reused = min(n, self._num_free)

@@ -19,8 +19,8 @@ from kv.events import MEDIA, Medium, ReplicaEventTracker
 from kv.hashing import BlockHash
 from router.core.block_table import (
     FEW_HASHES,
-    HASH_BYTES,
     BlockTable,
+    check_lengths,
     key_words,
     rows_nonzero,
 )
@@ -73,11 +73,6 @@ def _one_by_one(runs: Sequence[tuple]) -> bool:
     num_hashes = sum(len(run[-1]) for run in runs)
     return (len(runs) <= 1 or num_hashes >= _JOIN_BELOW * len(runs)
             or num_hashes <= FEW_HASHES)
-
-
-def _check_lengths(block_hashes: Sequence[BlockHash]) -> None:
-    if any(len(block_hash) != HASH_BYTES for block_hash in block_hashes):
-        raise ValueError(f"block hashes must be {HASH_BYTES} bytes each")
 
 
 class ReplicaSlots:
@@ -177,7 +172,7 @@ class IndexContents:
         """`add` hash by hash, in Python ints: an array pass costs 30-60 numpy calls
         whatever its size, which made a poll's few events (a back-to-back request stores
         and evicts a few blocks) cost a router 0.2-0.4 ms a run to apply."""
-        _check_lengths(block_hashes)  # all first: a bad hash changes nothing, as key_words
+        check_lengths(block_hashes)  # all first: a bad hash changes nothing, as key_words
         table, word, bit, on_medium = self.table, held.word, int(held.bit), _MEDIUM_BITS[medium]
         new = []
         for block_hash in block_hashes:
@@ -204,7 +199,7 @@ class IndexContents:
     def _remove_few(self, held: HeldRows, medium: Medium, block_hashes: Sequence[BlockHash]
                     ) -> None:
         """`remove` hash by hash, in Python ints."""
-        _check_lengths(block_hashes)
+        check_lengths(block_hashes)
         table, word, bit, on_medium = self.table, held.word, int(held.bit), _MEDIUM_BITS[medium]
         removed = 0
         for block_hash in block_hashes:

@@ -13,11 +13,11 @@ Here a hash is a row of fixed-width arrays instead:
     _heads  [buckets] int32    first row of each bucket's chain (row 0: empty)
 
 Lookups, inserts and deletes take whole arrays of hashes (one event's, one prompt's), so the
-interpreter runs per call, not per hash. Chained buckets rather than open addressing: a
-delete relinks its chain exactly, so no tombstones pile up and force a rehash under churn.
-Linking a batch into chains runs in rounds: every row writes itself as its bucket's head,
-one writer per bucket wins and keeps the old head as its next, the others retry; the number
-of rounds is the largest number of rows of the batch that share a bucket.
+interpreter runs per call, not per hash; a few hashes go one by one (FEW_HASHES). Chained
+buckets rather than open addressing: a delete relinks its chain exactly, so no tombstones
+pile up and force a rehash under churn. Linking a batch into chains runs in rounds: every
+row writes itself as its bucket's head, one writer per bucket wins and keeps the old head as
+its next, the others retry; the rounds are the most rows of the batch sharing a bucket.
 
 Row 0 is never a hash's row and its mask stays zero: it ends every chain, and `lookup`
 answers absent hashes with it, so neither a probe nor a gather of masks needs a branch (a

@@ -110,10 +110,11 @@ def prometheus_scraping(target: str, workdir) -> Iterator[str]:
         log.close()
 
 
-def promql(base_url: str, query: str) -> dict[tuple, float]:
-    """An instant query: {sorted labels: value}."""
+def promql(base_url: str, query: str, at: float | None = None) -> dict[tuple, float]:
+    """An instant query, evaluated now or at unix time `at`: {sorted labels: value}."""
+    params = {"query": query} if at is None else {"query": query, "time": f"{at:.3f}"}
     try:
-        resp = httpx.get(f"{base_url}/api/v1/query", params={"query": query}, timeout=10)
+        resp = httpx.get(f"{base_url}/api/v1/query", params=params, timeout=10)
     except httpx.TransportError:
         return {}
     data = resp.json()["data"]["result"] if resp.status_code == 200 else []

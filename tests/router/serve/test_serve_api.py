@@ -8,6 +8,7 @@ client disconnects, and every kind of bad input (4xx, never 5xx, and the server 
 import json
 import math
 import os
+import time
 
 import httpx
 import openai
@@ -313,50 +314,63 @@ def test_prometheus_hit_rate_queries_return_what_the_engine_reports(server, prom
              "kvroute_engine_prefix_cache_query_tokens_total",
              "kvroute_router_predicted_hit_tokens_total", "kvroute_router_prompt_tokens_total")
 
-    def scraped_is_current() -> dict | None:
-        now = server.metrics()
+    def key(labels) -> tuple:
+        return tuple(sorted((k, v) for k, v in labels if k in SERIES_LABELS))
+
+    def scraped_is(now: dict, at: float) -> bool:
+        """Prometheus's last samples at `at` are `now`, and some traffic was counted."""
         for name in names:
-            seen = {tuple(sorted((k, v) for k, v in ls if k in SERIES_LABELS)): v
-                    for ls, v in promql(prometheus, name).items()}
-            want = {tuple(sorted((k, v) for k, v in ls if k in SERIES_LABELS)): v
-                    for (n, ls), v in now.items() if n == name}
+            seen = {key(ls): v for ls, v in promql(prometheus, name, at).items()}
+            want = {key(ls): v for (n, ls), v in now.items() if n == name}
             if seen != want or not any(want.values()):
-                return None
-        return now
+                return False
+        return True
 
-    now = wait_until(scraped_is_current, 30, "Prometheus to scrape the final counters")
-
-    def first_samples(name: str) -> dict[tuple, float]:
-        """Each series' oldest sample in the 5m window: rate() counts from there."""
-        resp = httpx.get(f"{prometheus}/api/v1/query", params={"query": f"{name}[5m]"},
-                         timeout=10)
-        return {tuple(sorted((k, v) for k, v in r["metric"].items()
-                             if k in SERIES_LABELS)): float(r["values"][0][1])
+    def first_samples(name: str, at: float) -> dict[tuple, float]:
+        """Each series' oldest sample in the 5m window ending at `at`: rate() counts from there."""
+        resp = httpx.get(f"{prometheus}/api/v1/query",
+                         params={"query": f"{name}[5m]", "time": f"{at:.3f}"}, timeout=10)
+        return {key(r["metric"].items()): float(r["values"][0][1])
                 for r in resp.json()["data"]["result"]}
 
-    def ratio(num: str, den: str) -> dict[str, float]:
+    def ratio(now: dict, at: float, num: str, den: str) -> dict[str, float]:
         """Per replica, what the counters grew by over the window: increase(num) /
         increase(den), from the engine's own final values and the window's first sample."""
-        first = {name: first_samples(name) for name in (num, den)}
+        first = {name: first_samples(name, at) for name in (num, den)}
         sums: dict[str, list[float]] = {}
         for (name, labels), value in now.items():
             replica = dict(labels).get("replica")
             if name in (num, den) and replica:
-                key = tuple(sorted((k, v) for k, v in labels if k in SERIES_LABELS))
-                grown = value - first[name].get(key, 0.0)
+                grown = value - first[name].get(key(labels), 0.0)
                 sums.setdefault(replica, [0.0, 0.0])[name == den] += grown
         return {r: n / d for r, (n, d) in sums.items() if d}
 
-    engine = ratio("kvroute_engine_prefix_cache_hit_tokens_total",
-                   "kvroute_engine_prefix_cache_query_tokens_total")
-    delivered = {dict(ls)["replica"]: v for ls, v in promql(prometheus, DELIVERED).items()
-                 if not math.isnan(v)}  # 0/0: a replica that got no traffic
+    def per_replica(query: str, at: float) -> dict[str, float]:
+        return {dict(ls)["replica"]: v for ls, v in promql(prometheus, query, at).items()
+                if not math.isnan(v)}  # 0/0: a replica that got no traffic
+
+    def compared() -> tuple | None:
+        """Every query evaluated at one instant, whose last scrape holds the counters read
+        here: a request that ends meanwhile (an earlier test's) or a window sliding past a
+        sample would otherwise move one side of the comparison only."""
+        at = time.time()
+        now = server.metrics()
+        if not scraped_is(now, at):
+            return None
+        got = (per_replica(DELIVERED, at),
+               ratio(now, at, "kvroute_engine_prefix_cache_hit_tokens_total",
+                     "kvroute_engine_prefix_cache_query_tokens_total"),
+               per_replica(PREDICTED, at),
+               ratio(now, at, "kvroute_router_predicted_hit_tokens_total",
+                     "kvroute_router_prompt_tokens_total"))
+        # A scrape stamped before `at` but stored after the check above would change the
+        # queries' view of `at`: only an unchanged view is compared.
+        return got if scraped_is(now, at) else None
+
+    delivered, engine, predicted, router = wait_until(
+        compared, 30, "Prometheus to scrape the final counters")
     assert delivered == pytest.approx(engine, rel=1e-9)
     assert any(v > 0 for v in delivered.values())
-    router = ratio("kvroute_router_predicted_hit_tokens_total",
-                   "kvroute_router_prompt_tokens_total")
-    predicted = {dict(ls)["replica"]: v for ls, v in promql(prometheus, PREDICTED).items()
-                 if not math.isnan(v)}
     assert predicted == pytest.approx(router, rel=1e-9)
 
 

@@ -5,7 +5,8 @@ replica holds the block on the device, bit 2s + 1 when it holds it on the host t
 hashes and their bitmasks live in flat numpy arrays (router.core.block_table): 27 B per
 holding at 256 replicas and 4M blocks, where Python objects took 81. A prompt's cached
 prefix on every replica comes from one vectorised lookup of all its hashes, then a walk
-over the few blocks where some candidate's bits change (router.core.prefix_walk).
+over the few blocks where some candidate's bits change (router.core.prefix_walk); a short
+prompt's from a walk of its blocks one by one (router.core.short_walk).
 
 Events feed it through one `kv.events.ReplicaEventTracker` per replica (gaps, reordering
 and restarts are the tracker's job) into the contents (router.core.index_contents: the
@@ -17,22 +18,19 @@ The arrays hold no Python objects, so CPython's cyclic collector never walks the
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
-
-import numpy as np
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from kv.events import EventBatch, Medium, ReplicaEventTracker, Snapshot
 from kv.hashing import BlockHash
-from router.core.block_table import SLOTS_PER_WORD
+from router.core.block_table import FEW_HASHES, SLOTS_PER_WORD
 from router.core.held_rows import HeldRows, HeldView
 from router.core.index_contents import IndexContents, ReplicaContents, ReplicaSlots
 from router.core.pending import PendingMarks
-from router.core.prefix_match import PrefixMatch, PrefixMatches
+from router.core.prefix_match import PrefixMatch
 from router.core.prefix_walk import PrefixWalk
+from router.core.short_walk import walk_short
 
 __all__ = ["PrefixIndex", "PrefixMatch"]
-
-_NO_RUNS = np.zeros(0, np.int64)
 
 
 class PrefixIndex:
@@ -182,11 +180,12 @@ class PrefixIndex:
     # -- lookups ---------------------------------------------------------------------------
 
     def match(self, block_hashes: Sequence[BlockHash], replica_ids: Iterable[str],
-              confirmed: dict[str, int] | None = None) -> PrefixMatches:
+              confirmed: dict[str, int] | None = None) -> Mapping[str, PrefixMatch]:
         """Every candidate replica's cached prefix of the prompt, in one walk.
 
-        Returns only replicas with at least one cached block; a candidate the index has
-        never heard of has none. When `confirmed` is given, it receives, for each replica
+        Returns only replicas with at least one cached block (a dict when they are few;
+        arrays, `PrefixMatches`, when many); a candidate the index has never heard of has
+        none. When `confirmed` is given, it receives, for each replica
         whose device run a pending mark carried on, how many leading blocks events confirm
         there (`num_confirmed_device_blocks` without a second walk); for the others that
         number is their `num_device_blocks`.
@@ -194,22 +193,24 @@ class PrefixIndex:
         self.pending.expire(self.clock())
         candidates, are_all = self._candidate_bits(replica_ids)
         if not candidates or not block_hashes:
-            return PrefixMatches([], _NO_RUNS, _NO_RUNS)
+            return {}
         table, pending = self._table, self.pending
-        # One lookup of every hash, even when a miss's runs all end at its first block: a
-        # lookup's fixed cost (some 30 numpy calls) is most of it for a prompt's 512
-        # hashes, and a first chunk then the rest paid it twice for every hit, which set
-        # the p99 (64 x 1M, the match alone: p99 1,065 against 1,271 us, misses' 840-930
-        # against 650-690).
-        walk = PrefixWalk(candidates, block_hashes, pending, are_all)
-        walk.walk(table.masks_of(table.lookup_hashes(block_hashes)))
-        slots, device_runs, total_runs, carried = walk.runs()
         replica_of_slot = self._slots.replica_of_slot
+        if len(block_hashes) <= FEW_HASHES:  # hash by hash: no array call pays its way
+            matches, carried = walk_short(block_hashes, self._contents.bits_of, candidates,
+                                          pending, replica_of_slot)
+        else:
+            # One lookup of every hash, even when a miss's runs all end at its first block:
+            # a lookup's fixed cost (some 30 numpy calls) is most of it for a prompt's 512
+            # hashes, and a first chunk then the rest paid it twice for every hit, which
+            # set the p99 (64 x 1M, the match alone: p99 1,065 against 1,271 us, misses'
+            # 840-930 against 650-690).
+            walk = PrefixWalk(candidates, block_hashes, pending, are_all)
+            walk.walk(table.masks_of(table.lookup_hashes(block_hashes)))
+            matches, carried = walk.runs(replica_of_slot)
         if confirmed is not None:
-            for slot, num_blocks in carried.items():
-                confirmed[replica_of_slot[slot]] = num_blocks
-        return PrefixMatches(list(map(replica_of_slot.__getitem__, slots.tolist())),
-                             device_runs, total_runs)
+            confirmed.update(carried)
+        return matches
 
     def _candidate_bits(self, replica_ids: Iterable[str]) -> tuple[int, bool]:
         """(the device bits of the candidates the index knows, whether they are all the

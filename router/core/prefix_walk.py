@@ -16,7 +16,8 @@ carries on is followed apart, to its end, with one array pass over its column an
 C-speed pass over the marks; the main walk takes it up again where it ends. The walk can
 stop after a first part of the prompt and go on over the rest if a run got that far (the
 index looks up a prompt's first blocks first: most prompts' cached prefixes end there).
-The runs come out as arrays over the slots, not an object per replica.
+Many runs come out as arrays over the slots (PrefixMatches), not an object per replica; a
+few as a dict.
 """
 
 from __future__ import annotations
@@ -33,14 +34,13 @@ from kv.hashing import BlockHash
 from router.core.block_table import rows_differ
 from router.core.hash_loops import num_leading_in
 from router.core.pending import PendingMarks
+from router.core.prefix_match import PrefixMatch, PrefixMatches
 
 WORD_BITS = 64
 # Runs found in Python up to this many (slot, run) pairs: a few dozen loop steps cost less
 # than `_lengths`' dozen numpy calls (at 64 replicas half the prompts have under 8 slots
 # with a run, a sixth have all 64)
 _RUNS_IN_PYTHON = 16
-_NO_SLOTS = np.zeros(0, np.int64)
-_NO_SLOTS.flags.writeable = False
 
 assert sys.byteorder == "little", "mask words are read as little-endian ints"
 
@@ -181,11 +181,12 @@ class PrefixWalk:
         self.alive = alive | take_up(n - 1, m)
         self._last_mask, self.walked, self._num_words = m, n, num_words
 
-    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, int]]:
-        """(the slots of the candidates with a cached block, ascending; their device runs;
-        their device + host runs; slot -> confirmed device run, for the candidates whose
-        device run a pending mark carried on), over the blocks walked. Arrays, so that a
-        prefix most of a large fleet shares costs no Python work per replica."""
+    def runs(self, replica_of_slot: Mapping[int, str]
+             ) -> tuple[Mapping[str, PrefixMatch], dict[str, int]]:
+        """(each candidate with a cached block -> its match; candidate -> its confirmed
+        device run, for those whose device run a pending mark carried on), over the blocks
+        walked. Many runs come as arrays (PrefixMatches), so that a prefix most of a large
+        fleet shares costs no Python work per replica; a few as a dict."""
         n, alive, candidates = self.walked, self.alive, self.candidates
         device_ends, ends = list(self._device_ends), list(self._ends)
         whole = (alive & candidates) | sum(bit for _, bit in self._carried)  # device runs
@@ -193,18 +194,32 @@ class PrefixWalk:
             device_ends.append((n, whole))
         if whole | (alive >> 1 & candidates):  # and whole runs
             ends.append((n, whole | (alive >> 1 & candidates)))
-        confirmed = {(bit.bit_length() - 1) >> 1: i for bit, i in self.confirmed.items()}
-        if not ends:  # no run at all (a device run's end is some whole run's end too)
-            return _NO_SLOTS, _NO_SLOTS, _NO_SLOTS, confirmed
+        confirmed = confirmed_runs(self.confirmed, replica_of_slot)
         if sum(bits.bit_count() for _, bits in ends) <= _RUNS_IN_PYTHON:
-            total_at, device_at = _ends_by_slot(ends), _ends_by_slot(device_ends)
-            slots = sorted(total_at)
-            return (np.array(slots, np.int64),
-                    np.array(list(map(device_at.get, slots, repeat(0))), np.int64),
-                    np.array(list(map(total_at.__getitem__, slots)), np.int64), confirmed)
+            return few_matches(device_ends, ends, replica_of_slot), confirmed
         total = _lengths(ends, self._num_words)
         slots = total.nonzero()[0]
-        return slots, _lengths(device_ends, self._num_words)[slots], total[slots], confirmed
+        return PrefixMatches(list(map(replica_of_slot.__getitem__, slots.tolist())),
+                             _lengths(device_ends, self._num_words)[slots], total[slots]
+                             ), confirmed
+
+
+def few_matches(device_ends: list[tuple[int, int]], ends: list[tuple[int, int]],
+                replica_of_slot: Mapping[int, str]) -> dict[str, PrefixMatch]:
+    """The matches of a few runs, by replica in slot order: `device_ends` and `ends` list
+    (block, device bits) where device runs and whole runs end (runs of no block unlisted)."""
+    total_at, device_at = _ends_by_slot(ends), _ends_by_slot(device_ends)
+    matches = {}
+    for slot in sorted(total_at):
+        device = device_at.get(slot, 0)
+        matches[replica_of_slot[slot]] = PrefixMatch(device, total_at[slot] - device)
+    return matches
+
+
+def confirmed_runs(confirmed: dict[int, int], replica_of_slot: Mapping[int, str]
+                   ) -> dict[str, int]:
+    """Device bit -> confirmed device run, by replica."""
+    return {replica_of_slot[(bit.bit_length() - 1) >> 1]: i for bit, i in confirmed.items()}
 
 
 def _ends_by_slot(ends: list[tuple[int, int]]) -> dict[int, int]:

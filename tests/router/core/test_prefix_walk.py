@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from router.core import index as index_module
 from router.core.index import PrefixIndex, PrefixMatch
 from tests.router.core.core_helpers import FakeClock
 
@@ -64,11 +65,16 @@ def _expected(index: PrefixIndex, prompt: list[bytes], rid: str
     return PrefixMatch(d, t - d), confirmed
 
 
+@pytest.mark.parametrize("short_up_to", [index_module.FEW_HASHES, 0, 1 << 20])
 @pytest.mark.parametrize("every_replica", [False, True])
 @pytest.mark.parametrize("num_replicas,seed", [(3, 0), (40, 1), (70, 2), (130, 3)])
-def test_walk_equals_a_per_replica_walk(num_replicas, seed, every_replica):
+def test_walk_equals_a_per_replica_walk(num_replicas, seed, every_replica, short_up_to,
+                                        monkeypatch):
     """Candidates some of the replicas, or all of them (the walk then reads the masks as
-    they are, where it masks out the others' bits otherwise)."""
+    they are, where it masks out the others' bits otherwise). Short prompts are walked
+    block by block (router.core.short_walk), the others as arrays: as the index splits
+    them, then every prompt one way, then every prompt the other."""
+    monkeypatch.setattr(index_module, "FEW_HASHES", short_up_to)
     rng = random.Random(seed)
     index, replicas, chains = _fleet(rng, num_replicas)
     index.check_invariants()

@@ -46,10 +46,14 @@ class _Reference:
         return [ids[i] for i in order]
 
 
+@pytest.mark.parametrize("in_python_up_to", [cache_aware._SCORED_IN_PYTHON, 0, 1 << 20])
 @pytest.mark.parametrize("as_arrays", [False, True])
 @pytest.mark.parametrize("threshold", [math.inf, 300.0])
 def test_array_ranking_equals_the_rule_candidate_by_candidate(threshold, as_arrays,
-                                                              monkeypatch):
+                                                              in_python_up_to, monkeypatch):
+    """A few candidates are scored in Python lists, more as arrays: as the policy splits
+    them, then every ranking one way, then every ranking the other."""
+    monkeypatch.setattr(cache_aware, "_SCORED_IN_PYTHON", in_python_up_to)
     if as_arrays:  # price every PrefixMatches as arrays, however few
         monkeypatch.setattr(cache_aware, "_ARRAY_PRICING_FROM", 1)
     rng = random.Random(7)
@@ -60,7 +64,8 @@ def test_array_ranking_equals_the_rule_candidate_by_candidate(threshold, as_arra
     num_guarded = 0
     for step in range(400):
         ids = rng.sample(replicas, rng.randint(1, len(replicas)))
-        loads = {r: rng.choice([0.0, 100.0, rng.random() * 2000]) for r in ids}  # many ties
+        # many ties; 32 tokens of load cost what one cached block saves (cost ties)
+        loads = {r: rng.choice([0.0, 32.0, 100.0, rng.random() * 2000]) for r in ids}
         matches = {r: PrefixMatch(rng.randint(0, 40), rng.randint(0, 10))
                    for r in rng.sample(replicas, rng.randint(0, 10))}  # some not candidates
         query = RouteQuery(f"q{step}", [], rng.choice([16, 300, 640]), rng.randint(0, 64), ids)

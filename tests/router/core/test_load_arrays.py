@@ -3,12 +3,19 @@ with recent work decaying, published stats, finished requests and unknown replic
 
 import random
 
+import pytest
+
 from protocol.engine import EngineStats
+from router.core import load
 from router.core.load import LoadTracker
 from tests.router.core.core_helpers import FakeClock
 
 
-def test_loads_equal_load_replica_by_replica():
+@pytest.mark.parametrize("in_python_up_to", [load._LOADS_IN_PYTHON, 0, 1 << 20])
+def test_loads_equal_load_replica_by_replica(in_python_up_to, monkeypatch):
+    """A few replicas' loads are read one by one, more as arrays: as `loads` splits them,
+    then every call one way, then every call the other."""
+    monkeypatch.setattr(load, "_LOADS_IN_PYTHON", in_python_up_to)
     rng = random.Random(3)
     clock = FakeClock()
     tracker = LoadTracker(decode_weight=0.7, recent_half_life_s=5.0, clock=clock)

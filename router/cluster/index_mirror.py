@@ -272,7 +272,9 @@ class IndexMirror:
                 router.update_stats(replica_id, stats)
         self.worker_modes = reply.worker_modes
         self.router_rank = reply.router_rank
-        self.num_shared_received += sum(isinstance(m, SharedMark) for m in reply.shared_marks)
+        if reply.shared_marks:
+            self.num_shared_received += sum(isinstance(m, SharedMark)
+                                            for m in reply.shared_marks)
         if reply.shared_marks and (self.config.share_marks or self.config.share_work):
             apply_shared_marks(router, reply.shared_marks,
                                lambda rid: rid in self._gone or rid in self._grace,

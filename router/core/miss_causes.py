@@ -29,7 +29,7 @@ from typing import NamedTuple
 from kv.events import BlockStored, KVEvent
 from kv.hashing import BlockHash
 from router.core.hash_loops import num_leading_in
-from router.core.prefix_match import PrefixMatch
+from router.core.prefix_match import PrefixMatch, PrefixMatches
 
 
 class MissTokens(NamedTuple):
@@ -45,7 +45,9 @@ class MissTokens(NamedTuple):
         return self.cold + self.capacity + self.placement + self.race
 
     def __add__(self, other: tuple) -> MissTokens:  # type: ignore[override]
-        return MissTokens(*(a + b for a, b in zip(self, other)))
+        cold, capacity, placement, race = other
+        return MissTokens(self.cold + cold, self.capacity + capacity,
+                          self.placement + placement, self.race + race)
 
 
 CAUSES = MissTokens._fields  # the metric's `cause` label values
@@ -73,10 +75,9 @@ def split_causes(num_prompt_tokens: int, cacheable_tokens: int, predicted_tokens
     o = max(p, min(elsewhere_tokens, c))
     s = max(o, min(seen_tokens, c))
     start = max(p, d)
-    return MissTokens(cold=n - max(s, start),
-                      capacity=max(s - max(o, start), 0),
-                      placement=max(o - start, 0),
-                      race=max(p - d, 0))
+    # positional: keywords cost a NamedTuple a dict (this runs at every request's end)
+    return MissTokens(n - max(s, start), max(s - max(o, start), 0), max(o - start, 0),
+                      max(p - d, 0))
 
 
 _PENDING_BLOCKS = 1 << 16  # stored hashes a window keeps aside before adding them
@@ -157,6 +158,19 @@ class SeenWindow:
         return len(self._current) + len(self._previous)
 
 
+def _longest_elsewhere(matches: Mapping[str, PrefixMatch], replica_id: str) -> int:
+    """The longest cached prefix, in blocks, of any candidate but `replica_id`: read off a
+    walk's arrays as they are (no match object a replica), none at all for a prompt that no
+    candidate had cached."""
+    if not matches:
+        return 0
+    if isinstance(matches, PrefixMatches):
+        return max((n for r, n in zip(matches.replica_ids, matches.cached_blocks.tolist())
+                    if r != replica_id), default=0)
+    return max((m.num_device_blocks + m.num_host_blocks
+                for r, m in matches.items() if r != replica_id), default=0)
+
+
 class _Decision(NamedTuple):
     block_hashes: Sequence[BlockHash]
     num_prompt_tokens: int
@@ -202,9 +216,7 @@ class MissCauses:
         if delivered_tokens is None:
             delivered_tokens = max(min(predicted_tokens, cacheable), 0)
         # (in blocks, then tokens: split_causes caps it at the cacheable tokens)
-        elsewhere = block_size * max((m.num_device_blocks + m.num_host_blocks
-                                      for r, m in decision.matches.items() if r != replica_id),
-                                     default=0)
+        elsewhere = block_size * _longest_elsewhere(decision.matches, replica_id)
         seen_tokens = 0
         if max(predicted_tokens, elsewhere, delivered_tokens) < cacheable:
             seen_tokens = self.seen.num_leading_seen(hashes) * block_size

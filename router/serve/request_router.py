@@ -299,8 +299,9 @@ class ServeRequestRouter(RequestRouter):
                          if stats.num_running + stats.num_waiting == 0)
         with self._lock:
             expired = self.router.expire(idle)
-        self._share_expired(expired)
-        self._update_outstanding(e.replica_id for e in expired)
+        if expired:
+            self._share_expired(expired)
+            self._update_outstanding(e.replica_id for e in expired)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         old_ids = {rid.unique_id for rid in self._replica_id_set}
@@ -359,10 +360,13 @@ class ServeRequestRouter(RequestRouter):
     def _update_outstanding(self, replica_ids: Iterable[str]) -> None:
         """The outstanding gauge counts this router's own requests, not the routes other
         routers shared (which its load counts too)."""
+        replica_ids = set(replica_ids)
+        if not replica_ids:
+            return
         with self._lock:
             remote = self.mirror.remote
             counts = {r: self.router.loads.num_outstanding(r) - remote.num_on(r)
-                      for r in set(replica_ids)}
+                      for r in replica_ids}
         for replica_id, n in counts.items():
             self.metrics.set_outstanding(replica_id, n)
 

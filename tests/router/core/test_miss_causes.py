@@ -1,9 +1,11 @@
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kv.events import BlockRemoved, BlockStored, EventLog
 from router.core.miss_causes import MissCauses, MissTokens, SeenWindow, split_causes
+from router.core.prefix_match import PrefixMatch, PrefixMatches
 from router.core.router import Router, RouterConfig
 from tests.router.core.core_helpers import FakeClock, h
 from tests.router.core.test_core import prompt, snapshot
@@ -175,3 +177,23 @@ def test_stored_runs_added_later_leave_the_window_as_added_at_once(capacity, run
         now.num_leading_seen([x]) for x in every]
     assert len(later) == len(now)
     assert (later._current, later._previous) == (now._current, now._previous)
+
+
+@pytest.mark.parametrize("as_arrays", [True, False])
+def test_placement_is_the_longest_prefix_of_the_other_candidates(as_arrays):
+    """The replica the request ran on is no placement, even where it held the longest
+    prefix (its prediction went stale: 1 block of its 4): the other's 2 blocks are. A walk's
+    arrays and a plain mapping say the same."""
+    matches = {"a": PrefixMatch(3, 1), "b": PrefixMatch(2, 0), "c": PrefixMatch(0, 1)}
+    if as_arrays:
+        ids = list(matches)
+        matches = PrefixMatches(ids, np.array([matches[r].num_device_blocks for r in ids]),
+                                np.array([matches[r].num_cached_blocks for r in ids]))
+    causes = MissCauses(B, 64)
+    causes.on_route("q1", prompt(0, 1, 2, 3, 4), 80, matches)
+    assert causes.on_end("q1", "a", predicted_tokens=B, delivered_tokens=B) == (
+        MissTokens(cold=80 - 2 * B, placement=B))
+    causes.on_route("q2", prompt(0, 1, 2, 3, 4), 80, PrefixMatches([], np.zeros(0, int),
+                                                                   np.zeros(0, int)))
+    assert causes.on_end("q2", "a", predicted_tokens=0, delivered_tokens=0) == (
+        MissTokens(cold=1, capacity=5 * B - 1))  # seen with q1, held by none

@@ -3,6 +3,7 @@ leaves after its TTL; a replica that comes back reads 1."""
 
 from prometheus_client import generate_latest
 
+from router.core.ledger import RouteKind, RouteRecord, RouteState
 from router.front.router_metrics import RouterMetrics
 
 
@@ -50,3 +51,24 @@ def test_shared_decisions_follow_the_mirrors_totals_and_each_refresh_counts():
     assert sample("kvroute_router_shared_decisions_total", direction="sent") == 4.0
     assert sample("kvroute_router_shared_decisions_total", direction="received") == 5.0
     assert sample("kvroute_router_series_refreshes_total") == 2.0
+
+
+def test_a_replica_back_after_its_removal_counts_on_its_new_series():
+    """The children a request moves are kept between requests: a removed replica's go with
+    its series, so what it routes when it is back shows up."""
+    metrics = RouterMetrics("tiny", "g0", "cache_aware")
+    record = RouteRecord("r1", RouteKind.DIRECT, RouteState.ROUTED, 0.0, (), (), 32, 1,
+                         (16, 0), 1e-4)
+    metrics.add_replica("r1")
+    metrics.observe_routed(record)
+    metrics.set_outstanding("r1", 1)
+    metrics.remove_replica("r1", now_s=0.0)
+    metrics.add_replica("r1")
+    metrics.observe_routed(record)
+    metrics.set_outstanding("r1", 2)
+    labels = {"model": "tiny", "gateway": "g0", "policy": "cache_aware", "replica": "r1"}
+    get = metrics.registry.get_sample_value
+    assert get("kvroute_router_requests_total", labels) == 1.0
+    assert get("kvroute_router_prompt_tokens_total", labels) == 32.0
+    assert get("kvroute_router_predicted_hit_tokens_total", {**labels, "medium": "device"}) == 16
+    assert get("kvroute_router_outstanding_requests", {"gateway": "g0", "replica": "r1"}) == 2

@@ -59,5 +59,7 @@ def walk_short(block_hashes: Sequence[BlockHash], bits_of: Callable[[BlockHash],
         n = len(block_hashes)
         device_ends.append((n, alive & candidates))
         ends.append((n, (alive | alive >> 1) & candidates))
+    if not ends:  # no run at all: no mark carried one either
+        return {}, {}
     return few_matches(device_ends, ends, replica_of_slot), confirmed_runs(confirmed,
                                                                           replica_of_slot)

@@ -54,6 +54,8 @@ _MAX_MESSAGE_BYTES = 1 << 30  # a snapshot of millions of blocks fits
 _monitor_ids = itertools.count()
 _PING = b"ping"
 _OK, _ERR = b"ok", b"err"
+_NOBLOCK, _SNDMORE, _RCVMORE, _EVENTS, _POLLIN, _POLLOUT = map(int, (
+    zmq.NOBLOCK, zmq.SNDMORE, zmq.RCVMORE, zmq.EVENTS, zmq.POLLIN, zmq.POLLOUT))
 
 
 @dataclass(frozen=True)
@@ -165,17 +167,18 @@ class FastCallServer:
 
 
 class FastCallClient:
-    """One caller's DEALER socket to a `FastCallServer`, made on its first call in the
-    event loop that calls it (every later call comes from that loop)."""
+    """One caller's DEALER socket to a `FastCallServer`, made on its first call in the event
+    loop that calls it (every later call comes from that loop), which watches its descriptor
+    (zmq.asyncio's futures cost a router's poll twice the CPU: bench_reply_cpu.py)."""
 
     def __init__(self, address: FastAddress, config: FastCallConfig | None = None):
         self.address = address
         self.config = config or FastCallConfig()
         self._ids = itertools.count()
         self._pending: dict[bytes, asyncio.Future] = {}
-        self._socket: zmq.asyncio.Socket | None = None
+        self._unsent: dict[bytes, list] = {}  # call id -> its frames, until sent (in order)
+        self._socket: zmq.Socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reader: asyncio.Task | None = None
         self._watcher: threading.Thread | None = None  # reads the socket's monitor
         self._lost: Exception | None = None  # the connection's loss, once seen
         self._closing = False  # lost by its link: closes once its calls are done
@@ -194,23 +197,15 @@ class FastCallClient:
         body = pickle.dumps(args, protocol=5)  # raises here, before the call is pending
         call_id = next(self._ids).to_bytes(8, "little")
         self._pending[call_id] = reply
-        sent = self._socket.send_multipart(
-            [call_id, self.address.token, method.encode(), body], copy=False)
-        return self._wait(call_id, sent, reply, timeout_s or self.config.call_timeout_s)
+        self._unsent[call_id] = [call_id, self.address.token, method.encode(), body]
+        self._on_events()
+        return self._wait(call_id, reply, timeout_s or self.config.call_timeout_s)
 
-    async def _wait(self, call_id: bytes, sent: Awaitable, reply: asyncio.Future,
-                    timeout_s: float) -> Any:
-        async def sent_then_reply():
-            # the send waits while there is no connection: a loss fails the reply meanwhile
-            await asyncio.wait((sent, reply), return_when=asyncio.FIRST_COMPLETED)
-            if reply.done():
-                return reply.result()
-            sent.result()  # raises what the send raised
-            return await reply
+    async def _wait(self, call_id: bytes, reply: asyncio.Future, timeout_s: float) -> Any:
         try:
-            return await asyncio.wait_for(sent_then_reply(), timeout_s)
+            return await asyncio.wait_for(reply, timeout_s)
         finally:
-            sent.cancel()  # a send still queued never leaves (a no-op once sent)
+            self._unsent.pop(call_id, None)  # a send still queued never leaves
             self._pending.pop(call_id, None)
             if self._closing and not self._pending:
                 self.close()
@@ -237,7 +232,7 @@ class FastCallClient:
             if loop is not self._loop:
                 raise RuntimeError("a FastCallClient is called from one event loop")
             return
-        context = zmq.asyncio.Context.instance()
+        context = zmq.Context.instance()
         socket = context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         # a send waits for the connection, not in a queue that outlives it
@@ -249,36 +244,59 @@ class FastCallClient:
         endpoint = f"inproc://kvroute-fast-calls-monitor-{next(_monitor_ids)}"
         socket.monitor(endpoint, zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
                        | zmq.EVENT_MONITOR_STOPPED)
-        monitor = zmq.Context.shadow(context.underlying).socket(zmq.PAIR)
+        monitor = context.socket(zmq.PAIR)
         monitor.connect(endpoint)
         self._watcher = threading.Thread(target=self._watch, args=(monitor, loop),
                                          daemon=True, name="kvroute-fast-calls-monitor")
         self._watcher.start()
         socket.connect(self.address.address)
         self._socket, self._loop = socket, loop
-        self._reader = loop.create_task(self._read())
+        loop.add_reader(socket.getsockopt(zmq.FD), self._on_events)
 
-    async def _read(self) -> None:
+    def _on_events(self) -> None:
+        """Sends the waiting calls in order and hands out the replies, until nothing moves:
+        the descriptor wakes the loop only for news no send, receive or read took in."""
+        socket = self._socket
+        if socket is None or socket.closed:
+            return
+        unsent = self._unsent
         while True:
-            frames = await self._socket.recv_multipart()
-            reply = self._pending.pop(frames[0], None) if len(frames) == 3 else None
-            if reply is None or reply.done():  # timed out meanwhile, or not a reply
-                continue
-            try:
-                value = pickle.loads(frames[2])
-            except Exception as err:
-                reply.set_exception(err)
-                continue
-            if frames[1] == _OK:
-                reply.set_result(value)
-            elif isinstance(value, Exception) and not isinstance(value, StopIteration):
-                reply.set_exception(value)
-            else:  # a future takes no StopIteration (nor a non-exception)
-                reply.set_exception(RuntimeError(repr(value)))
+            while unsent:
+                call_id = next(iter(unsent))
+                *first, last = unsent[call_id]
+                try:  # pyzmq's multipart wrappers' enum flags cost more than the sends
+                    for frame in first:
+                        socket.send(frame, _NOBLOCK | _SNDMORE, copy=False)
+                except zmq.Again:  # no connection yet (then not even its first frame went)
+                    break
+                socket.send(last, _NOBLOCK, copy=False)
+                del unsent[call_id]
+            events = socket.get(_EVENTS)
+            if events & _POLLIN:
+                frames = [socket.recv(_NOBLOCK)]
+                while socket.get(_RCVMORE):
+                    frames.append(socket.recv(_NOBLOCK))
+                self._deliver(frames)
+            elif not (unsent and events & _POLLOUT):
+                return
+
+    def _deliver(self, frames: list[bytes]) -> None:
+        reply = self._pending.pop(frames[0], None) if len(frames) == 3 else None
+        if reply is None or reply.done():  # timed out meanwhile, or not a reply
+            return
+        try:
+            value = pickle.loads(frames[2])
+        except Exception as err:
+            return reply.set_exception(err)
+        if frames[1] == _OK:
+            reply.set_result(value)
+        elif isinstance(value, Exception) and not isinstance(value, StopIteration):
+            reply.set_exception(value)
+        else:  # a future takes no StopIteration (nor a non-exception)
+            reply.set_exception(RuntimeError(repr(value)))
 
     def _watch(self, monitor: zmq.Socket, loop: asyncio.AbstractEventLoop) -> None:
-        """In its own thread: reads the monitor until the socket's close stops it; a lost
-        connection fails the calls, on their loop."""
+        """In its own thread: reads the monitor until the socket closes; a loss fails calls."""
         lost = ConnectionError(f"fast calls to {self.address.address}: connection lost")
         try:
             while True:
@@ -288,24 +306,21 @@ class FastCallClient:
                 if event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED):
                     try:
                         loop.call_soon_threadsafe(self._lose, lost)
-                    except RuntimeError:
-                        # The loop is closed: no call is left to fail, and nothing will
-                        # use the socket again, so this thread may close it (bare, as
-                        # its loop's side is gone) and stop its reconnects.
-                        zmq.Socket.close(self._socket)
+                    except RuntimeError:  # the loop is closed: no call is left to fail,
+                        self._socket.close()  # none will use the socket: stop its reconnects
         finally:
             monitor.close()
 
     def _lose(self, err: Exception) -> None:
-        """The connection is gone for good (a server that comes back is found again
-        through Ray, at a new address): fail the calls and stop the socket reconnecting,
-        which would wake its monitor ten times a second for the life of the process."""
+        """The connection is gone for good (a server back is found again through Ray, at a
+        new address): fail the calls, stop the socket reconnecting (10 wakes a second)."""
         self._fail_all(err)
         self._close_socket()
 
     def _close_socket(self) -> None:
         if self._socket is not None and not self._socket.closed:
-            self._reader.cancel()
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._socket.getsockopt(zmq.FD))
             self._socket.close()  # stops the monitor: its watcher thread then ends
 
     def _fail_all(self, err: Exception) -> None:
@@ -314,6 +329,7 @@ class FastCallClient:
             if not reply.done():
                 reply.set_exception(err)
         self._pending.clear()
+        self._unsent.clear()
 
 
 def ping(address: FastAddress, timeout_s: float) -> bool:

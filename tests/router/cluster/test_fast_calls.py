@@ -90,6 +90,18 @@ async def test_calls_run_in_the_order_sent_and_return_what_the_method_did():
     server.close()
 
 
+async def test_a_first_call_made_before_the_connection_is_up_goes_once_it_is():
+    """A new client's first call waits for the connection (nothing takes it before); the
+    news that it is up may be read while the call waits, and must send it then."""
+    target = Target()
+    server = serve(target)
+    for k in range(20):
+        client = FastCallClient(server.address(), FastCallConfig(call_timeout_s=10.0))
+        assert await client.call("publish", k) == 2 * k
+        client.close()
+    server.close()
+
+
 async def test_a_handle_keeps_ray_where_nothing_answers_the_fast_calls():
     silent, address = silent_server()
     ray_handle = object()

@@ -88,10 +88,13 @@ class _Actor:
 def _serve_actor(conn) -> None:
     """The actor's process: serves `_Actor` over the fast calls, says where on `conn`."""
     from router.cluster import fast_calls
+    try:
+        from router.cluster.fast_call_server import FastCallServer
+    except ImportError:  # a checkout from before the server had a module of its own
+        FastCallServer = fast_calls.FastCallServer
 
     async def serve() -> None:
-        conn.send(fast_calls.FastCallServer(_Actor(), fast_calls.FAST_METHODS,
-                                            "127.0.0.1").address())
+        conn.send(FastCallServer(_Actor(), fast_calls.FAST_METHODS, "127.0.0.1").address())
         await asyncio.Event().wait()
 
     asyncio.run(serve())

@@ -7,8 +7,9 @@ polls that these wake). The same call as a request and reply on a ZMQ socket cos
 0.2 ms (`python benchmarks/bench_fast_calls.py`). So the actor also serves those four
 calls, a replica's goodbye, and a relay's `publish_packed` (many replicas' batches in one
 call: the fleet's publish path, benchmarks/bench_index_actor.py), as `FAST_METHODS` on a
-ZMQ ROUTER socket of its own: the same methods, the same arguments and replies, pickled as
-Ray pickles them. Ray keeps every other call, the finding of the actor, and its restarts.
+ZMQ ROUTER socket of its own (fast_call_server.py): the same methods, the same arguments and
+replies, pickled as Ray pickles them. Ray keeps every other call, the finding of the actor,
+and its restarts. Here: the callers' side.
 
 - Whoever finds the actor asks it for the socket's address and a token (`fast_calls`), and
   pings it from the finding thread: no answer within `ping_timeout_s` (say, a network
@@ -29,12 +30,10 @@ Ray pickles them. Ray keeps every other call, the finding of the actor, and its 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import inspect
+import functools
 import itertools
 import logging
 import pickle
-import secrets
 import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -42,7 +41,6 @@ from typing import Any
 
 import ray
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger(__name__)
@@ -50,10 +48,10 @@ log = logging.getLogger(__name__)
 # `forget_replica` too: a replica's goodbye must not overtake its last publish
 FAST_METHODS = frozenset({"poll", "publish", "publish_packed", "report_routes",
                           "share_marks", "forget_replica"})
-_MAX_MESSAGE_BYTES = 1 << 30  # a snapshot of millions of blocks fits
+MAX_MESSAGE_BYTES = 1 << 30  # a snapshot of millions of blocks fits
 _monitor_ids = itertools.count()
-_PING = b"ping"
-_OK, _ERR = b"ok", b"err"
+PING_METHOD = b"ping"
+REPLY_OK, REPLY_ERR = b"ok", b"err"
 _NOBLOCK, _SNDMORE, _RCVMORE, _EVENTS, _POLLIN, _POLLOUT = map(int, (
     zmq.NOBLOCK, zmq.SNDMORE, zmq.RCVMORE, zmq.EVENTS, zmq.POLLIN, zmq.POLLOUT))
 
@@ -75,95 +73,6 @@ class FastCallConfig:
         for name in ("call_timeout_s", "poll_timeout_s", "ping_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"FastCallConfig: {name} must be > 0, got {getattr(self, name)}")
-
-
-class FastCallServer:
-    """Serves `methods` of `target` on a ROUTER socket bound to `host`, in the running
-    event loop (the actor's: its Ray calls run there too, so the two never interleave
-    within a plain method)."""
-
-    def __init__(self, target: Any, methods: frozenset[str], host: str):
-        self._target = target
-        self._methods = methods
-        self._host = host
-        self._token = secrets.token_bytes(16)
-        self._socket: zmq.asyncio.Socket | None = None
-        self._address: FastAddress | None = None
-        self._tasks: set[asyncio.Task] = set()  # the serving loop and coroutine calls
-        self.num_calls = 0  # requests with the token, pings aside
-
-    def address(self) -> FastAddress:
-        """Binds and starts serving on the first ask."""
-        if self._address is None:
-            socket = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.setsockopt(zmq.MAXMSGSIZE, _MAX_MESSAGE_BYTES)
-            port = socket.bind_to_random_port(f"tcp://{self._host}")
-            self._socket = socket
-            self._address = FastAddress(f"tcp://{self._host}:{port}", self._token)
-            self._spawn(self._serve())
-        return self._address
-
-    def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._socket is not None:
-            self._socket.close()
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _serve(self) -> None:
-        socket = self._socket
-        while True:
-            # pyzmq hands queued messages back without a turn of the loop: yield one, or a
-            # flood would hold the actor's Ray calls until it drained
-            await asyncio.sleep(0)
-            frames = await socket.recv_multipart()
-            if len(frames) != 5 or not hmac.compare_digest(frames[2], self._token):
-                continue  # not one of ours: no reply, nothing unpickled
-            peer, call_id, _, method, body = frames
-            if method == _PING:
-                await socket.send_multipart([peer, call_id, _OK, pickle.dumps(None)])
-                continue
-            self.num_calls += 1
-            try:
-                name = method.decode()
-                if name not in self._methods:
-                    raise AttributeError(f"no fast call {name!r}")
-                result = getattr(self._target, name)(*pickle.loads(body))
-            except Exception as err:
-                await self._reply_error(peer, call_id, err)
-                continue
-            if inspect.isawaitable(result):
-                self._spawn(self._finish(peer, call_id, result))
-            else:
-                await self._reply(peer, call_id, result)
-
-    async def _finish(self, peer: bytes, call_id: bytes, result) -> None:
-        try:
-            value = await result
-        except Exception as err:
-            await self._reply_error(peer, call_id, err)
-            return
-        await self._reply(peer, call_id, value)
-
-    async def _reply(self, peer: bytes, call_id: bytes, value: Any) -> None:
-        try:
-            body = pickle.dumps(value, protocol=5)
-        except Exception as err:
-            await self._reply_error(peer, call_id, err)
-            return
-        await self._socket.send_multipart([peer, call_id, _OK, body], copy=False)
-
-    async def _reply_error(self, peer: bytes, call_id: bytes, err: Exception) -> None:
-        try:
-            body = pickle.dumps(err)
-        except Exception:  # an error that does not pickle still fails the call
-            body = pickle.dumps(RuntimeError(repr(err)))
-        await self._socket.send_multipart([peer, call_id, _ERR, body])
 
 
 class FastCallClient:
@@ -198,17 +107,25 @@ class FastCallClient:
         call_id = next(self._ids).to_bytes(8, "little")
         self._pending[call_id] = reply
         self._unsent[call_id] = [call_id, self.address.token, method.encode(), body]
+        # the reply itself, its timeout a timer: no task a call (a router polls a request)
+        timer = self._loop.call_later(timeout_s or self.config.call_timeout_s,
+                                      self._time_out, call_id, reply)
+        reply.add_done_callback(functools.partial(self._done, call_id, timer))
         self._on_events()
-        return self._wait(call_id, reply, timeout_s or self.config.call_timeout_s)
+        return reply
 
-    async def _wait(self, call_id: bytes, reply: asyncio.Future, timeout_s: float) -> Any:
-        try:
-            return await asyncio.wait_for(reply, timeout_s)
-        finally:
-            self._unsent.pop(call_id, None)  # a send still queued never leaves
-            self._pending.pop(call_id, None)
-            if self._closing and not self._pending:
-                self.close()
+    def _time_out(self, call_id: bytes, reply: asyncio.Future) -> None:
+        self._unsent.pop(call_id, None)  # a send still queued never leaves
+        if not reply.done():
+            reply.set_exception(TimeoutError(f"fast call to {self.address.address}: no reply"))
+
+    def _done(self, call_id: bytes, timer: asyncio.TimerHandle, _: asyncio.Future) -> None:
+        """A reply, its timeout, the connection's loss, or its caller giving up (cancelled)."""
+        timer.cancel()
+        self._unsent.pop(call_id, None)
+        self._pending.pop(call_id, None)
+        if self._closing and not self._pending:
+            self.close()
 
     def close_when_idle(self) -> None:
         """Closes now if no call is in flight, else once the last one is done (a lost
@@ -288,7 +205,7 @@ class FastCallClient:
             value = pickle.loads(frames[2])
         except Exception as err:
             return reply.set_exception(err)
-        if frames[1] == _OK:
+        if frames[1] == REPLY_OK:
             reply.set_result(value)
         elif isinstance(value, Exception) and not isinstance(value, StopIteration):
             reply.set_exception(value)
@@ -338,8 +255,8 @@ def ping(address: FastAddress, timeout_s: float) -> bool:
     socket.setsockopt(zmq.LINGER, 0)
     try:
         socket.connect(address.address)
-        socket.send_multipart([b"\0" * 8, address.token, _PING, b""])
-        return bool(socket.poll(int(timeout_s * 1000))) and socket.recv_multipart()[1] == _OK
+        socket.send_multipart([b"\0" * 8, address.token, PING_METHOD, b""])
+        return bool(socket.poll(int(timeout_s * 1000))) and socket.recv_multipart()[1] == REPLY_OK
     finally:
         socket.close()
 

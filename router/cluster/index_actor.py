@@ -44,7 +44,8 @@ from kv.events import ContentsDigest, EventBatch, Snapshot
 from protocol.engine import EngineStats, PinnedPrefix
 from router.cluster.actors import get_or_create_actor
 from router.cluster.external_workers import ExternalWorkers
-from router.cluster.fast_calls import FAST_METHODS, FastAddress, FastCallServer, reach_fast_calls
+from router.cluster.fast_call_server import FastCallServer
+from router.cluster.fast_calls import FAST_METHODS, FastAddress, reach_fast_calls
 from router.cluster.index_actor_calls import ExternalWorkerCalls, PrefixCalls
 from router.cluster.metrics_hub import MetricsPusher
 from router.cluster.packed_batches import PackedBatches, join, split

@@ -14,12 +14,12 @@ from kv.events import BlockStored, Cursor, EventBatch, EventLog
 from protocol.engine import EngineStats
 from router.cluster import index_actor
 from router.cluster.actor_link import ActorLink
+from router.cluster.fast_call_server import FastCallServer
 from router.cluster.fast_calls import (
     FAST_METHODS,
     FastAddress,
     FastCallClient,
     FastCallConfig,
-    FastCallServer,
     FastHandle,
     ping,
     with_fast_calls,
@@ -351,3 +351,18 @@ async def test_an_argument_that_does_not_pickle_leaves_no_call_pending():
     client.close_when_idle()
     assert client._closed
     server.close()
+
+
+async def test_a_call_its_caller_gave_up_on_leaves_nothing_behind():
+    """The outer timeout of a poll (index_mirror.py) cancels the reply it waits for: the
+    call is no longer pending, and its timer goes with it."""
+    socket, address = silent_server()
+    client = FastCallClient(address, FastCallConfig(call_timeout_s=60.0))
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(client.call("poll", 1), 0.2)
+    await asyncio.sleep(0)  # the reply's done callbacks run
+    assert not client._pending and not client._unsent
+    assert not [t for t in asyncio.get_running_loop()._scheduled if not t.cancelled()
+                and t.when() > asyncio.get_running_loop().time() + 30]
+    client.close()
+    socket.close()

@@ -16,7 +16,10 @@ wait is idle), and of its parts: the request made; the loop thread's pickling (t
 the reply); `_apply`; `routes_finished`; `_reconcile`; the rest (the fast call's sockets and
 tasks, the batches' unpacking, the loop's wakes, the mirror's bookkeeping); the router
 core's share of `_apply` and `routes_finished` (`Router.apply_batches`, `Router.on_finished`);
-and beside it the decision of the request whose end the reply carries. `--tree NAME=DIR`
+and beside it the decision of the request whose end the reply carries. `--reply foreign`: the
+replies a second router gets for each of the first's requests instead (two ingress routers,
+the default): its pending mark and routed work, then its work's end, each alone, as the
+actor relays them (no decision here). `--tree NAME=DIR`
 runs each checkout's code (PYTHONPATH=DIR) in a process of its own, the trees in turns,
 `--rounds` times; figures pool the rounds.
 """
@@ -209,6 +212,15 @@ async def _measure(args, profile=None) -> dict:
         route_id = f"{k:032x}"
         tokens = [rng.randrange(3, 30_000) for _ in range(args.prompt_tokens)]
         hashes = block_hashes(tokens, args.block_size, root)
+        if args.reply == "foreign":
+            replies = _foreign_replies(args, route_id, rng.choice(replica_ids), hashes, stats)
+            for reply in replies:
+                await actor.set_reply(reply)
+                total_ns = await _timed_poll(mirror, index, ns, profile if k >= args.warmup
+                                             else None)
+                if k >= args.warmup:
+                    _record(samples, ns, total_ns, 0)
+            continue
         call = RouteCall(route_id, tokens, hashes, args.max_tokens)
         start = time.thread_time_ns()
         [[chosen], *_] = await router.choose_replicas(
@@ -224,25 +236,52 @@ async def _measure(args, profile=None) -> dict:
         await actor.set_reply(PollReply(
             (), (), stats, (), ended_route_ids=ends, incarnation="actor",
             packed=PackedBatches.pack([batch]), router_rank=RouterRank(0, 1)))
-        for part in (*PARTS, *CORE_PARTS):
-            ns[part] = 0
-        if profile is not None and k >= args.warmup:
-            profile.enable()
-        index.started_ns = start = time.thread_time_ns()
-        await mirror._poll(index, 0.0)
-        total_ns = time.thread_time_ns() - start
-        if profile is not None:
-            profile.disable()
-        if k < args.warmup:
-            continue
-        ns["rest"] = total_ns - sum(ns[p] for p in PARTS if p != "rest")
-        ns["total"], ns["decision"] = total_ns, decision_ns
-        for row in ROWS:
-            samples[row].append(ns[row])
+        total_ns = await _timed_poll(mirror, index, ns,
+                                     profile if k >= args.warmup else None)
+        if k >= args.warmup:
+            _record(samples, ns, total_ns, decision_ns)
     assert not router.router.ledger, "every routed request ended"
+    assert not len(mirror.remote), "every other router's routed work ended"
     if args.transport == "fast":
         actor.process.kill()  # the actor's process: ours
     return samples
+
+
+async def _timed_poll(mirror, index, ns: dict, profile) -> int:
+    """One poll of the reply set last; its parts' thread CPU into `ns`, the total returned."""
+    for part in (*PARTS, *CORE_PARTS):
+        ns[part] = 0
+    if profile is not None:
+        profile.enable()
+    index.started_ns = start = time.thread_time_ns()
+    await mirror._poll(index, 0.0)
+    total_ns = time.thread_time_ns() - start
+    if profile is not None:
+        profile.disable()
+    return total_ns
+
+
+def _record(samples: dict, ns: dict, total_ns: int, decision_ns: int) -> None:
+    ns["rest"] = total_ns - sum(ns[p] for p in PARTS if p != "rest")
+    ns["total"], ns["decision"] = total_ns, decision_ns
+    for row in ROWS:
+        samples[row].append(ns[row])
+
+
+def _foreign_replies(args, route_id: str, replica_id: str, hashes, stats) -> list:
+    """What another router's request brings this one: its mark with the work it charged,
+    then that work's end, each in a reply of its own (router/cluster/index_actor.py)."""
+    from router.cluster.index_actor import PollReply
+    from router.cluster.shared_marks import RoutedWork, SharedMark, WorkEnd
+    from router.core.candidates import RouterRank
+    tokens = float(args.prompt_tokens)
+    work = RoutedWork(route_id, tokens + args.max_tokens, float(args.max_tokens), tokens)
+    rank = RouterRank(0, 2)
+    return [PollReply((), (), stats, (), incarnation="actor", router_rank=rank,
+                      shared_marks=(SharedMark(replica_id, tuple(hashes), work),)),
+            PollReply((), (), stats, (), incarnation="actor", router_rank=rank,
+                      shared_marks=(WorkEnd(route_id, replica_id, False, args.max_tokens,
+                                            any_placement=True),))]
 
 
 def _profile(args) -> None:
@@ -296,7 +335,7 @@ def _run_trees(args) -> None:
 def _shape_args(args) -> list[str]:
     return [f"--{name.replace('_', '-')}={getattr(args, name)}"
             for name in ("requests", "warmup", "replicas", "held_blocks", "prompt_tokens",
-                         "block_size", "max_tokens", "gap_s", "seed", "transport")]
+                         "block_size", "max_tokens", "gap_s", "seed", "transport", "reply")]
 
 
 def main() -> None:
@@ -314,6 +353,9 @@ def main() -> None:
     parser.add_argument("--transport", choices=("fast", "direct"), default="fast",
                         help="the poll over the fast calls' ZMQ socket (the default path's), "
                         "or a future the loop resolves (the mirror's own work only)")
+    parser.add_argument("--reply", choices=("own", "foreign"), default="own",
+                        help="the routing router's reply (its request's events and end), or "
+                        "a second router's two (the first's mark and work, its work's end)")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
                         help="a checkout to run, in turns with the others (repeatable)")
     parser.add_argument("--rounds", type=int, default=3, help="with --tree: turns a tree")

@@ -58,7 +58,10 @@ class FastCallServer:
             port = socket.bind_to_random_port(f"tcp://{self._host}")
             self._socket, self._loop = socket, asyncio.get_running_loop()
             self._address = FastAddress(f"tcp://{self._host}:{port}", self._token)
-            self._loop.add_reader(socket.getsockopt(zmq.FD), self._take_one)
+            # the descriptor's wake only books a turn: a take straight from it could serve a
+            # second request in a turn that took one already, ahead of the task of a
+            # coroutine call (`poll`) that request's caller made before it
+            self._loop.add_reader(socket.getsockopt(zmq.FD), self._come_back)
             self._come_back()
         return self._address
 
@@ -72,21 +75,24 @@ class FastCallServer:
 
     def _take_one(self) -> None:
         """Serves the request waiting first, if any, and comes back for the next on the
-        loop's next turn."""
+        loop's next turn (whatever serving raised: the descriptor may not wake for those)."""
         self._turn_due = False
         socket = self._socket
         if socket is None or socket.closed:
             return
-        if socket.get(_EVENTS) & _POLLIN:
-            frames = [socket.recv(_NOBLOCK)]
-            while socket.get(_RCVMORE):
-                frames.append(socket.recv(_NOBLOCK))
-            self._serve(frames)
-        self._come_back()
+        try:
+            if socket.get(_EVENTS) & _POLLIN:
+                frames = [socket.recv(_NOBLOCK)]
+                while socket.get(_RCVMORE):
+                    frames.append(socket.recv(_NOBLOCK))
+                self._serve(frames)
+        finally:
+            self._come_back()
 
     def _come_back(self) -> None:
-        """A read or a send may take in news that the descriptor then never signals: while
-        a request waits, the loop's next turn takes it."""
+        """On the descriptor's wake, and after a read or a send (which may take in news that
+        the descriptor then never signals): while a request waits, the loop's next turn
+        takes it."""
         socket = self._socket
         if not self._turn_due and not socket.closed and socket.get(_EVENTS) & _POLLIN:
             self._turn_due = True

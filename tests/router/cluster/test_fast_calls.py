@@ -367,26 +367,3 @@ async def test_a_call_its_caller_gave_up_on_leaves_nothing_behind():
     client.close()
     socket.close()
 
-
-async def test_a_flood_of_requests_is_taken_one_a_turn_of_the_loop():
-    """The actor's other work (its Ray calls, its polls' wake-ups) runs between the requests
-    of a burst, not after the whole of it."""
-    target = Target()
-    server = serve(target)
-    client = FastCallClient(server.address())
-    assert await client.call("publish", 0) == 0  # connected
-    seen: list[int] = []
-
-    async def tick():
-        while len(target.calls) < 41:
-            seen.append(len(target.calls))
-            await asyncio.sleep(0)
-
-    ticker = asyncio.ensure_future(tick())
-    replies = [client.call("publish", k) for k in range(40)]
-    assert await asyncio.gather(*replies) == [2 * k for k in range(40)]
-    await ticker
-    steps = [b - a for a, b in zip(seen, seen[1:])]
-    assert max(steps) <= 2, steps  # the descriptor's wake and the turn's own take at most
-    client.close()
-    server.close()

@@ -78,7 +78,7 @@ class FastCallServer:
         loop's next turn (whatever serving raised: the descriptor may not wake for those)."""
         self._turn_due = False
         socket = self._socket
-        if socket is None or socket.closed:
+        if socket.closed:
             return
         try:
             if socket.get(_EVENTS) & _POLLIN:
@@ -145,16 +145,13 @@ class FastCallServer:
         self._send(peer, call_id, REPLY_ERR, body)
 
     def _send(self, peer: bytes, call_id: bytes, status: bytes, body: bytes) -> None:
-        """A ROUTER socket's send never waits: a reply to a peer gone, or one whose queue
-        is full, is dropped, and its caller's call times out."""
+        """A ROUTER socket's send never waits nor fails: libzmq drops a reply to a peer gone,
+        or one whose queue is full, and its caller's call times out."""
         socket = self._socket
         if socket.closed:
             return
-        try:
-            socket.send(peer, _NOBLOCK | _SNDMORE)
-            socket.send(call_id, _NOBLOCK | _SNDMORE)
-            socket.send(status, _NOBLOCK | _SNDMORE)
-            socket.send(body, _NOBLOCK, copy=False)
-        except zmq.Again:
-            pass
+        socket.send(peer, _NOBLOCK | _SNDMORE)
+        socket.send(call_id, _NOBLOCK | _SNDMORE)
+        socket.send(status, _NOBLOCK | _SNDMORE)
+        socket.send(body, _NOBLOCK, copy=False)
         self._come_back()

@@ -366,4 +366,3 @@ async def test_a_call_its_caller_gave_up_on_leaves_nothing_behind():
                 and t.when() > asyncio.get_running_loop().time() + 30]
     client.close()
     socket.close()
-

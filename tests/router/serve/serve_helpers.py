@@ -110,6 +110,15 @@ def prometheus_scraping(target: str, workdir) -> Iterator[str]:
         log.close()
 
 
+DELIVERED = ("sum by (replica) (rate(kvroute_engine_prefix_cache_hit_tokens_total[5m])) / "
+             "sum by (replica) (rate(kvroute_engine_prefix_cache_query_tokens_total[5m]))")
+PREDICTED = ("sum by (replica) (rate(kvroute_router_predicted_hit_tokens_total[5m])) / "
+             "sum by (replica) (rate(kvroute_router_prompt_tokens_total[5m]))")
+
+# What tells two series of one counter apart: the router's are per ingress router too.
+SERIES_LABELS = ("replica", "medium", "gateway")
+
+
 def promql(base_url: str, query: str, at: float | None = None) -> dict[tuple, float]:
     """An instant query, evaluated now or at unix time `at`: {sorted labels: value}."""
     params = {"query": query} if at is None else {"query": query, "time": f"{at:.3f}"}

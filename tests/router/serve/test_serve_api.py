@@ -19,6 +19,9 @@ from openai.types.chat import ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.router.serve.serve_helpers import (
+    DELIVERED,
+    PREDICTED,
+    SERIES_LABELS,
     assert_latency_histograms_count_each_request,
     assert_model_list,
     kvroute_server,
@@ -297,19 +300,8 @@ def test_choices_batches_logprobs_and_tokenizer_routes(server, oai):
         assert (bad.status_code, bad.json()["error"]["param"]) == (400, "top_logprobs")
 
 
-DELIVERED = ("sum by (replica) (rate(kvroute_engine_prefix_cache_hit_tokens_total[5m])) / "
-             "sum by (replica) (rate(kvroute_engine_prefix_cache_query_tokens_total[5m]))")
-PREDICTED = ("sum by (replica) (rate(kvroute_router_predicted_hit_tokens_total[5m])) / "
-             "sum by (replica) (rate(kvroute_router_prompt_tokens_total[5m]))")
-
-
-# What tells two series of one counter apart: the router's are per ingress router too.
-SERIES_LABELS = ("replica", "medium", "gateway")
-
-
 def test_prometheus_hit_rate_queries_return_what_the_engine_reports(server, prometheus):
     """docs/metrics.md's PromQL over a real Prometheus scrape equals the counters' ratios."""
-
     names = ("kvroute_engine_prefix_cache_hit_tokens_total",
              "kvroute_engine_prefix_cache_query_tokens_total",
              "kvroute_router_predicted_hit_tokens_total", "kvroute_router_prompt_tokens_total")
